@@ -1,0 +1,166 @@
+"""The task contract: a distribution over sequences plus the predictors it is judged against.
+
+A task samples batches of sequences together with the hidden parameters that generated them
+(`latent`), and names its reference predictors: `bayes` (the exact posterior predictive),
+`bound` (a clairvoyant predictor that knows `latent`; a lower bound on the Bayes loss) and
+`baseline` (a classical in-context estimator). Models and references are scored by the same
+per-position loss, so the Bayes gap is a paired comparison on identical sequences.
+
+Predictions, of models and references alike:
+- kind "tokens":  log-probabilities of the next token, shape (B, T, V);
+- kind "vectors": the predicted mean of the target, shape (B, T, d_out).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Iterator, Literal
+
+import lightning as L
+import torch
+from torch import Tensor
+
+Kind = Literal["tokens", "vectors"]
+Role = Literal["bayes", "bound", "baseline"]
+
+# Stream tags keep the training, validation and test streams of random numbers disjoint.
+TRAIN_STREAM, VAL_STREAM, TEST_STREAM = 1, 2, 3
+_MASK64 = (1 << 64) - 1
+
+
+def stream_seed(*keys: int) -> int:
+    """A 63-bit seed from integer keys (splitmix64 chained over the keys): stable across runs,
+    processes and platforms, unlike Python's hash(), and well mixed for adjacent keys."""
+    state = 0x9E3779B97F4A7C15
+    for key in keys:
+        state = (state + (key & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        state = z ^ (z >> 31)
+    return state >> 1
+
+
+def make_generator(*keys: int, device: torch.device | str = "cpu") -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(stream_seed(*keys))
+    return generator
+
+
+@dataclass
+class Batch:
+    """inputs: (B, T) long tokens or (B, T, d_in) floats; targets: (B, T) long or (B, T, d_out);
+    loss_mask: (B, T) bool, the scored positions; latent: the hidden task parameters."""
+
+    inputs: Tensor
+    targets: Tensor
+    loss_mask: Tensor
+    latent: dict[str, Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(self.inputs.to(device), self.targets.to(device), self.loss_mask.to(device),
+                     {k: v.to(device) for k, v in self.latent.items()})
+
+    def select(self, index: slice | Tensor) -> "Batch":
+        """The sub-batch of sequences `index` (latent tensors are indexed on their first axis)."""
+        return Batch(self.inputs[index], self.targets[index], self.loss_mask[index],
+                     {k: v[index] for k, v in self.latent.items()})
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A reference predictor: maps a Batch to predictions in the task's prediction format."""
+
+    name: str
+    role: Role
+    description: str
+    predict: Callable[[Batch], Tensor]
+
+
+class StepCounter(torch.utils.data.IterableDataset):
+    """Yields the training step numbers; the batch itself is sampled on the device afterwards
+    (Task.on_after_batch_transfer), so no data crosses the host-device boundary."""
+
+    def __init__(self, start: int = 0):
+        self.start = start
+
+    def __iter__(self) -> Iterator[Tensor]:
+        step = self.start
+        while True:
+            yield torch.tensor(step)
+            step += 1
+
+
+class Task(L.LightningDataModule):
+    """Base class of every task family. A subclass sets the class attributes and implements
+    `sample`, `references`, `input_dim` and `output_dim`; the family is found by its `family`
+    name (tasks/__init__.py discovers subclasses), its defaults are in conf/task/<name>.yaml."""
+
+    family: ClassVar[str]
+    kind: ClassVar[Kind]
+    Config: ClassVar[type]  # a dataclass: the task's typed, defaulted parameters
+    description: ClassVar[str]
+
+    def __init__(self, config=None, *, batch_size: int = 32, seed: int = 0):
+        super().__init__()
+        self.config = config if config is not None else self.Config()
+        self.batch_size = batch_size
+        self.seed = seed
+
+    # --- the contract --------------------------------------------------------------------
+    @property
+    def seq_len(self) -> int:
+        """Number of positions T of a sampled sequence (inputs.shape[1])."""
+        return self.config.seq_len
+
+    @property
+    def input_dim(self) -> int:
+        """Vocabulary size (tokens) or input vector size (vectors)."""
+        raise NotImplementedError
+
+    @property
+    def output_dim(self) -> int:
+        """Vocabulary size (tokens) or target vector size (vectors)."""
+        raise NotImplementedError
+
+    def sample(self, n: int, generator: torch.Generator) -> Batch:
+        """n sequences on generator.device, drawn with generator only (reproducible)."""
+        raise NotImplementedError
+
+    def references(self) -> dict[str, Reference]:
+        raise NotImplementedError
+
+    # --- shared by all tasks -------------------------------------------------------------
+    def position_loss(self, prediction: Tensor, targets: Tensor) -> Tensor:
+        """Per-position loss (B, T): cross-entropy in nats of log-probabilities, or the squared
+        error averaged over the target's coordinates."""
+        if self.kind == "tokens":
+            return -prediction.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return (prediction - targets).pow(2).mean(-1)
+
+    def summarize(self, batch: Batch, losses: dict[str, Tensor]) -> dict:
+        """Task-specific extra metrics for the run record (JSON-serialisable), computed from the
+        per-position losses (B, T) of the model ("model") and of every reference on the held-out
+        batch. The runner already records mean losses, gaps with CIs and per-position curves."""
+        return {}
+
+    def held_out(self, n: int, split: int = TEST_STREAM) -> Batch:
+        """The fixed evaluation set: sampled on the CPU from a seed that depends only on the split,
+        so every model (and every device) is scored on the same sequences."""
+        return self.sample(n, make_generator(split, 0))
+
+    def config_dict(self) -> dict:
+        return dataclasses.asdict(self.config)
+
+    # --- Lightning: training batches are generated on the device ---------------------------
+    def train_dataloader(self):
+        start = self.trainer.global_step if self.trainer is not None else 0
+        return torch.utils.data.DataLoader(StepCounter(start), batch_size=None)
+
+    def on_after_batch_transfer(self, step: Tensor, dataloader_idx: int) -> Batch:
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        generator = make_generator(TRAIN_STREAM, self.seed, rank, int(step), device=step.device)
+        return self.sample(self.batch_size, generator)
