@@ -1,0 +1,1 @@
+"""The runner: configuration, training, evaluation, run records, leaderboard, speed benchmark."""

@@ -1,0 +1,106 @@
+"""python -m bench <command> [key=value ...]
+
+  run          train one model on one task, evaluate it against the task's references
+  references   evaluate only the references on the held-out set (n=<sequences>)
+  leaderboard  rewrite leaderboard.md from the run records in out_dir
+  speed        training throughput of a model and throughput of the task's oracle
+  list         the tasks and models, one line each
+"""
+from __future__ import annotations
+
+import sys
+
+from bench.config import ConfigError, choices, compose, describe_choice
+
+COMMANDS = ("run", "references", "leaderboard", "speed", "list")
+
+
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def take_option(argv: list[str], key: str, default: str) -> tuple[list[str], str]:
+    """Remove a command-specific `key=value` option from argv."""
+    rest, value = [], default
+    for arg in argv:
+        if arg.startswith(f"{key}="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return rest, value
+
+
+def cmd_list(argv: list[str]) -> int:
+    if argv:
+        return fail(f"list takes no arguments, got '{argv[0]}'")
+    for group in ("task", "model", "trainer"):
+        print(f"{group}s:")
+        for name in choices(group):
+            print(f"  {name:<22} {describe_choice(group, name)}")
+    return 0
+
+
+def cmd_run(argv: list[str]) -> int:
+    config = compose(argv)
+    from bench.report import print_run
+    from bench.train import run
+    record, path = run(config)
+    if path:
+        print_run(record, path)
+    return 0
+
+
+def cmd_references(argv: list[str]) -> int:
+    argv, n = take_option(argv, "n", "")
+    if n:
+        argv = [*argv, f"trainer.eval_sequences={n}"]
+    config = compose(argv)
+    from bench.evaluate import evaluate
+    from bench.report import print_metrics
+    from bench.train import build
+    task, _ = build(config)
+    result = evaluate(task, None, config.trainer.eval_sequences, config.trainer.eval_batch_size,
+                      config.trainer.bootstrap)
+    print(f"task {config.task_name} {task.config_dict()}  ({len(task.references())} references, "
+          f"{result['metrics']['sequences']} held-out sequences)")
+    print_metrics(result["metrics"])
+    return 0
+
+
+def cmd_leaderboard(argv: list[str]) -> int:
+    argv, out = take_option(argv, "out", "leaderboard.md")
+    argv, out_dir = take_option(argv, "out_dir", "results")
+    if argv:
+        return fail(f"unknown argument '{argv[0]}'; leaderboard takes out_dir=<dir> out=<file>")
+    from bench.leaderboard import write_leaderboard
+    path, count = write_leaderboard(out_dir, out)
+    print(f"{path}: {count} runs")
+    return 0
+
+
+def cmd_speed(argv: list[str]) -> int:
+    argv, steps = take_option(argv, "steps", "20")
+    config = compose(argv)
+    from bench.speed import measure, print_speed
+    print_speed(measure(config, int(steps)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        return fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
+    try:
+        return {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
+                "speed": cmd_speed, "list": cmd_list}[command](rest)
+    except ConfigError as error:
+        return fail(str(error))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Score a model and the task's references on the fixed held-out set.
+
+Everything is paired: the model and every reference predict the same sequences, so the Bayes
+gap of a sequence is the difference of two losses on it, and its confidence interval is a
+bootstrap over sequences of those differences."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from models.backbone import Backbone
+from tasks.base import Batch, Task
+
+
+def gap_reference(task: Task) -> str:
+    """The reference a model's gap is measured against: the exact Bayes predictor, or, for a
+    task that has none, its clairvoyant bound (the record says which)."""
+    refs = task.references()
+    for role in ("bayes", "bound"):
+        for name, ref in refs.items():
+            if ref.role == role:
+                return name
+    raise ValueError(f"task {task.family} has neither a bayes nor a bound reference")
+
+
+@torch.no_grad()
+def model_predictions(model: Backbone, batch: Batch, batch_size: int) -> Tensor:
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    chunks = [model.predict(batch.inputs[i:i + batch_size].to(device)).double().cpu()
+              for i in range(0, len(batch), batch_size)]
+    model.train(was_training)
+    return torch.cat(chunks)
+
+
+def sequence_means(losses: Tensor, mask: Tensor) -> Tensor:
+    """Mean loss of each sequence over its scored positions."""
+    return (losses * mask).sum(1) / mask.sum(1).clamp_min(1)
+
+
+def position_means(values: Tensor, mask: Tensor) -> list[float | None]:
+    """Mean over sequences at each position; None where no sequence is scored."""
+    counts = mask.sum(0)
+    means = (values * mask).sum(0) / counts.clamp_min(1)
+    return [float(m) if c > 0 else None for m, c in zip(means, counts)]
+
+
+def bootstrap_ci(values: Tensor, resamples: int, seed: int = 0, level: float = 0.95) -> list[float]:
+    """Percentile bootstrap interval for the mean of values (one value per sequence)."""
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.randint(len(values), (resamples, len(values)), generator=generator)
+    means = values[index].mean(1)
+    tail = (1 - level) / 2
+    lo, hi = torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=means.dtype))
+    return [float(lo), float(hi)]
+
+
+def reference_predictions(task: Task, batch: Batch) -> dict[str, Tensor]:
+    return {name: ref.predict(batch).double().cpu() for name, ref in task.references().items()}
+
+
+def score(task: Task, batch: Batch, predictions: dict[str, Tensor], resamples: int) -> dict:
+    """Metrics of every predictor in `predictions` (a "model" entry is optional) on batch."""
+    mask = batch.loss_mask.cpu().double()
+    targets = batch.targets.cpu()
+    losses = {name: task.position_loss(pred, targets) * mask for name, pred in predictions.items()}
+    per_sequence = {name: sequence_means(loss, mask) for name, loss in losses.items()}
+    reference = gap_reference(task)
+    roles = {name: ref.role for name, ref in task.references().items()}
+    best = per_sequence[reference]
+    metrics: dict = {
+        "gap_reference": reference,
+        "gap_reference_role": roles[reference],
+        "loss": {name: float(v.mean()) for name, v in per_sequence.items()},
+        "loss_ci": {name: bootstrap_ci(v, resamples) for name, v in per_sequence.items()},
+        "gap": {name: float((v - best).mean()) for name, v in per_sequence.items()},
+        "gap_ci": {name: bootstrap_ci(v - best, resamples) for name, v in per_sequence.items()},
+        "roles": roles,
+    }
+    curves = {f"loss.{name}": position_means(loss, mask) for name, loss in losses.items()}
+    curves.update({f"gap.{name}": position_means(loss - losses[reference], mask)
+                   for name, loss in losses.items() if name != reference})
+    if task.kind == "tokens":
+        bayes_probs = predictions[reference].exp()
+        metrics["accuracy"], metrics["l1_to_reference"] = {}, {}
+        for name, pred in predictions.items():
+            correct = (pred.argmax(-1) == targets).double()
+            l1 = (pred.exp() - bayes_probs).abs().sum(-1)
+            metrics["accuracy"][name] = float(sequence_means(correct, mask).mean())
+            metrics["l1_to_reference"][name] = float(sequence_means(l1, mask).mean())
+            curves[f"accuracy.{name}"] = position_means(correct, mask)
+    if "model" in per_sequence:
+        metrics["bayes_gap"] = metrics["gap"]["model"]
+        metrics["bayes_gap_ci"] = metrics["gap_ci"]["model"]
+        metrics["relative_gap"] = metrics["bayes_gap"] / abs(metrics["loss"][reference])
+        if task.kind == "tokens":
+            metrics["l1_to_bayes"] = metrics["l1_to_reference"]["model"]
+    metrics["task"] = task.summarize(batch, {n: l.detach() for n, l in losses.items()})
+    return {"metrics": metrics, "per_position": curves}
+
+
+def evaluate(task: Task, model: Backbone | None, sequences: int, batch_size: int,
+             resamples: int) -> dict:
+    """Held-out metrics of the model (if given) and of every reference."""
+    batch = task.held_out(sequences)
+    predictions = reference_predictions(task, batch)
+    if model is not None:
+        predictions["model"] = model_predictions(model, batch, batch_size)
+        if not torch.isfinite(predictions["model"]).all():
+            raise FloatingPointError("the model's held-out predictions are not finite")
+    result = score(task, batch, predictions, resamples)
+    result["metrics"]["sequences"] = len(batch)
+    result["metrics"]["scored_positions"] = int(batch.loss_mask.sum())
+    return result
+
+
+def is_suspicious(metrics: dict) -> bool:
+    """A model that beats the exact Bayes predictor beyond its interval signals a bug."""
+    return metrics.get("gap_reference_role") == "bayes" and metrics["bayes_gap_ci"][1] < 0
+
+
+def fmt(x: float | None, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{digits}f}"

@@ -1,0 +1,44 @@
+"""Terminal output of a run: a short table of the model and the references."""
+from __future__ import annotations
+
+from bench.evaluate import fmt, is_suspicious
+
+
+def print_metrics(metrics: dict) -> None:
+    reference = metrics["gap_reference"]
+    tokens = "accuracy" in metrics
+    header = f"{'predictor':<22}{'role':<10}{'loss':>9}{'gap':>9}{'95% CI of gap':>22}"
+    if tokens:
+        header += f"{'top-1':>8}{'L1 to ref':>11}"
+    print(header)
+    names = (["model"] if "model" in metrics["loss"] else []) + sorted(
+        (n for n in metrics["loss"] if n != "model"), key=lambda n: metrics["loss"][n])
+    for name in names:
+        lo, hi = metrics["gap_ci"][name]
+        line = (f"{name:<22}{metrics['roles'].get(name, 'trained'):<10}"
+                f"{fmt(metrics['loss'][name]):>9}{fmt(metrics['gap'][name]):>9}"
+                f"{'[' + fmt(lo) + ', ' + fmt(hi) + ']':>22}")
+        if tokens:
+            line += (f"{fmt(metrics['accuracy'][name], 3):>8}"
+                     f"{fmt(metrics['l1_to_reference'][name], 3):>11}")
+        print(line)
+    print(f"(gap = loss − loss of '{reference}', the {metrics['gap_reference_role']} reference; "
+          f"{'nats/token' if tokens else 'squared error per coordinate'})")
+    for key, value in metrics.get("task", {}).items():
+        if not isinstance(value, (list, dict)):
+            print(f"{key}: {value}")
+
+
+def print_run(record: dict, path: str) -> None:
+    m = record["metrics"]
+    print(f"\n{record['model']['name']} on {record['task']['name']}: {record['train']['steps']} "
+          f"steps in {record['train']['wall_time_s']:.1f} s ({record['train']['device']}), "
+          f"{record['params']} parameters, state {record['state_size']} floats")
+    print_metrics(m)
+    lo, hi = m["bayes_gap_ci"]
+    print(f"Bayes gap {m['bayes_gap']:.4f} [{lo:.4f}, {hi:.4f}]  "
+          f"(relative {m['relative_gap']:.2%}); total wall {record['wall_time_s']:.1f} s")
+    if is_suspicious(m):
+        print("warning: the model beats the exact Bayes predictor beyond its interval — a bug "
+              "signal (leaking future tokens?), not a result")
+    print(f"record: {path}")

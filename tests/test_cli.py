@@ -1,0 +1,83 @@
+"""The command line end to end: a run writes a record, the leaderboard is rebuilt from records,
+and bad inputs end with one line and exit code 2."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import main
+from bench.records import SCHEMA
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["task.seq_len=24", "trainer.max_steps=4", "trainer.warmup_steps=2",
+        "trainer.eval_sequences=32", "trainer.bootstrap=200", "trainer.progress=false"]
+
+
+def bench(*args, cwd=REPO):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def test_run_writes_a_record_and_the_leaderboard_is_regenerated(tmp_path):
+    out = tmp_path / "results"
+    for model, extra in (("mamba", ["model.d_model=8", "model.headdim=16"]), ("transformer", ["model.n_layers=1"])):
+        done = bench("run", "task=markov", f"model={model}", f"out_dir={out}", "seed=3", *TINY,
+                     *extra)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "Bayes gap" in done.stdout and "record:" in done.stdout
+    records = sorted(out.glob("*.json"))
+    assert len(records) == 2
+    record = json.loads(records[0].read_text())
+    assert record["schema"] == SCHEMA and record["status"] == "ok" and record["seed"] == 3
+    for key in ("task", "model", "params", "state_size", "train", "metrics", "per_position"):
+        assert key in record
+    assert record["task"]["name"] == "markov" and record["task"]["config"]["seq_len"] == 24
+    assert record["train"]["steps"] == 4 and record["train"]["wall_time_s"] > 0
+    m = record["metrics"]
+    assert set(m["loss"]) == {"model", "bayes", "clairvoyant", "unigram"}
+    lo, hi = m["bayes_gap_ci"]
+    assert lo <= m["bayes_gap"] <= hi
+    assert m["bayes_gap"] == pytest.approx(m["loss"]["model"] - m["loss"]["bayes"], abs=1e-12)
+    assert len(record["per_position"]["gap.model"]) == 24
+
+    board = tmp_path / "leaderboard.md"
+    done = bench("leaderboard", f"out_dir={out}", f"out={board}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = board.read_text()
+    assert "## markov" in text and "| mamba" in text and "| transformer" in text
+    figure = next((out / "figures").glob("markov-*.png"))
+    assert f"({os.path.relpath(figure, tmp_path)})" in text
+
+
+def test_list_names_every_task_and_model(capsys):
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    assert "markov" in text and "mamba" in text and "transformer" in text
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "task=nope"], "unknown task 'nope'; choose one of:"),
+    (["run", "model=nope"], "unknown model 'nope'; choose one of:"),
+    (["run", "task.nope=1"], "unknown key 'task.nope'"),
+    (["run", "task.order=abc"], "task.order: invalid value abc"),
+    (["run", "trainer.lr=fast"], "trainer.lr: invalid value fast"),
+    (["run", "task.beta=-1"], "beta > 0"),
+    (["run", "bogus=1"], "unknown key 'bogus'"),
+    (["run", "seed=x"], "seed: invalid value"),
+    (["run", "orphan"], "expected key=value"),
+    (["frobnicate"], "unknown command 'frobnicate'"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_bad_input_exit_code_from_the_shell():
+    done = bench("run", "task=nope")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
