@@ -1,0 +1,231 @@
+"""GPT-2 style transformer core (nanoGPT layout), with the variants the source papers use.
+
+    x + wpe ─► [ln_1 ─► attn ─► + ─► ln_2 ─► mlp ─► +] × n_layers ─► ln_f
+
+Parameter names follow GPT-2 / paper 000 App. F Table 8 (`wpe`, `h.<i>.ln_1`, `h.<i>.attn.c_attn`,
+`h.<i>.attn.c_proj`, `h.<i>.ln_2`, `h.<i>.mlp.c_fc`, `h.<i>.mlp.c_proj`, `ln_f`); the token
+embedding and the head are the Backbone's adapters. Variants, all off by default:
+
+- `attention="linear"`: the linear transformer of paper 004 App. B.1,
+  Attn(Q, K, V) = (Q Kᵀ / d) V under a causal mask: no feature map, no softmax, no normaliser
+  (d is the head dimension). Run here in its parallel (masked quadratic) form;
+  `causal_linear_attention_recurrent` is its step-by-step twin, S_t = S_{t-1} + k_t v_tᵀ,
+  y_t = q_tᵀ S_t / d, and the test oracle.
+- `qkv_conv=w`: a depthwise causal convolution of width w over time applied to Q, K and V right
+  after `c_attn` (paper 000 App. E.6, "convolution on the K, Q, V matrices"), named `conv1d` and
+  without bias like the authors' code.
+- `window=w`: sliding-window attention; each position attends to the last w positions
+  including itself (paper 002's local attention).
+- `positions=False`: no learned positions, as in paper 004's linear transformer ("no positional
+  encoding is used ... we rely solely on causal masking").
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.backbone import Core, IOSpec
+
+ATTENTIONS = ("softmax", "linear")
+
+
+@dataclass
+class TransformerConfig:
+    d_model: int = 16
+    n_layers: int = 2
+    n_heads: int = 1
+    mlp: bool = True  # GPT-2 MLP (d → 4d → d, GELU) after each attention
+    attention: str = "softmax"  # "softmax" | "linear" (paper 004 App. B.1)
+    qkv_conv: int = 0  # width of the causal depthwise conv on Q, K, V (paper 000 E.6); 0 = off
+    window: int = 0  # sliding-window attention span including the query position; 0 = full causal
+    positions: bool = True  # learned absolute positions `wpe` (max_len × d_model)
+
+
+def sliding_window_mask(seq_len: int, window: int, device=None) -> Tensor:
+    """(T, T) boolean mask, True where query i may attend to key j: i - window < j <= i."""
+    i = torch.arange(seq_len, device=device)[:, None]
+    j = torch.arange(seq_len, device=device)[None, :]
+    return (j <= i) & (j > i - window)
+
+
+def causal_softmax_attention(q: Tensor, k: Tensor, v: Tensor, window: int = 0) -> Tensor:
+    """Scaled dot-product attention over (B, H, T, hd); `window` > 0 limits each query to the
+    last `window` keys including its own."""
+    if window <= 0 or window >= q.shape[-2]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    mask = sliding_window_mask(q.shape[-2], window, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def causal_linear_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Paper 004's linear attention, parallel form: y = tril(Q Kᵀ / d) V over (B, H, T, d)."""
+    seq_len, head_dim = q.shape[-2], q.shape[-1]
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
+    scores = (q @ k.transpose(-2, -1)) / head_dim
+    return scores.masked_fill(~causal, 0.0) @ v
+
+
+def causal_linear_attention_recurrent(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """The same map as a recurrence over time, the form used to continue a sequence:
+    S_t = S_{t-1} + k_t v_tᵀ, y_t = q_tᵀ S_t / d. Returns (y, final state S of shape
+    (B, H, d, d))."""
+    batch, heads, seq_len, head_dim = q.shape
+    state = q.new_zeros(batch, heads, head_dim, head_dim)
+    outputs = []
+    for t in range(seq_len):
+        state = state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outputs.append((q[:, :, t, None, :] @ state).squeeze(-2) / head_dim)
+    return torch.stack(outputs, dim=2), state
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        d = config.d_model
+        self.n_heads = config.n_heads
+        self.attention = config.attention
+        self.window = config.window
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.conv1d = None
+        if config.qkv_conv > 0:
+            # One filter per channel of [q, k, v]; left padding w-1 plus cropping to T keeps
+            # it causal.
+            self.conv1d = nn.Conv1d(3 * d, 3 * d, kernel_size=config.qkv_conv, groups=3 * d,
+                                    padding=config.qkv_conv - 1, bias=False)
+        self.c_proj = nn.Linear(d, d)
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v of shape (B, H, T, hd), after the optional convolution."""
+        batch, seq_len, d = x.shape
+        qkv = self.c_attn(x)
+        if self.conv1d is not None:
+            qkv = self.conv1d(qkv.transpose(1, 2))[..., :seq_len].transpose(1, 2)
+        split = qkv.view(batch, seq_len, 3, self.n_heads, d // self.n_heads)
+        q, k, v = split.permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self.qkv(x)
+        if self.attention == "linear":
+            y = causal_linear_attention(q, k, v)
+        else:
+            y = causal_softmax_attention(q, k, v, self.window)
+        return self.c_proj(y.transpose(1, 2).flatten(2))
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.c_fc = nn.Linear(d_model, 4 * d_model)
+        self.c_proj = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm residual block."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.attn = CausalSelfAttention(config)
+        if config.mlp:
+            self.ln_2 = nn.LayerNorm(config.d_model)
+            self.mlp = MLP(config.d_model)
+        else:
+            self.ln_2 = self.mlp = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class Transformer(Core):
+    family = "transformer"
+    Config = TransformerConfig
+    description = ("GPT-2 style transformer: learned positions, pre-LN blocks of causal "
+                   "self-attention (softmax or paper 004's linear attention, optional sliding "
+                   "window and Q/K/V convolution) and a GELU MLP (paper 000 App. F, Tables 8-9)")
+
+    def __init__(self, config: TransformerConfig, io: IOSpec):
+        validate(config)
+        super().__init__(config, io)
+        d = config.d_model
+        self.wpe = nn.Embedding(io.max_len, d) if config.positions else None
+        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02) for linear maps and positions, zero biases, and the
+        residual-stream projections scaled by 1/sqrt(2 n_layers) so the residual variance does
+        not grow with depth. LayerNorms start at identity; `conv1d` keeps PyTorch's default
+        (uniform, bound 1/sqrt(width)), as in the authors' code."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        for block in self.h:
+            nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=residual_std)
+            if block.mlp is not None:
+                nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
+
+    def forward(self, x: Tensor) -> Tensor:
+        seq_len = x.shape[1]
+        if self.wpe is not None:
+            if seq_len > self.io.max_len:
+                raise ValueError(
+                    f"sequence length {seq_len} exceeds io.max_len={self.io.max_len}: the "
+                    f"learned positions `wpe` only cover positions 0..{self.io.max_len - 1}")
+            x = x + self.wpe(torch.arange(seq_len, device=x.device))
+        for block in self.h:
+            x = block(x)
+        return self.ln_f(x)
+
+    def state_size(self, seq_len: int) -> int:
+        """Floats carried to continue a sequence of length `seq_len`, summed over layers:
+        softmax: the K and V cache of the visible keys (the last `window` of them);
+        linear: the d×d matrix S per head (paper 004's attention has no normaliser);
+        plus, with `qkv_conv`, the last width-1 pre-convolution rows of [q, k, v]."""
+        cfg = self.config
+        if cfg.attention == "linear":
+            head_dim = cfg.d_model // cfg.n_heads
+            per_layer = cfg.n_heads * head_dim * head_dim
+        else:
+            visible = min(seq_len, cfg.window) if cfg.window > 0 else seq_len
+            per_layer = 2 * visible * cfg.d_model
+        if cfg.qkv_conv > 0:
+            per_layer += (cfg.qkv_conv - 1) * 3 * cfg.d_model
+        return cfg.n_layers * per_layer
+
+
+def validate(config: TransformerConfig) -> None:
+    """Reject inconsistent configurations with a message naming the field."""
+    if config.d_model < 1 or config.n_layers < 1 or config.n_heads < 1:
+        raise ValueError(f"transformer: d_model, n_layers and n_heads must be positive, got "
+                         f"{config.d_model}, {config.n_layers}, {config.n_heads}")
+    if config.d_model % config.n_heads:
+        raise ValueError(f"transformer: d_model={config.d_model} is not divisible by "
+                         f"n_heads={config.n_heads}")
+    if config.attention not in ATTENTIONS:
+        raise ValueError(f"transformer: attention={config.attention!r} is not one of "
+                         f"{', '.join(ATTENTIONS)}")
+    if config.qkv_conv < 0 or config.window < 0:
+        raise ValueError(f"transformer: qkv_conv and window must be >= 0 (0 = off), got "
+                         f"{config.qkv_conv}, {config.window}")
+    if config.window > 0 and config.attention == "linear":
+        raise ValueError("transformer: window > 0 is only defined for attention='softmax' (a "
+                         "sliding window would break the linear attention's fixed-size state)")
