@@ -1,0 +1,320 @@
+"""Mamba-2 (Dao & Gu 2024) as a language-model core, and MambaZero, the convolution-only model of
+"From Markov to Laplace" (paper 000, §2.2 and §4.1).
+
+One Mamba-2 mixer, per token t (paper 000 §2.2, in mamba_ssm's parametrisation):
+
+    [z, xBC, dt] = in_proj(u_t)
+    xBC          = act(conv1d(xBC over the last d_conv steps))      -> x_t, B_t, C_t
+    Δ_t          = softplus(dt + dt_bias),   a_t = exp(-exp(A_log) Δ_t)   (one per head)
+    H_t          = a_t H_{t-1} + Δ_t x_t B_t^T,   y_t = H_t C_t + D x_t
+    out_t        = out_proj(RMSNorm(y_t * act(z_t)))
+
+Parameter names follow mamba_ssm's `Mamba2` (in_proj, conv1d, dt_bias, A_log, D, norm, out_proj)
+and its LM blocks (layers.i.norm / mixer / norm2 / mlp.fc1 / mlp.fc2, norm_f), so weights can be
+exchanged with the kernel package. The scan itself is `models.ssd.ssd_scan`.
+
+Ablation flags of paper 000 (Fig. 3a, §E.6, §E.8 Table 4):
+- conv=False:      no convolution (there is no conv1d module);
+- decay=False:     "without gating factor": a_t = 1 (no A_log parameter), Δ_t still scales x_t;
+- activation:      the non-linearity after the convolution and on the gate z: "silu"
+                   (mamba_ssm), "relu" (the paper's equations) or "identity" (non-linearities off);
+- gate=False:      no multiplicative z gate (in_proj does not produce z); the norm is a plain RMSNorm.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.backbone import Core, IOSpec
+from models.ssd import KERNELS, ssd_scan
+
+ACTIVATIONS = {"silu": F.silu, "relu": F.relu, "identity": lambda t: t}
+
+
+def _check_mixer_shape(d_model: int, expand: int, headdim: int, ngroups: int, d_state: int,
+                       d_conv: int, chunk_size: int, kernel: str) -> None:
+    """Clear errors for dimensions the Mamba-2 mixer cannot be built with."""
+    for name, value in [("d_model", d_model), ("expand", expand), ("headdim", headdim),
+                        ("ngroups", ngroups), ("d_state", d_state), ("d_conv", d_conv),
+                        ("chunk_size", chunk_size)]:
+        if value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+    d_inner = expand * d_model
+    if d_inner % headdim:
+        raise ValueError(f"expand*d_model = {d_inner} must be divisible by headdim = {headdim} "
+                         f"(n_heads = expand*d_model/headdim)")
+    if (d_inner // headdim) % ngroups:
+        raise ValueError(f"ngroups = {ngroups} must divide n_heads = {d_inner // headdim}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm of y * act(z), normalised within each of `groups` equal slices of the features
+    (mamba_ssm's RMSNormGated with norm_before_gate=False, group_size = d_inner / ngroups).
+    Without z it is a plain (grouped) RMSNorm."""
+
+    def __init__(self, dim: int, groups: int, activation: str, eps: float = 1e-5):
+        super().__init__()
+        self.groups, self.eps = groups, eps
+        self.act = ACTIVATIONS[activation]
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, y: Tensor, z: Tensor | None = None) -> Tensor:
+        if z is not None:
+            y = y * self.act(z)
+        grouped = y.unflatten(-1, (self.groups, -1))
+        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+        return grouped.flatten(-2) * self.weight
+
+
+class Mamba2Mixer(nn.Module):
+    """The Mamba-2 sequence mixer (B, T, d_model) -> (B, T, d_model). The switches `skip` (the D
+    term) and `out_norm` exist so MambaZero can drop them; the paper's ablations are `conv`,
+    `decay`, `activation` and `gate`."""
+
+    def __init__(self, d_model: int, d_state: int, expand: int, headdim: int, ngroups: int,
+                 d_conv: int, chunk_size: int, kernel: str, conv: bool = True, decay: bool = True,
+                 activation: str = "silu", gate: bool = True, skip: bool = True,
+                 out_norm: bool = True, dt_min: float = 1e-3, dt_max: float = 0.1,
+                 dt_init_floor: float = 1e-4, A_init_range: tuple[float, float] = (1.0, 16.0)):
+        super().__init__()
+        _check_mixer_shape(d_model, expand, headdim, ngroups, d_state, d_conv, chunk_size, kernel)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+        self.d_inner = expand * d_model
+        self.headdim, self.ngroups, self.d_state = headdim, ngroups, d_state
+        self.nheads = self.d_inner // headdim
+        self.conv_dim = self.d_inner + 2 * ngroups * d_state  # x, B and C go through the conv
+        self.d_conv, self.chunk_size, self.kernel = d_conv, chunk_size, kernel
+        self.gate, self.decay = gate, decay
+        self.activation_name, self.act = activation, ACTIVATIONS[activation]
+
+        # Output order of in_proj: [z, x, B, C, dt] (z only when gated), as in mamba_ssm.
+        d_z = self.d_inner if gate else 0
+        self.split_sizes = [d_z, self.conv_dim, self.nheads]
+        self.in_proj = nn.Linear(d_model, sum(self.split_sizes), bias=False)
+        if conv:
+            # Depthwise; padded on both sides by d_conv-1 and cut to the first T outputs = causal.
+            self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size=d_conv,
+                                    groups=self.conv_dim, padding=d_conv - 1, bias=True)
+        else:
+            self.conv1d = None
+
+        # Δ starts log-uniform in [dt_min, dt_max]: dt_bias is its inverse softplus.
+        dt = torch.exp(torch.rand(self.nheads) * (math.log(dt_max) - math.log(dt_min))
+                       + math.log(dt_min)).clamp(min=dt_init_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        if decay:
+            A = torch.empty(self.nheads).uniform_(*A_init_range)
+            self.A_log = nn.Parameter(torch.log(A))
+        else:
+            self.A_log = None  # a_t = 1: nothing to learn
+        self.D = nn.Parameter(torch.ones(self.nheads)) if skip else None
+        self.norm = GatedRMSNorm(self.d_inner, ngroups, activation) if out_norm else None
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
+        # Marked as in mamba_ssm, for optimisers that exempt them from weight decay.
+        for p in (self.dt_bias, self.A_log, self.D):
+            if p is not None:
+                p._no_weight_decay = True
+
+    def state_size(self) -> int:
+        """Floats carried between steps: the SSM state and the last d_conv-1 conv inputs."""
+        conv_window = (self.d_conv - 1) * self.conv_dim if self.conv1d is not None else 0
+        return self.nheads * self.headdim * self.d_state + conv_window
+
+    def decay_rate(self) -> Tensor:
+        """A in a_t = exp(Δ_t A): negative per head, or zero without the decay."""
+        if self.A_log is None:
+            return self.dt_bias.new_zeros(self.nheads)
+        # At least float32: exp() of a half-precision A_log overflows.
+        return -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))
+
+    def forward(self, u: Tensor) -> Tensor:
+        length = u.shape[1]
+        z, xBC, dt = torch.split(self.in_proj(u), self.split_sizes, dim=-1)
+        if self.conv1d is not None:
+            xBC = self.conv1d(xBC.transpose(1, 2))[..., :length].transpose(1, 2)
+        xBC = self.act(xBC)
+        x, B, C = torch.split(xBC, [self.d_inner, self.ngroups * self.d_state,
+                                    self.ngroups * self.d_state], dim=-1)
+        y, _ = ssd_scan(x.unflatten(-1, (self.nheads, self.headdim)),
+                        F.softplus(dt + self.dt_bias), self.decay_rate(),
+                        B.unflatten(-1, (self.ngroups, self.d_state)),
+                        C.unflatten(-1, (self.ngroups, self.d_state)),
+                        D=self.D, chunk_size=self.chunk_size, kernel=self.kernel)
+        y = y.flatten(-2)
+        gate = z if self.gate else None
+        if self.norm is not None:
+            y = self.norm(y, gate)
+        elif gate is not None:
+            y = y * self.act(gate)
+        return self.out_proj(y)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mamba-2 language-model core.
+
+@dataclass
+class MambaConfig:
+    d_model: int = 16
+    n_layers: int = 1
+    d_state: int = 16
+    expand: int = 2
+    headdim: int = 32          # n_heads = expand * d_model / headdim
+    ngroups: int = 1           # groups of heads sharing B and C
+    d_conv: int = 4            # convolution window w
+    chunk_size: int = 64       # block length of the chunked scan
+    mlp: bool = True           # pre-norm residual MLP (4x, GELU) after each mixer
+    kernel: str = "auto"       # auto | torch | sequential | mamba_ssm
+    conv: bool = True          # ablation: False removes the convolution
+    decay: bool = True         # ablation: False fixes a_t = 1 ("w/o gating factor")
+    activation: str = "silu"   # silu | relu | identity
+    gate: bool = True          # ablation: False removes the multiplicative z gate
+
+    def __post_init__(self):
+        if self.n_layers < 1:
+            raise ValueError(f"n_layers must be a positive integer, got {self.n_layers}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, "
+                             f"got {self.activation!r}")
+        _check_mixer_shape(self.d_model, self.expand, self.headdim, self.ngroups, self.d_state,
+                           self.d_conv, self.chunk_size, self.kernel)
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, 4 * d_model)
+        self.fc2 = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class MambaBlock(nn.Module):
+    """x + mixer(norm(x)), then x + mlp(norm2(x)) when the block has an MLP."""
+
+    def __init__(self, config: MambaConfig):
+        super().__init__()
+        c = config
+        self.norm = nn.RMSNorm(c.d_model, eps=1e-5)
+        self.mixer = Mamba2Mixer(c.d_model, c.d_state, c.expand, c.headdim, c.ngroups, c.d_conv,
+                                 c.chunk_size, c.kernel, conv=c.conv, decay=c.decay,
+                                 activation=c.activation, gate=c.gate)
+        if c.mlp:
+            self.norm2 = nn.RMSNorm(c.d_model, eps=1e-5)
+            self.mlp = MLP(c.d_model)
+        else:
+            self.norm2 = self.mlp = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.mixer(self.norm(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x
+
+
+class Mamba(Core):
+    family = "mamba"
+    Config = MambaConfig
+    description = ("Mamba-2 (SSD scan, scalar decay per head) with pre-norm residual blocks and "
+                   "optional MLP; ablation flags conv/decay/activation/gate (paper 000 §2.2, "
+                   "Fig. 3a, Table 4)")
+
+    def __init__(self, config: MambaConfig, io: IOSpec):
+        super().__init__(config, io)
+        self.layers = nn.ModuleList(MambaBlock(config) for _ in range(config.n_layers))
+        self.norm_f = nn.RMSNorm(config.d_model, eps=1e-5)
+        self._init_residual_outputs()
+
+    def _init_residual_outputs(self) -> None:
+        """As mamba_ssm: the projections that write into the residual stream are scaled by
+        1/sqrt(number of residual writes), so the stream's variance does not grow with depth."""
+        writes = self.config.n_layers * (2 if self.config.mlp else 1)
+        with torch.no_grad():
+            for block in self.layers:
+                block.mixer.out_proj.weight.div_(math.sqrt(writes))
+                if block.mlp is not None:
+                    block.mlp.fc2.weight.div_(math.sqrt(writes))
+                    nn.init.zeros_(block.mlp.fc1.bias)
+                    nn.init.zeros_(block.mlp.fc2.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.layers:
+            x = block(x)
+        return self.norm_f(x)
+
+    def state_size(self, seq_len: int) -> int:
+        return sum(block.mixer.state_size() for block in self.layers)
+
+
+# ---------------------------------------------------------------------------------------------
+# MambaZero (paper 000 §4.1): embedding, one mixer with only the convolutional selectivity, a
+# linear head; no gate, no non-linearity, no D skip, no norms, no MLP.
+#
+#     x_t = e_{x_t},   u_t = x_t + W_o y_t,   logit_t = W_l u_t
+#     H_t = a_t H_{t-1} + x~_t b_t^T,   y_t = H_t c_t,   x~_t = conv_X(W_X x)_t Δ_t,
+#     b_t = conv_B(W_B x)_t,   c_t = conv_C(W_C x)_t
+#
+# a_t and Δ_t are learned as in the full model (the paper reports a_t -> 1 at convergence, Fig. 4;
+# its constructions set a = 0 and Δ = 1); `decay=False` fixes a_t = 1. The canonical model of
+# Theorem 1 has N = S, d = 2S, e = 1, w = k + 1: for binary first-order chains d_model = 4,
+# d_state = 2, d_conv = 2, one head.
+
+L1_FLOOR = 1e-6  # logits are clamped here before the L1 normalisation, so log() stays finite
+
+
+@dataclass
+class MambaZeroConfig:
+    d_model: int = 4
+    d_state: int = 2
+    expand: int = 1
+    headdim: int = 4           # one head: d_inner = expand * d_model
+    ngroups: int = 1
+    d_conv: int = 2
+    chunk_size: int = 64
+    kernel: str = "auto"       # auto | torch | sequential | mamba_ssm
+    decay: bool = True         # False fixes a_t = 1
+    l1_prediction: bool = False  # predict logit / sum(logit) (paper §4.1) instead of softmax
+
+    def __post_init__(self):
+        _check_mixer_shape(self.d_model, self.expand, self.headdim, self.ngroups, self.d_state,
+                           self.d_conv, self.chunk_size, self.kernel)
+
+
+class MambaZero(Core):
+    family = "mambazero"
+    Config = MambaZeroConfig
+    description = ("MambaZero: embedding + one linear Mamba-2 mixer with convolutional "
+                   "selectivity only (no gate, non-linearity, norm or MLP) + linear head; "
+                   "optional L1-normalised prediction (paper 000 §4.1)")
+    owns_io = True  # its own embedding and bias-free head, as in the paper
+
+    def __init__(self, config: MambaZeroConfig, io: IOSpec):
+        super().__init__(config, io)
+        if config.l1_prediction and io.kind != "tokens":
+            raise ValueError("l1_prediction needs a tokens task (it normalises next-token scores)")
+        c = config
+        self.embedding = (nn.Embedding(io.input_dim, c.d_model) if io.kind == "tokens"
+                          else nn.Linear(io.input_dim, c.d_model))
+        self.mixer = Mamba2Mixer(c.d_model, c.d_state, c.expand, c.headdim, c.ngroups, c.d_conv,
+                                 c.chunk_size, c.kernel, conv=True, decay=c.decay,
+                                 activation="identity", gate=False, skip=False, out_norm=False)
+        self.lm_head = nn.Linear(c.d_model, io.output_dim, bias=False)
+        self.outputs_log_probs = c.l1_prediction
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        x = self.embedding(inputs)
+        logits = self.lm_head(x + self.mixer(x))
+        if not self.config.l1_prediction:
+            return logits
+        scores = logits.to(torch.promote_types(logits.dtype, torch.float32)).clamp(min=L1_FLOOR)
+        return scores.log() - scores.sum(-1, keepdim=True).log()
+
+    def state_size(self, seq_len: int) -> int:
+        return self.mixer.state_size()

@@ -1,0 +1,227 @@
+"""The SSD scan of Mamba-2 (state space duality, Dao & Gu 2024): a selective SSM whose decay is one
+scalar per head and time step.
+
+For every head h (P channels) with its group's input/output projections B_t, C_t (N states):
+
+    H_t = exp(dt_t * A) * H_{t-1} + dt_t * x_t B_t^T        H_t in R^{P x N}
+    y_t = H_t C_t + D * x_t
+
+Three implementations of the same map, all returning (y, final_state):
+- `ssd_sequential`: the recurrence step by step; slow, obviously right, the test oracle.
+- `ssd_chunked`: the blocked form in pure PyTorch. Inside a chunk of L steps the output is a
+  masked (L x L) "attention" with decays exp(sum of log-decays between the two steps); across
+  chunks the state is carried by a recurrence over chunk summaries. Any sequence length works:
+  the tail is padded with dt = 0 steps, which neither decay nor write the state.
+- the Triton kernel `mamba_chunk_scan_combined` of the optional `mamba_ssm` package (CUDA only),
+  reached through `ssd_scan(..., kernel="mamba_ssm")`; `ssd_scan` also dispatches to the other
+  two ("torch" = chunked, "sequential").
+
+Shapes: x (B, T, H, P), dt (B, T, H) positive (already softplus'd), A (H,) (negative for a
+decay; zero gives a_t = 1), B and C (B, T, G, N) with G dividing H (head h reads group
+h // (H // G), the mamba_ssm convention), D (H,) or None, initial_state (B, H, P, N) or None.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+KERNELS = ("auto", "torch", "sequential", "mamba_ssm")
+
+
+def _check_shapes(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> tuple[int, int]:
+    batch, length, heads, _ = x.shape
+    groups = B.shape[2]
+    if dt.shape != (batch, length, heads) or A.shape != (heads,):
+        raise ValueError(f"dt must be (B,T,H)={(batch, length, heads)} and A (H,)={(heads,)}, "
+                         f"got {tuple(dt.shape)} and {tuple(A.shape)}")
+    if B.shape[:3] != (batch, length, groups) or C.shape != B.shape:
+        raise ValueError(f"B and C must both be (B,T,G,N), got {tuple(B.shape)} and {tuple(C.shape)}")
+    if heads % groups:
+        raise ValueError(f"the number of groups ({groups}) must divide the number of heads ({heads})")
+    return heads, groups
+
+
+def _heads_of_groups(t: Tensor, heads: int) -> Tensor:
+    """(..., G, N) -> (..., H, N): every head reads its group's B or C."""
+    return t.repeat_interleave(heads // t.shape[-2], dim=-2)
+
+
+def ssd_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
+                   initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The recurrence one step at a time. Returns y (B,T,H,P) and the final state (B,H,P,N)."""
+    heads, _ = _check_shapes(x, dt, A, B, C)
+    batch, length, _, headdim = x.shape
+    B_heads, C_heads = _heads_of_groups(B, heads), _heads_of_groups(C, heads)
+    state = (x.new_zeros(batch, heads, headdim, B.shape[-1]) if initial_state is None
+             else initial_state.to(x.dtype))
+    outputs = []
+    for t in range(length):
+        decay = torch.exp(dt[:, t] * A)[:, :, None, None]                        # (B,H,1,1)
+        write = (dt[:, t, :, None] * x[:, t])[..., None] * B_heads[:, t, :, None, :]
+        state = decay * state + write                                             # (B,H,P,N)
+        outputs.append(torch.einsum("bhpn,bhn->bhp", state, C_heads[:, t]))
+    y = torch.stack(outputs, dim=1) if length else x.new_zeros(x.shape)
+    if D is not None:
+        y = y + D[:, None] * x
+    return y, state
+
+
+def segment_sum(log_decay: Tensor) -> Tensor:
+    """(..., L) -> (..., L, L) with entry [i, j] = sum_{j < k <= i} log_decay[k] for j <= i and
+    -inf above the diagonal, so exp() of it is the causal decay matrix. Built by a masked cumsum
+    rather than a difference of cumsums, which would cancel catastrophically for long chunks."""
+    length = log_decay.shape[-1]
+    repeated = log_decay[..., :, None].expand(*log_decay.shape, length)  # [i, j] = log_decay[i]
+    strictly_lower = torch.ones(length, length, dtype=torch.bool, device=log_decay.device).tril(-1)
+    sums = repeated.masked_fill(~strictly_lower, 0.0).cumsum(dim=-2)
+    lower = torch.ones(length, length, dtype=torch.bool, device=log_decay.device).tril(0)
+    return sums.masked_fill(~lower, float("-inf"))
+
+
+def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
+                initial_state: Tensor | None = None, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """The blocked SSD algorithm in pure PyTorch, for any sequence length. Same contract as
+    `ssd_sequential`. Computes in at least float32 (autocast off) because the decays are
+    exponentials of sums."""
+    heads, groups = _check_shapes(x, dt, A, B, C)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    batch, length, _, headdim = x.shape
+    state_dim = B.shape[-1]
+    out_dtype = x.dtype
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x, dt, A, B, C = (t.to(dtype) for t in (x, dt, A, B, C))
+        x_in = x
+        # Pad the tail with dt = 0 steps: decay exp(0) = 1 and no write, so the state is unchanged.
+        pad = -length % chunk_size
+        if pad:
+            x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
+            dt = F.pad(dt, (0, 0, 0, pad))
+        chunks = (length + pad) // chunk_size
+        per_group = heads // groups
+
+        # (batch, chunk, step, group, head-in-group, ...) so each head meets its group's B and C.
+        x = x.reshape(batch, chunks, chunk_size, groups, per_group, headdim)
+        dt = dt.reshape(batch, chunks, chunk_size, groups, per_group)
+        B = B.reshape(batch, chunks, chunk_size, groups, state_dim)
+        C = C.reshape(batch, chunks, chunk_size, groups, state_dim)
+        x_dt = x * dt[..., None]
+        log_decay = (dt * A.reshape(groups, per_group)).permute(0, 1, 3, 4, 2)  # (b,c,g,r,L)
+        log_decay_cum = log_decay.cumsum(dim=-1)
+
+        # 1. Within each chunk: y_i = sum_{j<=i} (C_i . B_j) exp(a_{j+1} + ... + a_i) dt_j x_j.
+        decay_within = torch.exp(segment_sum(log_decay))                       # (b,c,g,r,L,L)
+        scores = torch.einsum("bclgn,bcsgn->bcgls", C, B)[:, :, :, None] * decay_within
+        y = torch.einsum("bcgrls,bcsgrp->bclgrp", scores, x_dt)
+
+        # 2. What each chunk alone writes into the state by its end.
+        decay_to_end = torch.exp(log_decay_cum[..., -1:] - log_decay_cum)      # (b,c,g,r,L)
+        chunk_writes = torch.einsum("bclgn,bcgrl,bclgrp->bcgrpn", B, decay_to_end, x_dt)
+
+        # 3. The state entering each chunk: a recurrence over chunk summaries, written as a
+        #    (chunks+1) x (chunks+1) decay matrix over the chunk totals (slot 0 = initial state).
+        if initial_state is None:
+            start = x.new_zeros(batch, 1, groups, per_group, headdim, state_dim)
+        else:
+            start = initial_state.to(dtype).reshape(batch, 1, groups, per_group, headdim, state_dim)
+        summaries = torch.cat([start, chunk_writes], dim=1)                    # (b,c+1,g,r,p,n)
+        chunk_totals = F.pad(log_decay_cum[..., -1].permute(0, 2, 3, 1), (1, 0))  # (b,g,r,c+1)
+        decay_across = torch.exp(segment_sum(chunk_totals))                    # (b,g,r,c+1,c+1)
+        states = torch.einsum("bgrzc,bcgrpn->bzgrpn", decay_across, summaries)
+        entering, final = states[:, :-1], states[:, -1]
+
+        # 4. Each step reads the entering state, decayed up to that step.
+        y = y + torch.einsum("bclgn,bcgrpn,bcgrl->bclgrp", C, entering, torch.exp(log_decay_cum))
+
+        y = y.reshape(batch, chunks * chunk_size, heads, headdim)[:, :length]
+        if D is not None:
+            y = y + D.to(dtype)[:, None] * x_in
+        final = final.reshape(batch, heads, headdim, state_dim)
+    return y.to(out_dtype), final.to(out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The optional CUDA kernel.
+
+_kernel_cache: dict[str, Callable | BaseException] = {}
+
+
+def _import_mamba_chunk_scan() -> Callable:
+    """`mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`, imported on first use.
+    The package's __init__ imports the compiled Mamba-1 extension `selective_scan_cuda`, which
+    the Triton SSD kernel does not need; when that import fails, the subpackage is loaded from
+    the installed files without running the package __init__."""
+    if "fn" in _kernel_cache:
+        return _kernel_cache["fn"]
+    if "error" in _kernel_cache:
+        raise _kernel_cache["error"]
+    module_name = "mamba_ssm.ops.triton.ssd_combined"
+    try:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            spec = importlib.util.find_spec("mamba_ssm")
+            if spec is None or not spec.submodule_search_locations:
+                raise
+            package = types.ModuleType("mamba_ssm")
+            package.__path__ = list(spec.submodule_search_locations)
+            sys.modules["mamba_ssm"] = package
+            try:
+                module = importlib.import_module(module_name)
+            except BaseException:
+                del sys.modules["mamba_ssm"]
+                raise
+        _kernel_cache["fn"] = module.mamba_chunk_scan_combined
+    except Exception as error:  # ImportError, or a Triton/CUDA error raised at import time
+        _kernel_cache["error"] = RuntimeError(
+            f"kernel='mamba_ssm' needs the mamba_ssm package with its Triton kernels "
+            f"(pip install '.[gpu]' or pip install mamba-ssm); importing {module_name} failed: "
+            f"{type(error).__name__}: {error}")
+        raise _kernel_cache["error"] from error
+    return _kernel_cache["fn"]
+
+
+def mamba_ssm_available() -> bool:
+    try:
+        _import_mamba_chunk_scan()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[Tensor, Tensor]:
+    if not x.is_cuda:
+        raise RuntimeError("kernel='mamba_ssm' runs on CUDA tensors only; use kernel='torch' "
+                           "or 'auto' on this device")
+    scan = _import_mamba_chunk_scan()
+    # dt is already positive, so the kernel's own bias and softplus are left off.
+    y, final = scan(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_states=initial_state,
+                    dt_softplus=False, return_final_states=True)
+    return y, final
+
+
+def ssd_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
+             initial_state: Tensor | None = None, chunk_size: int = 64,
+             kernel: str = "auto") -> tuple[Tensor, Tensor]:
+    """The SSD scan through the chosen implementation: "torch" (`ssd_chunked`), "sequential"
+    (`ssd_sequential`, the oracle), "mamba_ssm" (the Triton kernel; CUDA only) or "auto" (the
+    kernel on CUDA when it imports and the dtype is one it supports, otherwise torch)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown SSD kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    if kernel == "auto":
+        fast = (x.is_cuda and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                and mamba_ssm_available())
+        kernel = "mamba_ssm" if fast else "torch"
+    if kernel == "mamba_ssm":
+        return _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size)
+    if kernel == "sequential":
+        return ssd_sequential(x, dt, A, B, C, D, initial_state)
+    return ssd_chunked(x, dt, A, B, C, D, initial_state, chunk_size)
