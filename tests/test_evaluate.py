@@ -1,0 +1,55 @@
+"""Paired evaluation: gaps, intervals and curves against direct computations."""
+import math
+
+import pytest
+import torch
+
+from bench.evaluate import bootstrap_ci, position_means, score
+from bench.leaderboard import T_975, across_seeds
+from tasks.markov import MarkovConfig, MarkovTask
+
+
+@pytest.fixture(scope="module")
+def scored():
+    task = MarkovTask(MarkovConfig(order=1, vocab_size=3, seq_len=48))
+    batch = task.held_out(400)
+    preds = {name: ref.predict(batch) for name, ref in task.references().items()}
+    preds["model"] = preds["unigram"]  # a "model" that is exactly the unigram baseline
+    return task, batch, preds, score(task, batch, preds, resamples=500)
+
+
+def test_gap_is_the_paired_loss_difference(scored):
+    task, batch, preds, result = scored
+    m = result["metrics"]
+    assert m["gap_reference"] == "bayes"
+    direct = (task.position_loss(preds["model"], batch.targets)
+              - task.position_loss(preds["bayes"], batch.targets)).mean()
+    assert m["bayes_gap"] == pytest.approx(float(direct), abs=1e-12)
+    assert m["bayes_gap"] == pytest.approx(m["gap"]["unigram"], abs=1e-15)
+    assert m["gap"]["bayes"] == 0 and m["gap_ci"]["bayes"] == [0.0, 0.0]
+    assert m["l1_to_reference"]["bayes"] == 0
+    curve = result["per_position"]["gap.model"]
+    assert sum(curve) / len(curve) == pytest.approx(m["bayes_gap"], abs=1e-12)
+
+
+def test_bootstrap_interval_matches_the_normal_approximation():
+    values = torch.randn(2000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    lo, hi = bootstrap_ci(values, resamples=4000)
+    half = 1.96 * values.std() / math.sqrt(len(values))
+    assert lo < values.mean() < hi
+    assert (hi - lo) / 2 == pytest.approx(float(half), rel=0.1)
+
+
+def test_position_means_skip_unscored_positions():
+    values = torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]])
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert position_means(values, mask) == [2.0, None, 3.0]
+
+
+def test_t_interval_across_seeds():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df, q in T_975.items():
+        assert q == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=1e-3)
+    mean, half = across_seeds([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(T_975[2] * 1.0 / math.sqrt(3))
+    assert across_seeds([0.5]) == (0.5, None)
