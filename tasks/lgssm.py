@@ -1,0 +1,208 @@
+"""Random linear Gaussian state-space models (paper 004 §3, §5.1, appendix B.1) and the Kalman
+filter that every LG-SSM reference here is built on.
+
+Each sequence gets its own system θ = (A, C, Q, R):
+
+    z_{t+1} = A z_t + w_t,  w_t ~ N(0, Q)        latent state z ∈ R^d  (d = state_dim = 4)
+    x_t     = C z_t + v_t,  v_t ~ N(0, R)        observation  x ∈ R^m  (m = obs_dim = 2)
+
+drawn as in appendix B.1: A = U Λ Uᵀ with U Haar-orthogonal and the eigenvalues Λ ~ U[0.7, 0.95]
+independently; C with i.i.d. N(0, 1) entries; Q = V diag(e^u) Vᵀ with u ~ U(log 0.1, log 1.0);
+R = W diag(e^u) Wᵀ with u ~ U(log 0.05, log 0.5) (V, W Haar-orthogonal). The paper does not say
+how a sequence starts; here z_1 ~ N(0, P∞), the stationary law (P∞ = A P∞ Aᵀ + Q), so every
+position has the same marginal and the only thing that changes along a sequence is how much
+context there is. A sequence is x_1..x_{T+1}: inputs x_1..x_T, targets x_2..x_{T+1}.
+
+References: `clairvoyant`, the Kalman filter with the true θ (E[x_{t+1} | x_1..x_t, θ]), a
+bound; `erm`, the paper's Transformer-as-GD predictor argmin_y Σ_i ||y - x_i||² + λ||y||²
+= Σ_i x_i / (t + λ) (λ = 0: the pooled mean). There is no exact `bayes` reference: the posterior
+over the 31 free parameters of θ has no closed form (the paper samples it by HMC).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tasks.base import Batch, Reference, Task
+
+
+# --- the Kalman filter, shared with tasks/lgssm_colored.py ----------------------------------
+@dataclass
+class KalmanOutput:
+    """next_mean (..., T, m): E[x_{t+1} | x_1..x_t]; next_cov (..., T, m, m): its covariance
+    (depends on the parameters only, so it has their batch shape); log_lik (..., T):
+    log p(x_t | x_1..x_{t-1}), the terms of the sequence's log-likelihood."""
+
+    next_mean: Tensor
+    next_cov: Tensor
+    log_lik: Tensor
+
+
+def kalman_filter(observations: Tensor, transition: Tensor, emission: Tensor,
+                  state_noise: Tensor, obs_noise: Tensor, init_cov: Tensor) -> KalmanOutput:
+    """Kalman filter for z_{t+1} = A z_t + N(0, Q), x_t = C z_t + N(0, R), z_1 ~ N(0, P_1).
+
+    observations (..., T, m); transition A (..., d, d), emission C (..., m, d), state_noise Q
+    (..., d, d), obs_noise R (..., m, m), init_cov P_1 (..., d, d), where the parameters' batch
+    shapes broadcast against the observations' (...). The covariance recursion never touches
+    the data, so it runs at the parameters' batch shape: one Riccati recursion per grid point
+    serves every sequence. R may be singular (noise-free observations) as long as C P Cᵀ + R
+    stays positive definite. Loops over time only."""
+    length, obs_dim = observations.shape[-2:]
+    state_dim = transition.shape[-1]
+    mean = observations.new_zeros(observations.shape[:-2] + (state_dim, 1))  # E[z_t | x_<t]
+    cov = init_cov  # Cov[z_t | x_<t]
+    log_norm = 0.5 * obs_dim * math.log(2 * math.pi)
+    next_mean, next_cov, log_lik = [], [], []
+    for t in range(length):
+        innovation = observations[..., t, :, None] - emission @ mean
+        innovation_cov = emission @ cov @ emission.mT + obs_noise
+        chol = torch.linalg.cholesky(innovation_cov)
+        # invert the factor at the parameters' batch shape, then whiten every sequence by a
+        # broadcast matmul (a broadcast triangular solve would factor per sequence)
+        chol_inv = torch.linalg.solve_triangular(chol, torch.eye(obs_dim, dtype=chol.dtype,
+                                                                 device=chol.device), upper=False)
+        white = chol_inv @ innovation
+        log_det_half = chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        log_lik.append(-0.5 * white.square().sum((-2, -1)) - log_det_half - log_norm)
+        gain = torch.cholesky_solve(emission @ cov, chol).mT  # P Cᵀ S⁻¹, as (S⁻¹ C P)ᵀ
+        filtered_cov = cov - gain @ innovation_cov @ gain.mT
+        mean = transition @ (mean + gain @ innovation)
+        cov = transition @ filtered_cov @ transition.mT + state_noise
+        cov = 0.5 * (cov + cov.mT)  # keep it exactly symmetric over long sequences
+        next_mean.append((emission @ mean)[..., 0])
+        next_cov.append(emission @ cov @ emission.mT + obs_noise)
+    return KalmanOutput(torch.stack(next_mean, -2), torch.stack(next_cov, -3),
+                        torch.stack(log_lik, -1))
+
+
+def stationary_covariance(transition: Tensor, state_noise: Tensor) -> Tensor:
+    """P∞ solving P = A P Aᵀ + Q (A stable), batched: vec P = (I - A⊗A)⁻¹ vec Q."""
+    d = transition.shape[-1]
+    kron = torch.einsum("...ik,...jl->...ijkl", transition, transition).reshape(
+        transition.shape[:-2] + (d * d, d * d))
+    eye = torch.eye(d * d, dtype=transition.dtype, device=transition.device)
+    vec = torch.linalg.solve(eye - kron, state_noise.reshape(state_noise.shape[:-2] + (d * d,)))
+    cov = vec.reshape(vec.shape[:-1] + (d, d))
+    return 0.5 * (cov + cov.mT)
+
+
+def pooled_ridge_mean(observations: Tensor, ridge: float) -> Tensor:
+    """argmin_y Σ_{i≤t} ||y - x_i||² + λ||y||² = Σ_{i≤t} x_i / (t + λ) at every position t."""
+    counts = torch.arange(1, observations.shape[-2] + 1, dtype=observations.dtype,
+                          device=observations.device)
+    return observations.cumsum(-2) / (counts[:, None] + ridge)
+
+
+# --- sampling ---------------------------------------------------------------------------------
+def random_orthogonal(n: int, dim: int, generator: torch.Generator) -> Tensor:
+    """n Haar-distributed orthogonal matrices: QR of a Gaussian matrix, with the signs of R's
+    diagonal moved into Q (without that fix the law of Q is not Haar)."""
+    gaussian = torch.randn(n, dim, dim, generator=generator, device=generator.device,
+                           dtype=torch.float64)
+    q, r = torch.linalg.qr(gaussian)
+    return q * torch.sign(r.diagonal(dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def log_uniform_spd(n: int, dim: int, low: float, high: float,
+                    generator: torch.Generator) -> Tensor:
+    """V diag(exp u) Vᵀ with V Haar-orthogonal and u_i ~ U(log low, log high) (appendix B.1)."""
+    basis = random_orthogonal(n, dim, generator)
+    u = torch.rand(n, dim, generator=generator, device=generator.device, dtype=torch.float64)
+    spectrum = torch.exp(math.log(low) + (math.log(high) - math.log(low)) * u)
+    return basis @ torch.diag_embed(spectrum) @ basis.mT
+
+
+def simulate(transition: Tensor, emission: Tensor, state_noise: Tensor, obs_noise: Tensor,
+             init_cov: Tensor, steps: int, generator: torch.Generator) -> Tensor:
+    """x_1..x_steps (n, steps, m) of the LG-SSM, z_1 ~ N(0, init_cov); float64."""
+    n, m, d = emission.shape
+    draw = dict(generator=generator, device=generator.device, dtype=torch.float64)
+    state_chol, obs_chol = torch.linalg.cholesky(state_noise), torch.linalg.cholesky(obs_noise)
+    z = (torch.linalg.cholesky(init_cov) @ torch.randn(n, d, 1, **draw))
+    w = state_chol.unsqueeze(1) @ torch.randn(n, steps, d, 1, **draw)
+    v = obs_chol.unsqueeze(1) @ torch.randn(n, steps, m, 1, **draw)
+    xs = []
+    for t in range(steps):  # a loop over time only
+        xs.append(emission @ z + v[:, t])
+        z = transition @ z + w[:, t]
+    return torch.stack(xs, 1)[..., 0]
+
+
+# --- the task ---------------------------------------------------------------------------------
+@dataclass
+class LGSSMConfig:
+    seq_len: int = 128  # scored positions T (T + 1 observations are sampled); paper B.1: 128
+    state_dim: int = 4  # d, latent z
+    obs_dim: int = 2  # m, observed x
+    eig_min: float = 0.7  # eigenvalues of A ~ U[eig_min, eig_max]
+    eig_max: float = 0.95
+    state_noise_min: float = 0.1  # eigenvalues of Q log-uniform in (min, max)
+    state_noise_max: float = 1.0
+    obs_noise_min: float = 0.05  # eigenvalues of R log-uniform in (min, max)
+    obs_noise_max: float = 0.5
+    erm_ridge: float = 0.0  # λ of the erm baseline (0: pooled mean)
+
+    def __post_init__(self):
+        if self.seq_len < 1 or self.state_dim < 1 or self.obs_dim < 1:
+            raise ValueError("lgssm needs seq_len, state_dim, obs_dim >= 1")
+        if not 0 <= self.eig_min <= self.eig_max < 1:
+            raise ValueError("lgssm needs 0 <= eig_min <= eig_max < 1 (a stable A)")
+        if not (0 < self.state_noise_min <= self.state_noise_max
+                and 0 < self.obs_noise_min <= self.obs_noise_max):
+            raise ValueError("lgssm needs 0 < *_noise_min <= *_noise_max")
+        if self.erm_ridge < 0:
+            raise ValueError("lgssm needs erm_ridge >= 0")
+
+
+class LGSSMTask(Task):
+    family = "lgssm"
+    kind = "vectors"
+    Config = LGSSMConfig
+    description = ("random LG-SSMs (d=4 latent, m=2 observed), stationary start; bound = "
+                   "Kalman filter with the true system; baseline = pooled ridge mean")
+
+    @property
+    def input_dim(self) -> int:
+        return self.config.obs_dim
+
+    output_dim = input_dim
+
+    def sample(self, n: int, generator: torch.Generator) -> Batch:
+        c, T = self.config, self.config.seq_len
+        device = generator.device
+        basis = random_orthogonal(n, c.state_dim, generator)
+        eigenvalues = c.eig_min + (c.eig_max - c.eig_min) * torch.rand(
+            n, c.state_dim, generator=generator, device=device, dtype=torch.float64)
+        transition = basis @ torch.diag_embed(eigenvalues) @ basis.mT
+        emission = torch.randn(n, c.obs_dim, c.state_dim, generator=generator, device=device,
+                               dtype=torch.float64)
+        state_noise = log_uniform_spd(n, c.state_dim, c.state_noise_min, c.state_noise_max,
+                                      generator)
+        obs_noise = log_uniform_spd(n, c.obs_dim, c.obs_noise_min, c.obs_noise_max, generator)
+        x = simulate(transition, emission, state_noise, obs_noise,
+                     stationary_covariance(transition, state_noise), T + 1, generator).float()
+        return Batch(inputs=x[:, :T], targets=x[:, 1:],
+                     loss_mask=torch.ones(n, T, dtype=torch.bool, device=device),
+                     latent={"A": transition, "C": emission, "Q": state_noise, "R": obs_noise})
+
+    def references(self) -> dict[str, Reference]:
+        return {
+            "clairvoyant": Reference("clairvoyant", "bound", "Kalman filter with the true "
+                                     "(A, C, Q, R) of each sequence (knows the latent)",
+                                     self.clairvoyant),
+            "erm": Reference("erm", "baseline", "pooled ridge mean Σx_i/(t+λ): the paper's "
+                             "Transformer-as-gradient-descent (ERM) predictor", self.erm),
+        }
+
+    def clairvoyant(self, batch: Batch) -> Tensor:
+        theta = {k: v.double() for k, v in batch.latent.items()}
+        init_cov = stationary_covariance(theta["A"], theta["Q"])
+        return kalman_filter(batch.inputs.double(), theta["A"], theta["C"], theta["Q"],
+                             theta["R"], init_cov).next_mean
+
+    def erm(self, batch: Batch) -> Tensor:
+        return pooled_ridge_mean(batch.inputs.double(), self.config.erm_ridge)

@@ -1,0 +1,172 @@
+"""tasks/lgssm.py: the random LG-SSM sampler against its definition (paper 004 appendix B.1), the
+Kalman filter against dense Gaussian conditioning, and the erm baseline against its objective."""
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tasks import task_families
+from tasks.base import make_generator
+from tasks.lgssm import (LGSSMConfig, LGSSMTask, kalman_filter, pooled_ridge_mean,
+                         random_orthogonal, stationary_covariance)
+
+Z = 4.0  # tolerance of the statistical checks, in standard errors
+
+
+def within_standard_errors(samples: torch.Tensor, expected: float) -> bool:
+    """The sample mean is within Z standard errors of `expected`."""
+    stderr = samples.std() / math.sqrt(samples.numel())
+    return abs(samples.mean().item() - expected) <= Z * stderr.item()
+
+
+def test_family_registered_and_yaml_lists_every_field():
+    assert task_families()["lgssm"] is LGSSMTask
+    text = (Path(__file__).parents[1] / "conf/task/lgssm.yaml").read_text()
+    assert text.startswith("# ")
+    values = yaml.safe_load(text)
+    assert values.pop("family") == "lgssm"
+    assert values == dataclasses.asdict(LGSSMConfig())
+
+
+def test_batch_layout_and_reproducibility():
+    task = LGSSMTask(LGSSMConfig(seq_len=10))
+    batch = task.sample(5, make_generator(7))
+    again = task.sample(5, make_generator(7))
+    other = task.sample(5, make_generator(8))
+    assert batch.inputs.shape == batch.targets.shape == (5, 10, 2)
+    assert batch.inputs.dtype == torch.float32
+    assert torch.equal(batch.inputs[:, 1:], batch.targets[:, :-1])  # targets are the next x
+    assert batch.loss_mask.all() and batch.loss_mask.shape == (5, 10)
+    assert torch.equal(batch.inputs, again.inputs) and torch.equal(batch.latent["A"],
+                                                                   again.latent["A"])
+    assert not torch.equal(batch.inputs, other.inputs)
+    assert task.input_dim == task.output_dim == 2
+
+
+def test_random_orthogonal_is_orthogonal_with_haar_moments():
+    d, n = 4, 4000
+    q = random_orthogonal(n, d, make_generator(1))
+    assert torch.allclose(q.mT @ q, torch.eye(d, dtype=q.dtype).expand(n, d, d), atol=1e-12)
+    # Haar: every entry has mean 0 and variance 1/d (without the QR sign fix the diagonal is
+    # biased towards positive values)
+    assert within_standard_errors(q.diagonal(dim1=-2, dim2=-1).flatten(), 0.0)
+    assert within_standard_errors(q[:, 0, 1] ** 2, 1 / d)
+
+
+def test_system_parameters_follow_appendix_b1():
+    c = LGSSMConfig(seq_len=2)
+    theta = LGSSMTask(c).sample(1000, make_generator(2)).latent
+    A, C, Q, R = theta["A"], theta["C"], theta["Q"], theta["R"]
+    assert A.shape == (1000, 4, 4) and C.shape == (1000, 2, 4)
+    assert Q.shape == (1000, 4, 4) and R.shape == (1000, 2, 2)
+    for sym in (A, Q, R):
+        assert torch.allclose(sym, sym.mT, atol=1e-12)
+    eig_a = torch.linalg.eigvalsh(A)
+    assert eig_a.min() >= c.eig_min - 1e-12 and eig_a.max() <= c.eig_max + 1e-12
+    assert within_standard_errors(eig_a.flatten(), (c.eig_min + c.eig_max) / 2)  # uniform
+    for cov, lo, hi in ((Q, c.state_noise_min, c.state_noise_max),
+                        (R, c.obs_noise_min, c.obs_noise_max)):
+        eig = torch.linalg.eigvalsh(cov)  # SPD, with log-uniform eigenvalues
+        assert eig.min() >= lo * (1 - 1e-12) and eig.max() <= hi * (1 + 1e-12)
+        assert within_standard_errors(eig.log().flatten(), (math.log(lo) + math.log(hi)) / 2)
+    assert within_standard_errors(C.flatten(), 0.0)
+    assert within_standard_errors(C.flatten() ** 2, 1.0)
+
+
+def test_stationary_covariance_is_the_lyapunov_series():
+    theta = LGSSMTask().sample(8, make_generator(3)).latent
+    A, Q = theta["A"], theta["Q"]
+    series, power = torch.zeros_like(Q), torch.eye(4, dtype=A.dtype).expand_as(A)
+    for _ in range(600):  # 0.95^1200 is far below float64 resolution
+        series = series + power @ Q @ power.mT
+        power = power @ A
+    assert torch.allclose(stationary_covariance(A, Q), series, rtol=1e-10, atol=1e-12)
+
+
+def test_observations_are_stationary_from_the_first_step():
+    """E|x_t|² = tr(C P∞ Cᵀ + R) and E x_{t+1}ᵀ x_t = tr(C A P∞ Cᵀ) at the first and last steps."""
+    task = LGSSMTask(LGSSMConfig(seq_len=12))
+    batch = task.sample(4000, make_generator(4))
+    A, C, Q, R = (batch.latent[k] for k in "ACQR")
+    P = stationary_covariance(A, Q)
+    x = torch.cat([batch.inputs, batch.targets[:, -1:]], 1).double()
+    variance = (C @ P @ C.mT + R).diagonal(dim1=-2, dim2=-1).sum(-1)
+    lag_one = (C @ A @ P @ C.mT).diagonal(dim1=-2, dim2=-1).sum(-1)
+    for t in (0, x.shape[1] - 2):
+        assert within_standard_errors(x[:, t].square().sum(-1) - variance, 0.0)
+        assert within_standard_errors((x[:, t + 1] * x[:, t]).sum(-1) - lag_one, 0.0)
+
+
+def dense_observation_covariance(A, C, R, P, steps):
+    """Cov of (x_1..x_steps) stacked, built directly: Cov(x_t, x_s) = C A^{t-s} P Cᵀ (t > s),
+    C P Cᵀ + R on the diagonal, for a stationary start z_1 ~ N(0, P)."""
+    m = C.shape[0]
+    cov = torch.zeros(steps * m, steps * m, dtype=torch.float64)
+    for t in range(steps):
+        for s in range(t + 1):
+            block = C @ torch.linalg.matrix_power(A, t - s) @ P @ C.T + (R if t == s else 0)
+            cov[t * m:(t + 1) * m, s * m:(s + 1) * m] = block
+            cov[s * m:(s + 1) * m, t * m:(t + 1) * m] = block.T
+    return cov
+
+
+def test_kalman_filter_equals_dense_gaussian_conditioning():
+    T, m = 7, 2
+    task = LGSSMTask(LGSSMConfig(seq_len=T))
+    batch = task.sample(6, make_generator(5))
+    kalman = task.clairvoyant(batch)
+    for b in range(len(batch)):
+        A, C, Q, R = (batch.latent[k][b] for k in "ACQR")
+        P = stationary_covariance(A, Q)
+        filt = kalman_filter(batch.inputs[b].double(), A, C, Q, R, P)
+        x = torch.cat([batch.inputs[b], batch.targets[b, -1:]]).double().flatten()
+        cov = dense_observation_covariance(A, C, R, P, T + 1)
+        for t in range(1, T + 1):  # predict x_{t+1} from x_1..x_t
+            past, nxt = slice(0, t * m), slice(t * m, (t + 1) * m)
+            weights = torch.linalg.solve(cov[past, past], cov[past, nxt]).T
+            assert torch.allclose(kalman[b, t - 1], weights @ x[past], atol=1e-10)
+            cond_cov = cov[nxt, nxt] - weights @ cov[past, nxt]
+            assert torch.allclose(filt.next_cov[t - 1], cond_cov, atol=1e-10)
+        whole = slice(0, T * m)
+        dense_ll = torch.distributions.MultivariateNormal(
+            torch.zeros(T * m, dtype=torch.float64), cov[whole, whole]).log_prob(x[whole])
+        assert torch.allclose(filt.log_lik.sum(), dense_ll, atol=1e-9)
+
+
+def test_clairvoyant_error_equals_its_predicted_variance():
+    """Kalman innovations are white with covariance next_cov, so the mean squared error of the
+    clairvoyant equals the mean of tr(next_cov)/m; erm, which ignores the dynamics, is worse."""
+    task = LGSSMTask(LGSSMConfig(seq_len=24))
+    batch = task.sample(2000, make_generator(6))
+    A, C, Q, R = (batch.latent[k] for k in "ACQR")
+    filt = kalman_filter(batch.inputs.double(), A, C, Q, R, stationary_covariance(A, Q))
+    loss = task.position_loss(filt.next_mean, batch.targets.double())
+    predicted = filt.next_cov.diagonal(dim1=-2, dim2=-1).mean(-1)
+    assert within_standard_errors((loss - predicted).mean(1), 0.0)
+    gap = task.position_loss(task.erm(batch), batch.targets.double()) - loss
+    assert gap.mean() > Z * gap.mean(1).std() / math.sqrt(len(batch))
+
+
+@pytest.mark.parametrize("ridge", [0.0, 0.7])
+def test_erm_is_the_ridge_argmin(ridge):
+    x = torch.randn(3, 9, 2, dtype=torch.float64, generator=make_generator(7))
+    predicted = pooled_ridge_mean(x, ridge)
+    for t in range(1, 10):
+        # argmin_y Σ_i ||y - x_i||² + λ||y||² as a least-squares problem [I; ...; I; √λ I] y
+        design = torch.cat([torch.eye(2, dtype=x.dtype)] * t
+                           + [math.sqrt(ridge) * torch.eye(2, dtype=x.dtype)])
+        for b in range(3):
+            rhs = torch.cat([x[b, :t].flatten(), torch.zeros(2, dtype=x.dtype)])
+            y = torch.linalg.lstsq(design, rhs.unsqueeze(-1)).solution.squeeze(-1)
+            assert torch.allclose(predicted[b, t - 1], y, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [dict(eig_max=1.0), dict(eig_min=0.9, eig_max=0.8),
+                                 dict(state_noise_min=0.0), dict(erm_ridge=-1.0),
+                                 dict(seq_len=0)])
+def test_config_rejects_invalid_values(bad):
+    with pytest.raises(ValueError):
+        LGSSMConfig(**bad)

@@ -1,0 +1,200 @@
+"""tasks/lgssm_colored.py: the AR(1)-in-AR(1) sampler against its definition (paper 004 appendix
+A.3, B.2), every reference against dense Gaussian algebra, the Bayes quadrature against the
+identities only the exact posterior mean satisfies, and the excess-risk summary."""
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from tasks import task_families
+from tasks.base import TEST_STREAM, make_generator
+from tasks.lgssm_colored import (LGSSMColoredConfig, LGSSMColoredTask, loglog_slope,
+                                 stationary_ar1)
+
+Z = 4.0  # tolerance of the statistical checks, in standard errors
+A = 0.9  # the signal's AR coefficient (paper 004 B.2)
+
+
+def mean_within_standard_errors(samples: torch.Tensor, expected: float) -> bool:
+    stderr = samples.std() / math.sqrt(samples.numel())
+    return abs(samples.mean().item() - expected) <= Z * stderr.item()
+
+
+def test_family_registered_and_yaml_lists_every_field():
+    assert task_families()["lgssm_colored"] is LGSSMColoredTask
+    text = (Path(__file__).parents[1] / "conf/task/lgssm_colored.yaml").read_text()
+    assert text.startswith("# ")
+    values = yaml.safe_load(text)
+    assert values.pop("family") == "lgssm_colored"
+    assert values == dataclasses.asdict(LGSSMColoredConfig())
+
+
+def test_stationary_ar1_has_unit_variance_and_lag_one_correlation_rho():
+    rho = torch.full((20000,), 0.95, dtype=torch.float64)
+    v = stationary_ar1(rho, torch.sqrt(1 - rho**2), 40, make_generator(1))
+    for t in (0, 38):  # stationary from the first step: Var v_t = 1, E v_{t+1} v_t = ρ
+        assert mean_within_standard_errors(v[:, t] ** 2, 1.0)
+        assert mean_within_standard_errors(v[:, t + 1] * v[:, t], 0.95)
+    assert mean_within_standard_errors(v[:, 20], 0.0)
+
+
+def test_observation_autocovariance_is_signal_plus_noise():
+    """Cov(x_{t+h}, x_t) = a^h/(1-a²) + ρ^h for a stationary start."""
+    task = LGSSMColoredTask(LGSSMColoredConfig(seq_len=30))
+    batch = task.sample_at(20000, make_generator(2), rho=0.95)
+    x = torch.cat([batch.inputs, batch.targets[:, -1:]], 1)[..., 0].double()
+    for t in (0, 25):
+        for h in (0, 1, 5):
+            expected = A**h / (1 - A**2) + 0.95**h
+            assert mean_within_standard_errors(x[:, t + h] * x[:, t], expected)
+
+
+def test_training_uses_the_prior_and_held_out_the_evaluation_rho():
+    config = LGSSMColoredConfig(seq_len=8)
+    task = LGSSMColoredTask(config)
+    rho = task.sample(4000, make_generator(3)).latent["rho"]
+    assert rho.min() >= 0.9 and rho.max() <= 0.99
+    assert mean_within_standard_errors(rho, 0.945)  # U(0.9, 0.99)
+    assert mean_within_standard_errors((rho - 0.945) ** 2, 0.09**2 / 12)
+    held = task.held_out(50)
+    assert torch.all(held.latent["rho"] == 0.95)
+    expected = task.sample_at(50, make_generator(TEST_STREAM, 0), rho=0.95)
+    assert torch.equal(held.inputs, expected.inputs) and torch.equal(held.targets,
+                                                                     expected.targets)
+    prior_task = LGSSMColoredTask(dataclasses.replace(config, eval_rho=-1.0))
+    prior_rho = prior_task.held_out(50).latent["rho"]
+    assert prior_rho.min() >= 0.9 and prior_rho.max() <= 0.99 and prior_rho.std() > 0.01
+    assert torch.equal(task.held_out(50).inputs, held.inputs)  # a fixed set
+
+
+def dense_covariance(rho: float, steps: int, white_noise: bool = False) -> torch.Tensor:
+    """Cov(x_s, x_t) = a^|t-s|/(1-a²) + ρ^|t-s| (or + δ_st when v is white)."""
+    lag = torch.arange(steps, dtype=torch.float64)
+    lag = (lag[:, None] - lag[None, :]).abs()
+    noise = (lag == 0).double() if white_noise else rho**lag
+    return A**lag / (1 - A**2) + noise
+
+
+def dense_predictions(x: torch.Tensor, cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """E[x_{t+1} | x_1..x_t] and log p(x_1..x_t) for t = 1..len(x)-1, by dense conditioning."""
+    means, log_liks = [], []
+    for t in range(1, len(x)):
+        weights = torch.linalg.solve(cov[:t, :t], cov[:t, t])
+        means.append(weights @ x[:t])
+        log_liks.append(torch.distributions.MultivariateNormal(
+            torch.zeros(t, dtype=torch.float64), cov[:t, :t]).log_prob(x[:t]))
+    return torch.stack(means), torch.stack(log_liks)
+
+
+def full_sequences(batch) -> torch.Tensor:
+    return torch.cat([batch.inputs, batch.targets[:, -1:]], 1)[..., 0].double()
+
+
+def test_clairvoyant_and_misspecified_kalman_equal_dense_conditioning():
+    T = 8
+    task = LGSSMColoredTask(LGSSMColoredConfig(seq_len=T))
+    batch = task.sample(5, make_generator(4))
+    clairvoyant, misspecified = task.clairvoyant(batch), task.misspecified_kalman(batch)
+    x = full_sequences(batch)
+    for b in range(len(batch)):
+        truth, _ = dense_predictions(x[b], dense_covariance(batch.latent["rho"][b].item(), T + 1))
+        assert torch.allclose(clairvoyant[b, :, 0], truth, atol=1e-10)
+        white, _ = dense_predictions(x[b], dense_covariance(0.0, T + 1, white_noise=True))
+        assert torch.allclose(misspecified[b, :, 0], white, atol=1e-10)
+
+
+def test_bayes_quadrature_equals_dense_mixture_over_the_grid():
+    """Independent computation: Gauss-Legendre nodes from numpy, per node a dense Gaussian
+    likelihood and conditional mean, mixed with posterior weights."""
+    T, G = 6, 5
+    task = LGSSMColoredTask(LGSSMColoredConfig(seq_len=T, grid_size=G))
+    batch = task.sample(4, make_generator(5))
+    bayes = task.bayes(batch)
+    points, weights = np.polynomial.legendre.leggauss(G)
+    nodes = 0.945 + 0.045 * points
+    x = full_sequences(batch)
+    for b in range(len(batch)):
+        per_node = [dense_predictions(x[b], dense_covariance(r, T + 1)) for r in nodes]
+        means = torch.stack([m for m, _ in per_node])  # (G, T)
+        log_post = torch.stack([ll for _, ll in per_node]) + torch.tensor(weights).log()[:, None]
+        mixture = (torch.softmax(log_post, 0) * means).sum(0)
+        assert torch.allclose(bayes[b, :, 0], mixture, atol=1e-10)
+
+
+@pytest.mark.parametrize("grid_size", [3, 8])
+def test_quadrature_rule_is_exact_for_polynomials_under_the_uniform_prior(grid_size):
+    task = LGSSMColoredTask(LGSSMColoredConfig())
+    nodes, log_weights = task.rho_grid(grid_size, "cpu")
+    lo, hi = 0.9, 0.99
+    for power in range(2 * grid_size):  # Gauss-Legendre: exact up to degree 2G - 1
+        exact = (hi ** (power + 1) - lo ** (power + 1)) / ((power + 1) * (hi - lo))
+        assert math.isclose((log_weights.exp() * nodes**power).sum().item(), exact,
+                            rel_tol=1e-12)
+
+
+def test_bayes_is_the_posterior_mean_under_the_training_prior():
+    """Identities that hold only for the exact conditional mean b = E[x_{t+1} | x_1..x_t]:
+    for any predictor f of the context, E loss(f) - E loss(b) = E (f - b)²; for the clairvoyant
+    c = E[x_{t+1} | x_1..x_t, ρ], E loss(b) - E loss(c) = E (c - b)². So bayes beats every
+    baseline, and no predictor without ρ can beat it."""
+    task = LGSSMColoredTask(LGSSMColoredConfig(seq_len=48, eval_rho=-1.0))
+    batch = task.held_out(600)
+    y = batch.targets.double()
+    bayes = task.bayes(batch)
+    bayes_loss = task.position_loss(bayes, y)
+    for name in ("misspecified_kalman", "erm"):
+        other = task.references()[name].predict(batch)
+        gap = (task.position_loss(other, y) - bayes_loss).mean(1)
+        assert gap.mean() > Z * gap.std() / math.sqrt(len(gap))  # bayes is strictly better
+        identity = gap - task.position_loss(other, bayes).mean(1)
+        assert mean_within_standard_errors(identity, 0.0)
+    clairvoyant = task.clairvoyant(batch)
+    gap = (bayes_loss - task.position_loss(clairvoyant, y)).mean(1)
+    assert mean_within_standard_errors(gap - task.position_loss(clairvoyant, bayes).mean(1), 0.0)
+
+
+@pytest.mark.parametrize("eval_rho", [0.99, -1.0])
+def test_bayes_quadrature_is_converged_at_the_default_grid(eval_rho):
+    task = LGSSMColoredTask(LGSSMColoredConfig(seq_len=256, eval_rho=eval_rho))
+    batch = task.held_out(100)
+    y = batch.targets.double()
+    default = task.quadrature_predictive(batch.inputs, task.config.grid_size)
+    doubled = task.quadrature_predictive(batch.inputs, 2 * task.config.grid_size)
+    excess = (task.position_loss(default, y) - task.position_loss(task.clairvoyant(batch), y))
+    moved = task.position_loss(doubled, y) - task.position_loss(default, y)
+    assert abs(moved.mean()) < 1e-2 * task.position_loss(default, y).mean()  # the brief's 1%
+    assert abs(moved.mean()) < 1e-6 * abs(excess.mean())  # and of the excess over the bound
+    assert (doubled - default).abs().max() < 1e-8
+
+
+def test_summary_reports_binned_excess_risk_and_loglog_slope():
+    task = LGSSMColoredTask(LGSSMColoredConfig(seq_len=100))
+    t = torch.arange(1, 101, dtype=torch.float64)  # context length of each position
+    bayes = torch.ones(3, 100, dtype=torch.float64)
+    losses = {"model": bayes + 3.0 / t, "bayes": bayes, "clairvoyant": bayes - 0.1,
+              "erm": bayes + 0.5 * t**-0.5}
+    summary = task.summarize(None, losses)
+    ks = [8, 16, 32, 64]
+    assert summary["context_lengths"] == ks
+    model = [sum(3.0 / c for c in range(k // 2 + 1, k + 1)) / (k - k // 2) for k in ks]
+    assert np.allclose(summary["excess_over_bayes"]["model"], model, rtol=1e-12)
+    fitted = np.polyfit(np.log(ks[2:]), np.log(model[2:]), 1)[0]  # the paper fits k >= 32
+    assert math.isclose(summary["loglog_slope_over_bayes"]["model"], fitted, rel_tol=1e-9)
+    assert abs(fitted + 1) < 0.02  # bins (k/2, k] keep a power law's exponent
+    assert abs(summary["loglog_slope_over_bayes"]["erm"] + 0.5) < 0.02
+    assert summary["loglog_slope_over_bayes"]["clairvoyant"] is None  # negative excess
+    assert np.allclose(summary["excess_over_clairvoyant"]["bayes"], [0.1] * 4)
+    assert summary["excess_over_bayes_stderr"]["model"] == [0.0] * 4
+    assert loglog_slope([8, 16], [1.0, 0.5]) is None  # no k >= 32 to fit
+
+
+@pytest.mark.parametrize("bad", [dict(rho_min=0.0), dict(rho_max=1.0),
+                                 dict(rho_min=0.95, rho_max=0.9), dict(eval_rho=1.0),
+                                 dict(eval_rho=-0.5), dict(grid_size=0), dict(erm_ridge=-1.0)])
+def test_config_rejects_invalid_values(bad):
+    with pytest.raises(ValueError):
+        LGSSMColoredConfig(**bad)
