@@ -1,0 +1,143 @@
+"""Random hidden Markov models as quasi-natural text (paper 004 §5.2, appendix B.3).
+
+Each sequence gets its own HMM: H hidden "topics" whose transition matrix A (H × H) has rows
+~ Dir(0.1) and whose emission matrix C (H × V) has rows ~ Dir(0.05); the paper uses H = 50,
+V = 100 and draws a fresh (A, C) per task. Both are sparse: few characters per topic, few
+successors per topic (the paper reads this as slow topic drift, but nothing favours staying in
+the same state, so the topic typically moves among a handful of states at every step). The
+paper does not say how the first topic is chosen; here z_0 is uniform on the H states. Then
+x_t ~ C[z_t] and z_{t+1} ~ A[z_t].
+
+References. The exact Bayes predictor would integrate the forward filter over the Dirichlet
+posterior of (A, C), which is intractable, so the task offers
+- `clairvoyant` (role "bound"): the forward filter that knows A and C, a lower bound on the Bayes
+  loss (it knows more than any in-context predictor can);
+- `unigram` / `bigram` (baselines): in-context add-β estimates of P(x) and P(x_{t+1} | x_t), with
+  β = H · (emission concentration): a symbol's frequency pools H emission rows, whose Gamma
+  weights add up to roughly a Dir(H·0.05) row (with one hidden state the unigram is then the
+  exact Bayes predictor; with H = 50 this β is also near the best one on held-out data, while
+  β = 0.05 smooths so little that both baselines lose to the uniform guess).
+The run record's per-position top-1 accuracy gives the paper's accuracy-vs-context-length curve.
+
+The matrices are drawn in float64: about one Dir(0.05) entry in 170 lies below 1e-45, where
+float32 would store an exact zero (and the gamma sampler's U^(1/α) step would underflow).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tasks.base import Batch, Reference, Task
+from tasks.distributions import categorical, dirichlet
+from tasks.markov import add_beta_log_probs, counts_in_context
+
+
+@dataclass
+class HMMConfig:
+    num_states: int = 50  # H hidden topics
+    vocab_size: int = 100  # V characters
+    transition_concentration: float = 0.1  # Dirichlet concentration of each row of A
+    emission_concentration: float = 0.05  # Dirichlet concentration of each row of C
+    seq_len: int = 256  # scored positions T (T + 1 tokens are sampled; the paper uses 512)
+
+    def __post_init__(self):
+        if self.num_states < 1 or self.vocab_size < 2 or self.seq_len < 1:
+            raise ValueError("hmm needs num_states >= 1, vocab_size >= 2, seq_len >= 1")
+        if self.transition_concentration <= 0 or self.emission_concentration <= 0:
+            raise ValueError("hmm needs positive Dirichlet concentrations")
+
+
+def log_matmul(log_weights: Tensor, matrix: Tensor) -> Tensor:
+    """log Σ_z exp(log_weights[b, z]) · matrix[b, z, k] for log_weights (B, H), matrix (B, H, K):
+    a logsumexp whose inner sum is a batched matrix product (shifting by the max keeps the
+    exponentials in [0, 1], so nothing overflows and the largest term never underflows)."""
+    shift = log_weights.max(-1, keepdim=True).values
+    weights = (log_weights - shift).exp().unsqueeze(1)
+    return shift + torch.bmm(weights, matrix).squeeze(1).log()
+
+
+def forward_filter_log_probs(transition: Tensor, emission: Tensor, tokens: Tensor) -> Tensor:
+    """log P(x_{t+1} = v | x_0..x_t, A, C) for t < L - 1 and every v, shape (B, L - 1, V).
+
+    transition A (B, H, H), emission C (B, H, V), tokens (B, L); the initial state is uniform.
+    The filter carries the normalised log-belief log P(z_t | x_0..x_t), so it neither
+    underflows nor overflows however long the sequence. Loop over time only."""
+    batch, length = tokens.shape
+    rows = torch.arange(batch, device=tokens.device)
+    log_emission = emission.log()
+    # log P(z_0 | x_0) = log C[z_0, x_0] + const: the uniform initial distribution cancels.
+    log_belief = log_emission[rows, :, tokens[:, 0]]
+    log_belief = log_belief - log_belief.logsumexp(-1, keepdim=True)
+    out = []
+    for t in range(length - 1):
+        log_state = log_matmul(log_belief, transition)  # log P(z_{t+1} | x_0..x_t)
+        out.append(log_matmul(log_state, emission))  # log P(x_{t+1} | x_0..x_t)
+        log_belief = log_state + log_emission[rows, :, tokens[:, t + 1]]
+        log_belief = log_belief - log_belief.logsumexp(-1, keepdim=True)
+    return torch.stack(out, 1)
+
+
+class HMMTask(Task):
+    family = "hmm"
+    kind = "tokens"
+    Config = HMMConfig
+    description = ("random HMMs as quasi-text: A rows ~ Dir(0.1), C rows ~ Dir(0.05), fresh per "
+                   "sequence; clairvoyant forward filter is a bound")
+
+    @property
+    def input_dim(self) -> int:
+        return self.config.vocab_size
+
+    output_dim = input_dim
+
+    def sample(self, n: int, generator: torch.Generator) -> Batch:
+        H, V, T = self.config.num_states, self.config.vocab_size, self.config.seq_len
+        device = generator.device
+        transition = dirichlet(torch.full((n, H, H), self.config.transition_concentration,
+                                          dtype=torch.float64, device=device), generator)
+        emission = dirichlet(torch.full((n, H, V), self.config.emission_concentration,
+                                        dtype=torch.float64, device=device), generator)
+        rows = torch.arange(n, device=device)
+        states = torch.empty(n, T + 1, dtype=torch.long, device=device)
+        tokens = torch.empty(n, T + 1, dtype=torch.long, device=device)
+        states[:, 0] = torch.randint(H, (n,), generator=generator, device=device)
+        for t in range(T + 1):  # a loop over time only; each step is batched
+            if t > 0:
+                states[:, t] = categorical(transition[rows, states[:, t - 1]], generator)
+            tokens[:, t] = categorical(emission[rows, states[:, t]], generator)
+        return Batch(inputs=tokens[:, :T], targets=tokens[:, 1:],
+                     loss_mask=torch.ones(n, T, dtype=torch.bool, device=device),
+                     latent={"transition": transition, "emission": emission, "states": states})
+
+    def references(self) -> dict[str, Reference]:
+        return {
+            "clairvoyant": Reference("clairvoyant", "bound", "forward filter that knows each "
+                                     "sequence's A and C: a lower bound on the Bayes loss",
+                                     self.clairvoyant),
+            "unigram": Reference("unigram", "baseline", "in-context add-beta on symbol counts",
+                                 self.unigram),
+            "bigram": Reference("bigram", "baseline", "in-context add-beta on counts of the "
+                                "symbol following the current one", self.bigram),
+        }
+
+    def clairvoyant(self, batch: Batch) -> Tensor:
+        transition = batch.latent["transition"].double()
+        emission = batch.latent["emission"].double()
+        transition = transition / transition.sum(-1, keepdim=True)
+        emission = emission / emission.sum(-1, keepdim=True)
+        tokens = torch.cat([batch.inputs, batch.targets[:, -1:]], 1)
+        return forward_filter_log_probs(transition, emission, tokens)
+
+    @property
+    def baseline_beta(self) -> float:
+        return self.config.num_states * self.config.emission_concentration
+
+    def unigram(self, batch: Batch) -> Tensor:
+        counts = torch.nn.functional.one_hot(batch.inputs, self.config.vocab_size).double()
+        return add_beta_log_probs(counts.cumsum(1), self.baseline_beta)
+
+    def bigram(self, batch: Batch) -> Tensor:
+        counts = counts_in_context(batch.inputs, batch.targets, self.config.vocab_size)
+        return add_beta_log_probs(counts, self.baseline_beta)

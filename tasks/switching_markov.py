@@ -1,0 +1,168 @@
+"""Switching Markov chains (paper 000 §5.1, appendix E.7): a random order-k chain that is
+restarted with a fresh kernel whenever a switch token appears.
+
+Alphabet: the S Markov symbols 0..S-1 plus the switch token S (the last index), so the vocabulary
+has S + 1 entries. Every token x_0..x_T is, independently of everything else, the switch token
+with probability p_switch (a parallel Bernoulli process, E.7 step 3). Otherwise it is a Markov
+symbol from the current segment, where a segment is the stretch that starts at the beginning of
+the sequence or right after a switch:
+- the first k symbols of a segment are uniform on 0..S-1 (a restart, exactly as at the start
+  of a plain Markov sequence, tasks/markov.py);
+- later symbols follow the segment's own kernel P given the k previous symbols, the S^k rows of
+  P drawn i.i.d. from Dir(β·1) when the segment begins (E.7 step 2).
+
+Bayes predictor. A switch is independent of the kernel and of the past, so the next token is S
+with probability p_switch, and otherwise a Markov symbol whose posterior predictive only depends
+on the symbols since the last switch (earlier segments used independent kernels):
+    P(S) = p_switch,    P(j) = (1 − p_switch) · (n_j + β) / (n + Sβ),
+with n_j the number of times j followed the current context within the current segment; while
+fewer than k symbols have followed the last switch the next symbol is uniform, P(j) =
+(1 − p_switch) / S. This is exact: the add-β estimator reset at every switch (§5.1).
+
+Latent, memory-sane: only segments that generate a scored target need a kernel, and a sequence
+of T + 1 tokens rarely has more than a few, so `kernels` has shape (n, M, S^k, S) with M one more
+than the largest number of switches among x_0..x_{T-1} in the batch (at most T + 1); `segment`
+(n, T) says which kernel generated each target, a segment starting right after each switch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tasks.base import Batch, Reference, Task
+from tasks.distributions import categorical, dirichlet
+from tasks.markov import add_beta_log_probs, context_ids, counts_in_context
+
+
+@dataclass
+class SwitchingMarkovConfig:
+    order: int = 1  # k
+    vocab_size: int = 2  # S Markov symbols; the switch token adds one more
+    beta: float = 1.0  # Dirichlet concentration of each kernel row
+    p_switch: float = 0.01  # probability that any token is the switch token
+    seq_len: int = 256  # scored positions T (T + 1 tokens are sampled)
+
+    def __post_init__(self):
+        if self.order < 1 or self.vocab_size < 2 or self.beta <= 0 or self.seq_len < 1:
+            raise ValueError("switching_markov needs order >= 1, vocab_size >= 2, beta > 0, "
+                             "seq_len >= 1")
+        if not 0 <= self.p_switch < 1:
+            raise ValueError("switching_markov needs 0 <= p_switch < 1")
+
+
+def segment_layout(tokens: Tensor, switch: int) -> tuple[Tensor, Tensor]:
+    """For each position t of tokens (B, L): the segment index (number of switch tokens among
+    x_0..x_t, so a switch opens the next segment) and the run length (number of symbols after
+    the last switch up to and including x_t; 0 on a switch, t + 1 when there was none)."""
+    is_switch = tokens == switch
+    time = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    last_switch = torch.where(is_switch, time, torch.full_like(time, -1)).cummax(1).values
+    return is_switch.long().cumsum(1), time - last_switch
+
+
+class SwitchingMarkovTask(Task):
+    family = "switching_markov"
+    kind = "tokens"
+    Config = SwitchingMarkovConfig
+    description = ("order-k Markov chains restarted with a new Dir(beta) kernel at switch tokens "
+                   "(prob p_switch); Bayes = add-beta reset at every switch")
+
+    @property
+    def input_dim(self) -> int:
+        return self.config.vocab_size + 1
+
+    output_dim = input_dim
+
+    @property
+    def switch_token(self) -> int:
+        return self.config.vocab_size
+
+    def sample(self, n: int, generator: torch.Generator) -> Batch:
+        k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
+        device = generator.device
+        # The switch process is independent of the symbols, so it is drawn first; it fixes the
+        # segments and hence how many kernels the batch needs.
+        switches = torch.rand(n, T + 1, generator=generator, device=device) < self.config.p_switch
+        segment = switches[:, :T].long().cumsum(1)  # kernel that generates target t (= x_{t+1})
+        num_kernels = int(segment.max()) + 1
+        alpha = torch.full((n, num_kernels, S**k, S), self.config.beta, dtype=torch.float64,
+                           device=device)
+        kernels = dirichlet(alpha, generator)
+        uniform_symbols = torch.randint(S, (n, T + 1), generator=generator, device=device)
+
+        tokens = torch.empty(n, T + 1, dtype=torch.long, device=device)
+        rows = torch.arange(n, device=device)
+        run = torch.zeros(n, dtype=torch.long, device=device)  # symbols since the last switch
+        context = torch.zeros(n, dtype=torch.long, device=device)  # last k symbols, base S
+        for t in range(T + 1):  # a loop over time only; each step is batched
+            if t == 0:
+                from_kernel = uniform_symbols[:, 0]  # no context yet: run = 0 < k
+            else:
+                from_kernel = categorical(kernels[rows, segment[:, t - 1], context], generator)
+            symbol = torch.where(run < k, uniform_symbols[:, t], from_kernel)
+            tokens[:, t] = torch.where(switches[:, t], S, symbol)
+            run = torch.where(switches[:, t], 0, run + 1)
+            # Stale right after a switch, but only read once k new symbols have refilled it.
+            context = (context * S + symbol) % S**k
+        return Batch(inputs=tokens[:, :T], targets=tokens[:, 1:],
+                     loss_mask=torch.ones(n, T, dtype=torch.bool, device=device),
+                     latent={"kernels": kernels, "segment": segment})
+
+    def references(self) -> dict[str, Reference]:
+        return {
+            "bayes": Reference("bayes", "bayes", "p_switch on the switch token, (1 - p_switch) "
+                               "x add-beta on the counts since the last switch: the exact "
+                               "posterior predictive", self.bayes),
+            "clairvoyant": Reference("clairvoyant", "bound", "p_switch on the switch token, "
+                                     "(1 - p_switch) x the true kernel of the current segment "
+                                     "(knows the latent)", self.clairvoyant),
+            "no_reset": Reference("no_reset", "baseline", "as bayes, but add-beta on the counts "
+                                  "of the whole sequence, never reset at a switch",
+                                  self.no_reset),
+        }
+
+    def _contexts(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+        """Segment index, context id in [0, S^k) and whether the context is a full window of k
+        symbols inside the current segment (else the next symbol is uniform)."""
+        k, S = self.config.order, self.config.vocab_size
+        segment, run = segment_layout(batch.inputs, self.switch_token)
+        valid = run >= k
+        ids = torch.where(valid, context_ids(batch.inputs, k, S), S**k)
+        return segment, ids, valid
+
+    def _with_switch(self, symbol_log_probs: Tensor, valid: Tensor) -> Tensor:
+        """Mixes the symbol predictive (uniform where there is no full context) with the switch."""
+        S, p = self.config.vocab_size, self.config.p_switch
+        symbols = torch.where(valid.unsqueeze(-1), symbol_log_probs,
+                              torch.full_like(symbol_log_probs, -math.log(S)))
+        switch = torch.full_like(symbols[..., :1], math.log(p) if p > 0 else -math.inf)
+        return torch.cat([symbols + math.log1p(-p), switch], -1)
+
+    def _add_beta(self, batch: Batch, groups: Tensor) -> Tensor:
+        S = self.config.vocab_size
+        # Counting over S + 1 outcomes and dropping the switch column: a switch says nothing
+        # about the kernel, and it ends the segment, so its group is never used again anyway.
+        counts = counts_in_context(groups, batch.targets, S + 1)[..., :S]
+        return add_beta_log_probs(counts, self.config.beta)
+
+    def bayes(self, batch: Batch) -> Tensor:
+        segment, ids, valid = self._contexts(batch)
+        groups = segment * (self.config.vocab_size**self.config.order + 1) + ids
+        return self._with_switch(self._add_beta(batch, groups), valid)
+
+    def no_reset(self, batch: Batch) -> Tensor:
+        _, ids, valid = self._contexts(batch)
+        return self._with_switch(self._add_beta(batch, ids), valid)
+
+    def clairvoyant(self, batch: Batch) -> Tensor:
+        k, S = self.config.order, self.config.vocab_size
+        segment, ids, valid = self._contexts(batch)
+        kernels = batch.latent["kernels"].double()
+        kernels = kernels / kernels.sum(-1, keepdim=True)
+        flat = kernels.flatten(1, 2)  # (B, M·S^k, S)
+        row = segment * S**k + ids.clamp_max(S**k - 1)  # invalid contexts: any row, unused
+        rows = flat.gather(1, row.unsqueeze(-1).expand(-1, -1, S))
+        return self._with_switch(rows.log(), valid)
