@@ -1,0 +1,254 @@
+"""tasks/linreg.py: the sampler against its definition (paper 002 §4.1, A.5/A.6), both prompt
+layouts, the ridge posterior mean against Monte-Carlo posterior means, the MSE-optimality of the
+GD step sizes, and the ordering of the references on held-out data."""
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tasks import task_families
+from tasks.base import make_generator
+from tasks.linreg import (TUNING_STREAM, TUNING_TASKS, LinearRegression, gd1_step_size,
+                          split_interleaved)
+
+Z = 5.0  # tolerance of the statistical checks, in standard errors
+CONF = Path(__file__).parents[1] / "conf/task"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small tensors: a second thread only waits on shared cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def small(**overrides) -> LinearRegression:
+    values = dict(seq_len=16, n_features=3, n_outputs=1, noise_std=0.5, gd_steps=[1, 2])
+    values.update(overrides)
+    return LinearRegression(LinearRegression.Config(**values))
+
+
+def within(samples: torch.Tensor, expected: float) -> bool:
+    stderr = samples.std().item() / math.sqrt(samples.numel())
+    return abs(samples.mean().item() - expected) <= Z * stderr
+
+
+def decoded(task: LinearRegression, batch):
+    """x (B, n, f), y (B, n, N) in float64 straight from the interleaved inputs."""
+    c = task.config
+    return split_interleaved(batch.inputs.double(), c.n_features, c.n_outputs)
+
+
+@pytest.mark.parametrize("name", ["linreg", "linreg_tokens"])
+def test_family_registered_and_yaml_lists_every_field(name):
+    assert task_families()["linreg"] is LinearRegression
+    text = (CONF / f"{name}.yaml").read_text()
+    assert text.startswith("# ")
+    values = yaml.safe_load(text)
+    assert values.pop("family") == "linreg"
+    assert set(values) == {f.name for f in dataclasses.fields(LinearRegression.Config)}
+    assert values["prompt"] == ("tokens" if name == "linreg_tokens" else "interleaved")
+    LinearRegression.Config(**values)
+
+
+def test_invalid_config_is_rejected():
+    with pytest.raises(ValueError, match="prompt"):
+        LinearRegression.Config(prompt="pairs")
+    with pytest.raises(ValueError):
+        LinearRegression.Config(gd_steps=[0])
+
+
+def test_sampler_moments_match_the_definition():
+    """x_i ~ U(-1, 1): mean 0, variance 1/3, support [-1, 1]; W ~ N(0, I); y - W x ~ N(0, σ²)."""
+    task = small(n_features=3, n_outputs=2, noise_std=0.5, seq_len=12)
+    batch = task.sample(6000, make_generator(11))
+    x, y = decoded(task, batch)
+    assert x.abs().max() <= 1
+    assert within(x, 0.0) and within(x ** 2, 1 / 3)
+    weights = batch.latent["weights"].double()  # (B, N, f)
+    assert weights.shape == (6000, 2, 3)
+    assert within(weights, 0.0) and within(weights ** 2, 1.0)
+    assert within(weights[:, 0, 0] * weights[:, 1, 2], 0.0)  # independent entries
+    residual = y - torch.einsum("bof,bkf->bko", weights, x)
+    assert within(residual, 0.0) and within(residual ** 2, 0.25)
+
+
+def test_interleaved_and_token_layouts():
+    f, n_out, n = 3, 2, 6
+    inter = small(n_features=f, n_outputs=n_out, seq_len=2 * n)
+    tokens = small(n_features=f, n_outputs=n_out, seq_len=n, prompt="tokens")
+    a = inter.sample(4, make_generator(5))
+    b = tokens.sample(4, make_generator(5))  # same draws: same x, y, W
+    assert a.inputs.shape == (4, 2 * n, f + n_out + 1) and inter.input_dim == f + n_out + 1
+    assert b.inputs.shape == (4, n, n_out * f + f) and tokens.input_dim == n_out * f + f
+    x, y = a.inputs[:, 0::2, :f], a.inputs[:, 1::2, f:f + n_out]
+    assert torch.equal(a.inputs[:, 0::2, -1], torch.ones(4, n))  # x-token flag
+    assert torch.equal(a.inputs[:, 1::2, -1], torch.zeros(4, n))
+    assert torch.equal(a.inputs[:, 0::2, f:], torch.cat([torch.zeros(4, n, n_out),
+                                                        torch.ones(4, n, 1)], -1))
+    assert torch.equal(a.inputs[:, 1::2, :f], torch.zeros(4, n, f))
+    assert torch.equal(a.targets[:, 0::2], y) and torch.equal(a.targets[:, 1::2], 0 * y)
+    assert a.loss_mask[:, 0::2].all() and not a.loss_mask[:, 1::2].any()
+    # tokens: position 0 is [0, x_0]; position t is [vec(y_{t-1} x_{t-1}ᵀ), x_t], target y_t.
+    assert torch.equal(b.latent["weights"], a.latent["weights"])
+    assert torch.equal(b.inputs[:, :, n_out * f:], x) and torch.equal(b.targets, y)
+    assert torch.equal(b.inputs[:, 0, :n_out * f], torch.zeros(4, n_out * f))
+    for t in range(1, n):
+        outer = torch.einsum("bo,bf->bof", y[:, t - 1], x[:, t - 1]).reshape(4, -1)
+        assert torch.allclose(b.inputs[:, t, :n_out * f], outer, rtol=1e-6, atol=0)
+    assert b.loss_mask.all()
+    # Every reference predicts the same y_t from both layouts (up to float32 products).
+    refs_a, refs_b = inter.references(), tokens.references()
+    for name in refs_a:
+        pa, pb = refs_a[name].predict(a)[:, 0::2], refs_b[name].predict(b)
+        assert torch.allclose(pa, pb, rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.parametrize("prompt,seq_len", [("interleaved", 15), ("tokens", 8)])
+def test_references_are_causal(prompt, seq_len):
+    task = small(prompt=prompt, seq_len=seq_len, n_outputs=2)
+    batch = task.sample(8, make_generator(7))
+    cut = seq_len // 2
+    changed = dataclasses.replace(batch, inputs=batch.inputs.clone())
+    changed.inputs[:, cut + 1:] = torch.randn_like(changed.inputs[:, cut + 1:])
+    for name, ref in task.references().items():
+        before, after = ref.predict(batch), ref.predict(changed)
+        assert before.shape == (8, seq_len, 2)
+        assert torch.equal(before[:, :cut + 1], after[:, :cut + 1]), name
+
+
+def test_ridge_posterior_mean_equals_exact_gaussian_posterior_samples():
+    """Posterior samples by pathwise conditioning (Matheron's rule), an exact sampler of W | data
+    built from the kernel form Xᵀ(XXᵀ + σ²I)⁻¹, independent of the ridge/eigen code path."""
+    for noise in (0.5, 0.0):
+        task = small(n_features=3, n_outputs=2, noise_std=noise, seq_len=20)
+        batch = task.sample(2, make_generator(21))
+        bayes = task.references()["bayes"].predict(batch)[:, 0::2]
+        x, y = decoded(task, batch)
+        gen = make_generator(22)
+        draws = 200_000
+        for b in range(2):
+            for j in ((1, 2, 5, 9) if noise else (1, 2)):  # noiseless: XXᵀ invertible for j <= f
+                X, Y = x[b, :j], y[b, :j]  # (j, f), (j, N)
+                prior = torch.randn(draws, 2, 3, generator=gen, dtype=torch.float64)
+                eps = noise * torch.randn(draws, j, 2, generator=gen, dtype=torch.float64)
+                kernel = X @ X.T + noise ** 2 * torch.eye(j, dtype=torch.float64)
+                residual = Y - torch.einsum("jf,sof->sjo", X, prior) - eps
+                posterior = prior + torch.einsum("jf,jk,sko->sof", X, torch.linalg.inv(kernel),
+                                                 residual)
+                samples = torch.einsum("sof,f->so", posterior, x[b, j])
+                stderr = samples.std(0) / math.sqrt(draws)
+                gap = (samples.mean(0) - bayes[b, j]).abs()
+                assert (gap <= Z * stderr + 1e-9).all(), (noise, b, j, gap, stderr)
+                assert (stderr < 0.01).all()  # the check is tight
+
+
+def test_ridge_posterior_mean_equals_importance_sampling_from_the_prior():
+    """Self-normalised importance sampling with the N(0, I) prior as proposal and the Gaussian
+    likelihood as weight: uses only the model's definition."""
+    task = small(n_features=2, noise_std=0.5, seq_len=8)
+    batch = task.sample(1, make_generator(31))
+    bayes = task.references()["bayes"].predict(batch)[0, 0::2, 0]
+    x, y = decoded(task, batch)
+    draws = 1_000_000
+    w = torch.randn(draws, 2, generator=make_generator(32), dtype=torch.float64)
+    for j in (1, 2, 3):
+        log_weight = -((y[0, :j, 0] - w @ x[0, :j].T) ** 2).sum(-1) / (2 * 0.25)
+        weight = torch.softmax(log_weight, 0)
+        prediction = w @ x[0, j]
+        estimate = (weight * prediction).sum()
+        stderr = ((weight ** 2 * (prediction - estimate) ** 2).sum()).sqrt()  # delta method
+        assert abs(estimate - bayes[j]) <= Z * stderr, (j, estimate, bayes[j], stderr)
+        assert stderr < 0.01
+
+
+def one_step_factor_estimate(task: LinearRegression, batch, j: int):
+    """The empirical risk-minimising c for ŷ = c x_jᵀ Σ_{k<j} x_k y_k (ratio of means) and its
+    delta-method standard error."""
+    x, y = decoded(task, batch)
+    g = torch.einsum("bf,bkf,bk->b", x[:, j], x[:, :j], y[:, :j, 0])
+    target = y[:, j, 0]
+    best = (g * target).mean() / (g * g).mean()
+    stderr = (g * target - best * g * g).std() / (math.sqrt(len(g)) * (g * g).mean())
+    return best.item(), stderr.item()
+
+
+def test_gd1_step_size_is_mse_optimal():
+    task = small(n_features=3, noise_std=0.3, seq_len=16)
+    batch = task.sample(40000, make_generator(41))
+    eta = task.step_sizes(1)
+    assert torch.equal(eta, gd1_step_size(torch.arange(8), 3, 0.3))
+    x, y = decoded(task, batch)
+    for j in (1, 2, 4, 7):
+        best, stderr = one_step_factor_estimate(task, batch, j)
+        c = eta[j].item() / j
+        assert abs(best - c) <= Z * stderr, (j, best, c, stderr)
+        assert stderr < 0.02 * c
+        g = torch.einsum("bf,bkf,bk->b", x[:, j], x[:, :j], y[:, :j, 0])
+        risk = lambda factor: ((factor * g - y[:, j, 0]) ** 2).mean()  # noqa: E731
+        assert risk(c) < risk(0.9 * c) and risk(c) < risk(1.1 * c)
+
+
+def explicit_gd(x, y, j: int, eta: float, steps: int) -> torch.Tensor:
+    """Predictions at x_j of `steps` iterations of W ← W - (η/j) Σ_k (W x_k - y_k) x_kᵀ from 0."""
+    weights = torch.zeros(x.shape[0], y.shape[-1], x.shape[-1], dtype=torch.float64)
+    for _ in range(steps):
+        residual = torch.einsum("bof,bkf->bko", weights, x[:, :j]) - y[:, :j]
+        weights = weights - eta / j * torch.einsum("bko,bkf->bof", residual, x[:, :j])
+    return torch.einsum("bof,bf->bo", weights, x[:, j])
+
+
+def test_multi_step_step_sizes_minimise_the_tuning_risk():
+    task = small(n_features=3, noise_std=0.3, seq_len=16, gd_steps=[1, 2, 4])
+    tuning = task.sample(TUNING_TASKS, make_generator(TUNING_STREAM, 0))
+    x, y = decoded(task, tuning)
+    # K = 1: the numerical tuner recovers the closed form within the tuning sample's error,
+    # and the exact minimiser of the sample risk (a ratio of means) to optimiser precision.
+    tuned = task.tune_step_sizes(1)
+    for j in (1, 3, 6):
+        best, stderr = one_step_factor_estimate(task, tuning, j)
+        assert tuned[j].item() / j == pytest.approx(best, rel=1e-6)
+        assert abs(tuned[j].item() / j - task.step_sizes(1)[j].item() / j) <= Z * stderr
+    # K > 1: no step size on a dense grid beats the tuned one on the tuning sample, where the
+    # risk is evaluated by explicit GD iterations (not the eigen-filter of the task).
+    for steps in (2, 4):
+        eta = task.step_sizes(steps)
+        for j in (1, 4, 7):
+            def risk(e: float) -> float:
+                return (explicit_gd(x, y, j, e, steps) - y[:, j]).pow(2).mean().item()
+            grid = torch.logspace(math.log10(eta[j] / 10), math.log10(eta[j] * 10), 161)
+            assert risk(eta[j].item()) <= min(risk(e.item()) for e in grid) * (1 + 1e-9)
+    # The gd<K> references are K explicit GD steps with these step sizes.
+    batch = task.sample(16, make_generator(43))
+    xb, yb = decoded(task, batch)
+    for steps in (1, 2, 4):
+        prediction = task.references()[f"gd{steps}"].predict(batch)[:, 0::2]
+        for j in (0, 1, 5, 7):
+            expected = explicit_gd(xb, yb, max(j, 1), task.step_sizes(steps)[j].item(), steps)
+            assert torch.allclose(prediction[:, j], expected, atol=1e-10), (steps, j)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.5])
+def test_bayes_has_the_lowest_held_out_loss(noise):
+    task = LinearRegression(LinearRegression.Config(noise_std=noise))  # f = 5, 16 examples
+    batch = task.held_out(2000)
+    losses = {}
+    for name, ref in task.references().items():
+        loss = task.position_loss(ref.predict(batch), batch.targets.double())
+        losses[name] = (loss * batch.loss_mask).sum(1) / batch.loss_mask.sum(1)
+    bayes = losses.pop("bayes")
+    oracle = losses.pop("oracle")
+    assert within(oracle, noise ** 2) if noise else oracle.max() < 1e-10
+    for name, loss in losses.items():
+        diff = loss - bayes
+        if name == "ols" and noise == 0:
+            assert diff.abs().max() < 1e-6  # noiseless: the posterior mean is least squares
+            continue
+        assert diff.mean() > 0, name
+        if name != "ols":  # least squares has infinite risk at j = f, f + 1: no z-score
+            assert diff.mean() > Z * diff.std() / math.sqrt(len(diff)), name
