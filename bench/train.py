@@ -66,6 +66,8 @@ class ICLModule(L.LightningModule):
 
 
 def build(config: RunConfig) -> tuple[Task, Backbone]:
+    if config.trainer.threads > 0:
+        torch.set_num_threads(config.trainer.threads)
     task = task_families()[config.task_family](config.task, batch_size=config.trainer.batch_size,
                                                seed=config.seed)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)

@@ -18,14 +18,6 @@ Z = 5.0  # tolerance of the statistical checks, in standard errors
 CONF = Path(__file__).parents[1] / "conf/task"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small tensors: a second thread only waits on shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def small(**overrides) -> LinearRegression:
     values = dict(seq_len=16, n_features=3, n_outputs=1, noise_std=0.5, gd_steps=[1, 2])

@@ -17,14 +17,6 @@ from tasks.nonlinreg import SineRegression, features, gd1_step_size, ray_integra
 Z = 5.0  # tolerance of the statistical checks, in standard errors
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small tensors: a second thread only waits on shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def within(samples: torch.Tensor, expected: float) -> bool:
     stderr = samples.std().item() / math.sqrt(samples.numel())
