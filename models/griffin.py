@@ -25,7 +25,7 @@ linear recurrence (the RG-LRU) and local sliding-window multi-query attention.
 
 Paper 002 (GD-SSM, App. A.7, Table 1) compares against Griffin with 1-5 heads and 1-2 layers;
 its best Griffin (loss 0.4114) has 2 heads and 2 layers. `forward` runs the RG-LRU with a
-parallel doubling scan (`gated_scan`) and the attention with a banded mask;
+parallel doubling scan (`models.scan.linear_scan`) and the attention with a banded mask;
 `forward_sequential` is the step-by-step twin (conv buffer, recurrent state, KV cache) used as
 test oracle, and returns the final caches.
 """
@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec
+from models.scan import linear_scan
 
 BLOCK_KINDS = {"R": "recurrent block (conv + RG-LRU)", "A": "local multi-query attention"}
 GATE_EXPONENT = 8.0  # the paper's constant c in a_t = a^{c r_t}
@@ -62,24 +63,6 @@ class GriffinConfig:
     # information must travel through the recurrence.
     window: int = 32
     mlp_expansion: int = 3
-
-
-def gated_scan(decay: Tensor, inputs: Tensor) -> Tensor:
-    """All states h_t = decay_t ⊙ h_{t-1} + inputs_t (h_{-1} = 0) at once; (B, T, N) tensors.
-
-    Hillis-Steele doubling: before the step with offset k, h_t sums the last min(t+1, k) inputs,
-    each weighted by the product of the decays after it, and decay_t holds the product of the
-    last k decays; combining with the pair k steps back doubles both spans. ceil(log2 T)
-    parallel steps; only products of decays in [0, 1] are formed, never quotients, so it is
-    stable at any length."""
-    length = inputs.shape[1]
-    offset = 1
-    while offset < length:
-        inputs = torch.cat([inputs[:, :offset],
-                            inputs[:, offset:] + decay[:, offset:] * inputs[:, :-offset]], dim=1)
-        decay = torch.cat([decay[:, :offset], decay[:, offset:] * decay[:, :-offset]], dim=1)
-        offset *= 2
-    return inputs
 
 
 def lecun_init(linear: nn.Linear) -> None:
@@ -125,7 +108,7 @@ class RGLRU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         decay, drive = self.coefficients(x)
-        return gated_scan(decay, drive).to(x.dtype)
+        return linear_scan(decay, drive).to(x.dtype)
 
     def step(self, x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         decay, drive = self.coefficients(x_t)

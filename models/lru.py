@@ -18,7 +18,7 @@ This is the diagonal LTI model that stands in for the S5 baseline of paper 002 (
 App. A.7: "model size and state size of 32"), which reports that S5 gains nothing from
 more layers (Table 1: the same loss with 1 to 6 layers).
 
-`forward` runs the recurrence in parallel over time (`lti_scan`, a doubling scan);
+`forward` runs the recurrence in parallel over time (`models.scan.lti_scan`, a doubling scan);
 `forward_sequential` is its step-by-step twin and the test oracle, and returns the final state.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec
+from models.scan import lti_scan
 
 
 @dataclass
@@ -43,23 +44,6 @@ class LRUConfig:
     r_min: float = 0.9
     r_max: float = 0.999
     max_phase: float = 6.283185307179586  # 2π: phases on the whole circle (the paper's default)
-
-
-def lti_scan(eigenvalues: Tensor, inputs: Tensor) -> Tensor:
-    """All states h_t = λ h_{t-1} + inputs_t (h_{-1} = 0) of a diagonal LTI recurrence at once.
-
-    `inputs` is (B, T, N), `eigenvalues` (N,). Hillis-Steele doubling: before the step with
-    offset k, h_t holds the sum over the last min(t+1, k) inputs; adding λ^k times the value k
-    steps back doubles that span. ceil(log2 T) steps, each fully parallel, and only powers λ^k
-    with |λ| < 1 are formed — never their inverses — so it is stable at any length."""
-    length = inputs.shape[1]
-    offset, power = 1, eigenvalues
-    while offset < length:
-        inputs = torch.cat([inputs[:, :offset], inputs[:, offset:] + power * inputs[:, :-offset]],
-                           dim=1)
-        power = power * power
-        offset *= 2
-    return inputs
 
 
 class LRULayer(nn.Module):

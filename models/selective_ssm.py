@@ -17,9 +17,10 @@ Variants:
   training), this one cannot.
 - `n_layers > 1`: layers are composed, the states of one being the inputs of the next.
 
-`forward` computes all states at once with an associative (Hillis-Steele) scan over the pairs
-(Ā_t, B̄_t ⊙ x_t), valid for decays of any sign; `forward_sequential` is its step-by-step twin and
-the test oracle, and returns the final states, which is what `state_size` counts.
+`forward` computes all states at once with the associative (Hillis-Steele) scan
+`models.scan.linear_scan` over the pairs (Ā_t, B̄_t ⊙ x_t), valid for decays of any sign;
+`forward_sequential` (`models.scan.sequential_scan`) is its step-by-step twin and the test
+oracle, and returns the final states, which is what `state_size` counts.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec
+from models.scan import linear_scan, sequential_scan
 
 TRANSITIONS = ("linear", "exp")
 SCANS = ("parallel", "sequential")
@@ -53,36 +55,6 @@ class SelectiveSSMConfig:
                              f"{', '.join(TRANSITIONS)}")
         if self.scan not in SCANS:
             raise ValueError(f"selective_ssm: scan={self.scan!r} is not one of {', '.join(SCANS)}")
-
-
-def associative_scan(decay: Tensor, drive: Tensor) -> Tensor:
-    """All states h_t = decay_t ⊙ h_{t-1} + drive_t (h_{-1} = 0) of (B, T, ...) tensors at once.
-
-    The pairs (a, b) compose associatively, (a₁, b₁) then (a₂, b₂) = (a₂a₁, a₂b₁ + b₂).
-    Hillis-Steele doubling: before the step with offset k, position t holds the composition of
-    its last min(t+1, k) pairs; composing with the pair k steps back doubles that span, so
-    ceil(log2 T) parallel steps suffice. Only products are formed, never quotients, so decays of
-    any sign (and exact zeros) are handled."""
-    length = drive.shape[1]
-    offset = 1
-    while offset < length:
-        drive = torch.cat([drive[:, :offset],
-                           drive[:, offset:] + decay[:, offset:] * drive[:, :-offset]], dim=1)
-        decay = torch.cat([decay[:, :offset], decay[:, offset:] * decay[:, :-offset]], dim=1)
-        offset *= 2
-    return drive
-
-
-def sequential_scan(decay: Tensor, drive: Tensor, state: Tensor | None = None
-                    ) -> tuple[Tensor, Tensor]:
-    """The same recurrence one step at a time, from `state` (zeros if None). Returns all states
-    (B, T, ...) and the last one (B, ...)."""
-    h = torch.zeros_like(drive[:, 0]) if state is None else state
-    states = []
-    for t in range(drive.shape[1]):
-        h = decay[:, t] * h + drive[:, t]
-        states.append(h)
-    return torch.stack(states, dim=1), h
 
 
 def initial_decays(n: int, max_len: int) -> Tensor:
@@ -141,7 +113,7 @@ class SelectiveSSMLayer(nn.Module):
         return a_bar, b_bar * x
 
     def forward(self, x: Tensor) -> Tensor:
-        return associative_scan(*self.coefficients(x))
+        return linear_scan(*self.coefficients(x))
 
     def forward_sequential(self, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return sequential_scan(*self.coefficients(x), state)
