@@ -4,6 +4,7 @@
   references   evaluate only the references on the held-out set (n=<sequences>)
   leaderboard  rewrite leaderboard.md from the run records in out_dir
   speed        training throughput of a model and throughput of the task's oracle
+  suite        run every entry of conf/suite/<name>.yaml in turn (name=<suite> [key=value ...])
   list         the tasks and models, one line each
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 
 from bench.config import ConfigError, choices, compose, describe_choice
 
-COMMANDS = ("run", "references", "leaderboard", "speed", "list")
+COMMANDS = ("run", "references", "leaderboard", "speed", "suite", "list")
 
 
 def fail(message: str) -> int:
@@ -87,6 +88,29 @@ def cmd_speed(argv: list[str]) -> int:
     return 0
 
 
+def cmd_suite(argv: list[str]) -> int:
+    """Each suite entry is a list of overrides; `argv` (e.g. out_dir=DIR) is added to every one.
+    All entries are validated before the first one runs."""
+    argv, name = take_option(argv, "name", "")
+    argv, shard = take_option(argv, "shard", "0/1")  # i/n: entries i, i+n, ... (parallel workers)
+    from bench.config import load_suite
+    try:
+        index, count = (int(x) for x in shard.split("/"))
+        assert 0 <= index < count
+    except (ValueError, AssertionError):
+        return fail(f"shard must be i/n with 0 <= i < n, got '{shard}'")
+    suite = load_suite(name)[index::count]
+    configs = [compose([*entry, *argv]) for entry in suite]
+    from bench.train import run
+    for i, (entry, config) in enumerate(zip(suite, configs), 1):
+        print(f"[{i}/{len(configs)}] {' '.join(entry) or '(defaults)'}", flush=True)
+        record, path = run(config)
+        print(f"    gap {record['metrics']['bayes_gap']:.4f} "
+              f"[{record['metrics']['bayes_gap_ci'][0]:.4f}, {record['metrics']['bayes_gap_ci'][1]:.4f}]"
+              f" in {record['wall_time_s']:.0f} s -> {path}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -97,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
     try:
         return {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
-                "speed": cmd_speed, "list": cmd_list}[command](rest)
+                "speed": cmd_speed, "suite": cmd_suite, "list": cmd_list}[command](rest)
     except ConfigError as error:
         return fail(str(error))
 

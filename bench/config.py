@@ -28,12 +28,12 @@ class ConfigError(ValueError):
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 300
+    max_steps: int = 800
     batch_size: int = 32
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays from lr to lr * min_lr_ratio
     weight_decay: float = 1e-3
-    warmup_steps: int = 30
+    warmup_steps: int = 50
     grad_clip: float = 1.0
     accelerator: str = "auto"  # cpu | gpu | auto
     devices: int = 1  # -1: all visible devices
@@ -129,6 +129,16 @@ def _typed(group: str, name: str, schema_cls: type, values: dict, overrides: lis
     except (ValueError, OmegaConfBaseException) as error:
         message = str(error).splitlines()[0]
         raise ConfigError(f"{group} {name}: {message}") from None
+
+
+def load_suite(name: str) -> list[list[str]]:
+    """The runs of conf/suite/<name>.yaml: a list of override lists."""
+    if name not in choices("suite"):
+        raise ConfigError(f"unknown suite '{name}'; choose one of: {', '.join(choices('suite'))}")
+    runs = _load_yaml(CONF_DIR / "suite" / f"{name}.yaml").get("runs")
+    if not isinstance(runs, list) or not all(isinstance(r, list) for r in runs):
+        raise ConfigError(f"conf/suite/{name}.yaml must hold `runs:`, a list of override lists")
+    return [[str(o) for o in run] for run in runs]
 
 
 def compose(argv: list[str], allowed_top: tuple[str, ...] | None = None) -> RunConfig:
