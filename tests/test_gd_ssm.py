@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from conftest import fits_a_fixed_batch
 from models import IOSpec, build_model, model_families
 from models.gd_ssm import (GDSSM, GDSSMConfig, comparison_metrics, input_sensitivities,
                            query_coordinates)
@@ -129,25 +130,7 @@ def test_training_steps_reduce_the_loss(kind, variant):
     torch.manual_seed(0)
     io = IOSpec(kind, 5, 5, 12)
     model = build_model("gd_ssm", GDSSMConfig(d_model=8, d_state=4, **variant), io)
-    generator = torch.Generator().manual_seed(3)
-    if kind == "tokens":
-        inputs = torch.randint(0, 5, (4, 12), generator=generator)
-        loss_fn = lambda out: torch.nn.functional.cross_entropy(out.transpose(1, 2), inputs)
-    else:
-        inputs = torch.randn(4, 12, 5, generator=generator)
-        targets = inputs.cumsum(1) / 4
-        loss_fn = lambda out: (out - targets).pow(2).mean()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(30):
-        optimizer.zero_grad()
-        loss = loss_fn(model(inputs))
-        loss.backward()
-        for name, param in model.named_parameters():
-            assert param.grad is not None and torch.isfinite(param.grad).all(), name
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.8 * losses[0]
+    fits_a_fixed_batch(model, kind, length=12)
 
 
 # --- the construction: one gradient-descent step ---------------------------------------------
