@@ -34,10 +34,15 @@ def across_seeds(values: list[float]) -> tuple[float, float | None]:
     return mean, T_975.get(n - 1, 1.96) * sd / math.sqrt(n)
 
 
-def label_of(record: dict, defaults: dict) -> str:
-    """Model name plus the settings that differ from the most common one in its table."""
-    diff = [f"{k}={v}" for k, v in record["model"]["config"].items() if defaults.get(k) != v]
-    return record["model"]["name"] + (f" ({', '.join(diff)})" if diff else "")
+IGNORED_IN_LABELS = ("trainer.progress", "trainer.threads", "trainer.eval_batch_size")
+
+
+def label_of(record: dict) -> str:
+    """Model name plus the model and trainer overrides of its command line (seeds, paths and
+    display options aside), so a row says how it differs from conf/model/<name>.yaml."""
+    shown = [o for o in record.get("overrides", [])
+             if o.startswith(("model.", "trainer.")) and not o.startswith(IGNORED_IN_LABELS)]
+    return record["model"]["name"] + (f" ({', '.join(shown)})" if shown else "")
 
 
 def plot_gaps(path: Path, title: str, curves: dict[str, list], ylabel: str) -> None:
@@ -73,7 +78,6 @@ def task_section(task_name: str, runs: list[dict], figure: Path, figure_link: st
     metrics = first["metrics"]
     reference = metrics["gap_reference"]
     unit = "nats/token" if "accuracy" in metrics else "squared error per coordinate"
-    configs = [json.dumps(r["model"]["config"], sort_keys=True) for r in runs]
     lines = [f"## {task_name}", "",
              f"`{json.dumps(first['task']['config'], sort_keys=True)}` — gap to "
              f"`{reference}` ({metrics['gap_reference_role']}), {unit}; "
@@ -81,18 +85,13 @@ def task_section(task_name: str, runs: list[dict], figure: Path, figure_link: st
              "| model | Bayes gap | 95% CI | relative gap | params | state | steps | seeds | "
              "wall (s) |", "|---|---|---|---|---|---|---|---|---|"]
     groups: dict[str, list[dict]] = defaultdict(list)
-    for run in runs:
-        key = digest([run["model"]["name"], run["model"]["config"],
-                      run["trainer"]["config"]["max_steps"], run["trainer"]["config"]["batch_size"]])
-        groups[key].append(run)
-    by_family_defaults: dict[str, dict] = {}
-    for run in runs:  # per model name, the most common config is the baseline of the labels
-        name = run["model"]["name"]
-        same = [c for r, c in zip(runs, configs) if r["model"]["name"] == name]
-        by_family_defaults[name] = json.loads(max(set(same), key=same.count))
+    for run in runs:  # seeds of one model and training configuration form a row
+        trainer = {k: v for k, v in run["trainer"]["config"].items()
+                   if k not in ("progress", "threads", "eval_batch_size")}
+        groups[digest([run["model"]["name"], run["model"]["config"], trainer])].append(run)
     rows, curves = [], {}
     for group in groups.values():
-        label = label_of(group[0], by_family_defaults[group[0]["model"]["name"]])
+        label = label_of(group[0])
         gaps = [r["metrics"]["bayes_gap"] for r in group]
         mean, half = across_seeds(gaps)
         lo, hi = ((mean - half, mean + half) if half is not None
