@@ -147,6 +147,12 @@ class Task(L.LightningDataModule):
         batch. The runner already records mean losses, gaps with CIs and per-position curves."""
         return {}
 
+    @property
+    def held_out_from_prior(self) -> bool:
+        """Whether the held-out set is drawn from the training distribution. Only then is the
+        `bayes` reference optimal on it, and a model beating it beyond the interval a bug."""
+        return True
+
     def held_out(self, n: int, split: int = TEST_STREAM) -> Batch:
         """The fixed evaluation set: sampled on the CPU from a seed that depends only on the split,
         so every model (and every device) is scored on the same sequences."""

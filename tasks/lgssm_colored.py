@@ -142,6 +142,10 @@ class LGSSMColoredTask(Task):
                      loss_mask=torch.ones(n, T, dtype=torch.bool, device=device),
                      latent={"rho": rhos})
 
+    @property
+    def held_out_from_prior(self) -> bool:
+        return self.config.eval_rho == USE_TRAINING_PRIOR
+
     def held_out(self, n: int, split: int = TEST_STREAM) -> Batch:
         """The fixed evaluation set, at ρ = eval_rho (or the training prior when it is -1)."""
         rho = None if self.config.eval_rho == USE_TRAINING_PRIOR else self.config.eval_rho

@@ -53,3 +53,12 @@ def test_t_interval_across_seeds():
     mean, half = across_seeds([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(T_975[2] * 1.0 / math.sqrt(3))
     assert across_seeds([0.5]) == (0.5, None)
+
+
+def test_beating_bayes_is_flagged_only_when_the_held_out_set_follows_the_prior():
+    from bench.evaluate import is_suspicious
+    below = {"gap_reference_role": "bayes", "bayes_gap_ci": [-0.02, -0.01]}
+    assert is_suspicious({**below, "held_out_from_prior": True})
+    assert not is_suspicious({**below, "held_out_from_prior": False})
+    assert not is_suspicious({**below, "gap_reference_role": "bound", "held_out_from_prior": True})
+    assert not is_suspicious({**below, "bayes_gap_ci": [-0.01, 0.01], "held_out_from_prior": True})
