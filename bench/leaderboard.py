@@ -46,22 +46,24 @@ def label_of(record: dict) -> str:
 
 
 def plot_gaps(path: Path, title: str, curves: dict[str, list], ylabel: str) -> None:
+    """Per-position gap curves, one per row; the legend sits below the axes so it never hides
+    the curves, and the figure grows with the number of rows."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = plt.subplots(figsize=(8, 3.4 + 0.22 * len(curves)))
     for name, curve in curves.items():
         xs = [i + 1 for i, v in enumerate(curve) if v is not None]
         ys = [v for v in curve if v is not None]
-        ax.plot(xs, ys, label=name, lw=1.2)
+        ax.plot(xs, ys, label=name, lw=1.0, alpha=0.85)
     ax.axhline(0, color="k", lw=0.6)
     ax.set_xlabel("position (context length)")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
