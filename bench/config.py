@@ -46,7 +46,7 @@ class TrainerConfig:
     log_every: int = 10
     checkpoint_every: int = 0  # steps between checkpoints; 0 = none
     progress: bool = True
-    threads: int = 1  # CPU threads for torch (1 is fastest for these small models); 0 = torch default
+    threads: int = 0  # CPU threads for torch; 0 = torch default. Use 1 per process when several share the cores
 
     def __post_init__(self):
         if self.max_steps < 1 or self.batch_size < 1 or self.eval_sequences < 2:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 import warnings
 
@@ -77,7 +78,9 @@ def build(config: RunConfig) -> tuple[Task, Backbone]:
 
 def make_trainer(config: RunConfig, run_id: str) -> L.Trainer:
     t = config.trainer
-    callbacks = []
+    # A terminal redraws the bar in place; a log file gets a line per refresh, so refresh less.
+    callbacks: list = [L.pytorch.callbacks.TQDMProgressBar(
+        refresh_rate=1 if sys.stdout.isatty() else max(1, t.max_steps // 20))] if t.progress else []
     if t.checkpoint_every > 0:
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
             dirpath=os.path.join(config.out_dir, "checkpoints", run_id), save_last=True,
@@ -85,7 +88,7 @@ def make_trainer(config: RunConfig, run_id: str) -> L.Trainer:
     return L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
                      num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
                      gradient_clip_val=t.grad_clip or None, logger=False,
-                     enable_checkpointing=bool(callbacks), callbacks=callbacks,
+                     enable_checkpointing=t.checkpoint_every > 0, callbacks=callbacks,
                      enable_progress_bar=t.progress, enable_model_summary=False,
                      num_sanity_val_steps=0, limit_val_batches=0, log_every_n_steps=t.log_every,
                      use_distributed_sampler=False, deterministic=False)
