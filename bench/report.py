@@ -24,9 +24,29 @@ def print_metrics(metrics: dict) -> None:
         print(line)
     print(f"(gap = loss − loss of '{reference}', the {metrics['gap_reference_role']} reference; "
           f"{'nats/token' if tokens else 'squared error per coordinate'})")
-    for key, value in metrics.get("task", {}).items():
-        if not isinstance(value, (list, dict)):
-            print(f"{key}: {value}")
+    print_task_metrics(metrics.get("task", {}))
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def print_task_metrics(extra: dict) -> None:
+    """A task's own metrics: scalars, {name: scalar} lines, and {name: [per context length]}
+    tables (standard errors are left to the record)."""
+    lengths = extra.get("context_lengths")
+    for key, value in extra.items():
+        if key == "context_lengths" or key.endswith("_stderr"):
+            continue
+        if isinstance(value, dict) and value and all(isinstance(v, list) for v in value.values()):
+            print(f"{key}" + (f" at context length {' '.join(map(str, lengths))}" if lengths else "")
+                  + ":")
+            for name, row in value.items():
+                print(f"  {name:<20} {' '.join(_num(v) for v in row)}")
+        elif isinstance(value, dict):
+            print(f"{key}: " + ", ".join(f"{n} {_num(v)}" for n, v in value.items()))
+        elif not isinstance(value, list):
+            print(f"{key}: {_num(value)}")
 
 
 def print_run(record: dict, path: str) -> None:
