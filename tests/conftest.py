@@ -29,3 +29,14 @@ def fits_a_fixed_batch(model, kind: str, length: int, steps: int = 30) -> None:
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0]
+
+
+def redraw_in_float64(module: torch.nn.Module, seed: int, scale: float = 0.5) -> torch.nn.Module:
+    """The module in float64 with every parameter redrawn from N(0, scale²): identities between
+    a fast form and its naive twin must hold for any parameters, not just the initialisation."""
+    module = module.double()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * scale)
+    return module

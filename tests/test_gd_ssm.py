@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import fits_a_fixed_batch
+from conftest import fits_a_fixed_batch, redraw_in_float64
 from models import IOSpec, build_model, model_families
 from models.gd_ssm import (GDSSM, GDSSMConfig, comparison_metrics, input_sensitivities,
                            query_coordinates)
@@ -37,12 +37,7 @@ VARIANTS = [dict(window=3, multiplicative_output=True, mlp=False, n_layers=1),
 
 def make_core(seed: int = 0, **overrides) -> GDSSM:
     config = GDSSMConfig(**{"d_model": D_MODEL, "d_state": D_STATE, **overrides})
-    core = GDSSM(config, IOSpec("vectors", 3, 3, MAX_LEN)).double()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in core.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * 0.5)
-    return core
+    return redraw_in_float64(GDSSM(config, IOSpec("vectors", 3, 3, MAX_LEN)), seed)
 
 
 def random_inputs(batch: int = 3, seq_len: int = SEQ_LEN, seed: int = 1) -> torch.Tensor:

@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import fits_a_fixed_batch
+from conftest import fits_a_fixed_batch, redraw_in_float64
 from models import IOSpec, build_model, model_families
 from models.selective_ssm import SelectiveSSM, SelectiveSSMConfig
 
@@ -29,12 +29,7 @@ VARIANTS = [dict(selective=s, transition=t, n_layers=n)
 
 def make_core(seed: int = 0, **overrides) -> SelectiveSSM:
     config = SelectiveSSMConfig(**{"d_model": D_MODEL, **overrides})
-    core = SelectiveSSM(config, IOSpec("vectors", 3, 3, MAX_LEN)).double()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in core.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * 0.5)
-    return core
+    return redraw_in_float64(SelectiveSSM(config, IOSpec("vectors", 3, 3, MAX_LEN)), seed)
 
 
 def random_inputs(batch: int = 3, seq_len: int = SEQ_LEN, seed: int = 1) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from conftest import redraw_in_float64
 from models import IOSpec, build_model, model_families
 from models.transformer import (Transformer, TransformerConfig, causal_linear_attention,
                                 causal_linear_attention_recurrent, causal_softmax_attention)
@@ -27,14 +28,9 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
 
 
 def make_core(seed: int = 0, max_len: int = MAX_LEN, **overrides) -> Transformer:
-    """A float64 core with all parameters redrawn at unit scale."""
+    """A float64 core with all parameters redrawn at scale 0.5."""
     config = TransformerConfig(**{"d_model": D_MODEL, "n_heads": 2, **overrides})
-    core = Transformer(config, IOSpec("vectors", 3, 3, max_len)).double()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in core.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * 0.5)
-    return core
+    return redraw_in_float64(Transformer(config, IOSpec("vectors", 3, 3, max_len)), seed)
 
 
 def random_inputs(batch: int, seq_len: int, seed: int = 1) -> torch.Tensor:
