@@ -11,6 +11,7 @@ sets `owns_io = True` and then maps inputs to predictions itself.
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -28,7 +29,7 @@ class IOSpec:
     max_len: int  # longest sequence the model will see (learned positions, KV-cache size)
 
 
-class Core(nn.Module):
+class Core(nn.Module, abc.ABC):
     """Base class of every architecture. Subclasses set the class attributes and implement
     `__init__(config, io)`, `forward(x)` and `state_size(seq_len)`."""
 
@@ -42,8 +43,9 @@ class Core(nn.Module):
         self.config = config
         self.io = io
 
+    @abc.abstractmethod
     def state_size(self, seq_len: int) -> int:
-        raise NotImplementedError
+        """Floats of state carried to continue a sequence of length seq_len."""
 
 
 class Backbone(nn.Module):

@@ -12,6 +12,7 @@ Predictions, of models and references alike:
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Iterator, Literal
@@ -94,7 +95,7 @@ class StepCounter(torch.utils.data.IterableDataset):
             step += 1
 
 
-class Task(L.LightningDataModule):
+class Task(L.LightningDataModule, abc.ABC):
     """Base class of every task family. A subclass sets the class attributes and implements
     `sample`, `references`, `input_dim` and `output_dim`; the family is found by its `family`
     name (tasks/__init__.py discovers subclasses), its defaults are in conf/task/<name>.yaml."""
@@ -117,21 +118,22 @@ class Task(L.LightningDataModule):
         return self.config.seq_len
 
     @property
+    @abc.abstractmethod
     def input_dim(self) -> int:
         """Vocabulary size (tokens) or input vector size (vectors)."""
-        raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def output_dim(self) -> int:
         """Vocabulary size (tokens) or target vector size (vectors)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def sample(self, n: int, generator: torch.Generator) -> Batch:
         """n sequences on generator.device, drawn with generator only (reproducible)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def references(self) -> dict[str, Reference]:
-        raise NotImplementedError
+        """{name: Reference}, with at least one `bayes` or `bound` reference."""
 
     # --- shared by all tasks -------------------------------------------------------------
     def position_loss(self, prediction: Tensor, targets: Tensor) -> Tensor:
