@@ -285,3 +285,14 @@ def test_mambazero_theorem_1_construction_is_the_laplace_estimator():
     tokens = torch.randint(0, symbols, (5, 30), generator=torch.Generator().manual_seed(4))
     expected = laplace_estimator(tokens, beta, symbols).log()
     torch.testing.assert_close(model.predict(tokens), expected, rtol=0, atol=TOL)
+
+
+def test_mambazero_l1_scores_start_positive_so_none_is_clamped():
+    """A clamped score has no gradient; the L1 variant must start with every score positive."""
+    from models.mamba import MambaZero, MambaZeroConfig
+    torch.manual_seed(0)
+    core = MambaZero(MambaZeroConfig(l1_prediction=True), IOSpec("tokens", 2, 2, 64))
+    tokens = torch.randint(0, 2, (16, 64))
+    x = core.embedding(tokens)
+    scores = core.lm_head(x + core.mixer(x))
+    assert (scores > 0).all()
