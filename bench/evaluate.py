@@ -66,7 +66,9 @@ def score(task: Task, batch: Batch, predictions: dict[str, Tensor], resamples: i
     """Metrics of every predictor in `predictions` (a "model" entry is optional) on batch."""
     mask = batch.loss_mask.cpu().double()
     targets = batch.targets.cpu()
-    losses = {name: task.position_loss(pred, targets) * mask for name, pred in predictions.items()}
+    # where(), not a product: an infinite loss at an unscored position must not become NaN
+    losses = {name: torch.where(mask.bool(), task.position_loss(pred, targets), 0.0)
+              for name, pred in predictions.items()}
     per_sequence = {name: sequence_means(loss, mask) for name, loss in losses.items()}
     reference = gap_reference(task)
     roles = {name: ref.role for name, ref in task.references().items()}

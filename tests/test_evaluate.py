@@ -62,3 +62,13 @@ def test_beating_bayes_is_flagged_only_when_the_held_out_set_follows_the_prior()
     assert not is_suspicious({**below, "held_out_from_prior": False})
     assert not is_suspicious({**below, "gap_reference_role": "bound", "held_out_from_prior": True})
     assert not is_suspicious({**below, "bayes_gap_ci": [-0.01, 0.01], "held_out_from_prior": True})
+
+
+def test_an_infinite_loss_at_an_unscored_position_does_not_poison_the_gap(scored):
+    task, batch, preds, _ = scored
+    masked = type(batch)(batch.inputs, batch.targets, batch.loss_mask.clone(), batch.latent)
+    masked.loss_mask[:, 0] = False
+    model = preds["bayes"].clone()
+    model[:, 0] = float("-inf")  # log-probability 0 of everything, where nothing is scored
+    m = score(task, masked, {**preds, "model": model}, resamples=100)["metrics"]
+    assert m["bayes_gap"] == pytest.approx(0.0, abs=1e-12)
