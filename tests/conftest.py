@@ -40,3 +40,13 @@ def redraw_in_float64(module: torch.nn.Module, seed: int, scale: float = 0.5) ->
         for param in module.parameters():
             param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * scale)
     return module
+
+
+def assert_causal(core: torch.nn.Module, x: torch.Tensor, t: int) -> None:
+    """Outputs up to position t are bit-identical when every input after t changes, and the
+    outputs after t do react (so the check is not vacuous)."""
+    changed = x.clone()
+    changed[:, t + 1:] = torch.randn_like(changed[:, t + 1:])
+    before, after = core(x), core(changed)
+    assert torch.equal(before[:, :t + 1], after[:, :t + 1])
+    assert (before[:, t + 1:] - after[:, t + 1:]).abs().max() > 1e-6

@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from bench.evaluate import sequence_means
 from tasks import task_families
 from tasks.base import make_generator
 from tasks.linreg import (TUNING_STREAM, TUNING_TASKS, LinearRegression, gd1_step_size,
@@ -229,10 +230,9 @@ def test_multi_step_step_sizes_minimise_the_tuning_risk():
 def test_bayes_has_the_lowest_held_out_loss(noise):
     task = LinearRegression(LinearRegression.Config(noise_std=noise))  # f = 5, 16 examples
     batch = task.held_out(2000)
-    losses = {}
-    for name, ref in task.references().items():
-        loss = task.position_loss(ref.predict(batch), batch.targets.double())
-        losses[name] = (loss * batch.loss_mask).sum(1) / batch.loss_mask.sum(1)
+    losses = {name: sequence_means(task.position_loss(ref.predict(batch), batch.targets.double()),
+                                   batch.loss_mask)
+              for name, ref in task.references().items()}
     bayes = losses.pop("bayes")
     oracle = losses.pop("oracle")
     assert within(oracle, noise ** 2) if noise else oracle.max() < 1e-10
