@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from bench.config import ConfigError, choices, compose, describe_choice
@@ -101,6 +102,8 @@ def cmd_suite(argv: list[str]) -> int:
         return fail(f"shard must be i/n with 0 <= i < n, got '{shard}'")
     suite = load_suite(name)[index::count]
     configs = [compose([*entry, *argv]) for entry in suite]
+    for config in configs:
+        config.origin = f"suite:{name}"
     from bench.train import run
     for i, (entry, config) in enumerate(zip(suite, configs), 1):
         print(f"[{i}/{len(configs)}] {' '.join(entry) or '(defaults)'}", flush=True)
@@ -119,11 +122,26 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         return fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
+    from bench.records import RunFailed
     try:
         return {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
                 "speed": cmd_speed, "suite": cmd_suite, "list": cmd_list}[command](rest)
     except ConfigError as error:
         return fail(str(error))
+    except RunFailed as error:  # the run started: its `failed` record says the rest
+        where = f" (record: {error.path})" if error.path else ""
+        print(f"error: run failed: {error.reason}{where}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # a bug, not a user error: one line unless asked for the trace
+        if os.environ.get("BENCH_DEBUG"):
+            raise
+        first = str(error).splitlines()[0] if str(error) else ""
+        print(f"error: internal error: {type(error).__name__}: {first} "
+              "(BENCH_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ class RunConfig:
     name: str = ""
     resume: str = ""
     overrides: list[str] = field(default_factory=list)
+    origin: str = "adhoc"  # "adhoc" (python -m bench run) or "suite:<name>" (python -m bench suite)
 
     def describe(self) -> dict:
         return {
@@ -77,6 +78,7 @@ class RunConfig:
                       "config": dataclasses.asdict(self.model)},
             "trainer": {"name": self.trainer_name, "config": dataclasses.asdict(self.trainer)},
             "seed": self.seed, "name": self.name, "overrides": list(self.overrides),
+            "origin": self.origin,
         }
 
 

@@ -11,6 +11,16 @@ from importlib import metadata
 from pathlib import Path
 
 SCHEMA = "icl-bench/run/1"
+
+
+class RunFailed(RuntimeError):
+    """A run that started and did not finish: its `failed` record is written (at `path`, or
+    nowhere on a non-zero rank). `exit_code` is the process's exit status: 1, or 128 + signal
+    number for an interrupted run."""
+
+    def __init__(self, reason: str, path: str | None, exit_code: int = 1):
+        super().__init__(reason)
+        self.reason, self.path, self.exit_code = reason, path, exit_code
 REPO = Path(__file__).resolve().parents[1]
 
 
