@@ -20,6 +20,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = ("task", "model", "trainer")
+BOOLEANS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 
 
 class ConfigError(ValueError):
@@ -34,23 +35,42 @@ class TrainerConfig:
     min_lr_ratio: float = 0.1  # cosine decays from lr to lr * min_lr_ratio
     weight_decay: float = 1e-3
     warmup_steps: int = 50
-    grad_clip: float = 1.0
-    accelerator: str = "auto"  # cpu | gpu | auto
+    grad_clip: float = 1.0  # 0 = no clipping
+    accelerator: str = "auto"  # auto | cpu | gpu (= cuda)
     devices: int = 1  # -1: all visible devices
     num_nodes: int = 1
-    strategy: str = "auto"  # auto | ddp
-    precision: str = "32-true"
+    strategy: str = "auto"  # auto | ddp | ddp_spawn | ddp_find_unused_parameters_true
+    precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA) | 64-true
     eval_sequences: int = 512
     eval_batch_size: int = 128
     bootstrap: int = 2000  # bootstrap resamples for the confidence interval
     log_every: int = 10
     checkpoint_every: int = 0  # steps between checkpoints; 0 = none
     progress: bool = True
-    threads: int = 0  # CPU threads for torch; 0 = torch default. Use 1 per process when several share the cores
+    threads: int = 0  # CPU threads for torch; 0 = torch's default (one per core)
 
     def __post_init__(self):
-        if self.max_steps < 1 or self.batch_size < 1 or self.eval_sequences < 2:
-            raise ValueError("trainer needs max_steps >= 1, batch_size >= 1, eval_sequences >= 2")
+        from bench.checks import ACCELERATORS, PRECISIONS, STRATEGIES
+        at_least = {"max_steps": 1, "batch_size": 1, "eval_sequences": 2, "eval_batch_size": 1,
+                    "bootstrap": 1, "log_every": 1, "num_nodes": 1, "warmup_steps": 0,
+                    "checkpoint_every": 0, "threads": 0}
+        for name, low in at_least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"trainer.{name} must be >= {low}, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"trainer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError(f"trainer.weight_decay and trainer.grad_clip must be >= 0, got "
+                             f"{self.weight_decay}, {self.grad_clip}")
+        if self.devices == 0 or self.devices < -1:
+            raise ValueError(f"trainer.devices must be >= 1, or -1 for all, got {self.devices}")
+        for name, allowed in (("accelerator", ACCELERATORS), ("strategy", STRATEGIES),
+                              ("precision", PRECISIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"trainer.{name} must be one of {', '.join(allowed)}, got "
+                                 f"'{getattr(self, name)}'")
 
 
 @dataclass
@@ -110,6 +130,12 @@ def _families(group: str) -> dict[str, type]:
 def _typed(group: str, name: str, schema_cls: type, values: dict, overrides: list[str]):
     """Merge file values and overrides onto the dataclass schema; return the dataclass."""
     valid = ", ".join(f.name for f in dataclasses.fields(schema_cls))
+    types = {f.name: f.type for f in dataclasses.fields(schema_cls)}
+    for override in overrides:  # OmegaConf reads any integer as a bool (2 -> True): not here
+        key, value = override.split("=", 1)
+        if types.get(key) in (bool, "bool") and value.strip().lower() not in BOOLEANS:
+            raise ConfigError(f"{group}.{key}: invalid value {value} (override); expected bool "
+                              "(true or false)")
     schema = OmegaConf.structured(schema_cls)
     for source, layer in (("file", values), ("override", overrides)):
         try:
@@ -126,11 +152,24 @@ def _typed(group: str, name: str, schema_cls: type, values: dict, overrides: lis
                      next((o.split("=", 1)[1] for o in layer if o.split("=", 1)[0] == key), "?"))
             raise ConfigError(f"{group}.{key}: invalid value {value} ({source}); expected "
                               f"{getattr(field_type, '__name__', field_type)}") from None
+    check_fields(group, schema)
     try:
-        return OmegaConf.to_object(schema)
+        obj = OmegaConf.to_object(schema)
     except (ValueError, OmegaConfBaseException) as error:
-        message = str(error).splitlines()[0]
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ConfigError(f"{group} {name}: {message}") from None
+    return obj
+
+
+def check_fields(group: str, schema) -> None:
+    """NaN and infinities, which OmegaConf lets through as floats but no field of ours means;
+    checked before the dataclass's own range checks so the message names the value."""
+    import math
+    for key, value in schema.items():
+        values = value if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
+        for v in values:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{group}.{key}: {v} is not a finite number")
 
 
 def load_suite(name: str) -> list[list[str]]:
@@ -143,23 +182,32 @@ def load_suite(name: str) -> list[list[str]]:
     return [[str(o) for o in run] for run in runs]
 
 
-def compose(argv: list[str], allowed_top: tuple[str, ...] | None = None) -> RunConfig:
-    """Parse `key=value` overrides into a validated RunConfig."""
+def compose(argv: list[str], check: bool = True) -> RunConfig:
+    """Parse `key=value` overrides into a validated RunConfig. With `check`, also the checks
+    that need the whole configuration (bench/checks.py): hardware, model × task, memory,
+    out_dir. Every failure is a one-line ConfigError, raised before anything runs."""
     top = _load_yaml(CONF_DIR / "config.yaml")
     selected = dict(top.pop("defaults"))
     top_keys = dict(top)
     group_overrides: dict[str, list[str]] = {g: [] for g in GROUPS}
+    seen: set[str] = set()
     for arg in argv:
         if "=" not in arg:
             raise ConfigError(f"expected key=value, got '{arg}'")
         key, value = arg.split("=", 1)
+        if not key or key.startswith(".") or key.endswith(".") or ".." in key or " " in key:
+            raise ConfigError(f"malformed key '{key}' in '{arg}'; keys look like task, "
+                              "task.<field>, seed")
+        if key in seen:
+            raise ConfigError(f"'{key}' is given twice; give each key once")
+        seen.add(key)
         head, _, rest = key.partition(".")
         if head in GROUPS and not rest:
             selected[head] = value
         elif head in GROUPS:
             group_overrides[head].append(f"{rest}={value}")
         elif key in top_keys and not rest:
-            top_keys[key] = yaml.safe_load(value) if value else ""
+            top_keys[key] = value
         else:
             allowed = ", ".join([*GROUPS, *(f"{g}.<field>" for g in GROUPS), *top_keys])
             raise ConfigError(f"unknown key '{key}'; valid keys: {allowed}")
@@ -183,12 +231,26 @@ def compose(argv: list[str], allowed_top: tuple[str, ...] | None = None) -> RunC
     trainer = _typed("trainer", selected["trainer"], TrainerConfig,
                      _load_yaml(CONF_DIR / "trainer" / f"{selected['trainer']}.yaml"),
                      group_overrides["trainer"])
-    try:
-        seed = int(top_keys["seed"])
-    except (TypeError, ValueError):
-        raise ConfigError(f"seed: invalid value '{top_keys['seed']}'; expected int") from None
-    return RunConfig(task_name=selected["task"], task_family=families["task"], task=built["task"],
-                     model_name=selected["model"], model_family=families["model"],
-                     model=built["model"], trainer_name=selected["trainer"], trainer=trainer,
-                     seed=seed, out_dir=str(top_keys["out_dir"]), name=str(top_keys["name"]),
-                     resume=str(top_keys["resume"] or ""), overrides=list(argv))
+    seed = parse_seed(top_keys["seed"])
+    config = RunConfig(task_name=selected["task"], task_family=families["task"],
+                       task=built["task"], model_name=selected["model"],
+                       model_family=families["model"], model=built["model"],
+                       trainer_name=selected["trainer"], trainer=trainer, seed=seed,
+                       out_dir=str(top_keys["out_dir"]), name=str(top_keys["name"] or ""),
+                       resume=str(top_keys["resume"] or ""), overrides=list(argv))
+    if check:
+        from bench.checks import CheckFailed, check_run
+        try:
+            check_run(config)
+        except CheckFailed as error:
+            raise ConfigError(str(error)) from None
+    return config
+
+
+def parse_seed(value) -> int:
+    """A seed is a non-negative integer below 2^63: `1.5`, `true` or `-1` are errors, never
+    silently rounded or reinterpreted."""
+    text = str(value).strip()
+    if not text.isdigit() or int(text) >= 2**63:
+        raise ConfigError(f"seed: invalid value '{value}'; expected an integer in [0, 2^63)")
+    return int(text)

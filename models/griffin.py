@@ -64,6 +64,9 @@ class GriffinConfig:
     window: int = 32
     mlp_expansion: int = 3
 
+    def __post_init__(self):
+        validate(self)  # at compose time, before anything is built
+
 
 def lecun_init(linear: nn.Linear) -> None:
     nn.init.normal_(linear.weight, 0.0, 1.0 / math.sqrt(linear.in_features))
@@ -251,7 +254,6 @@ class Griffin(Core):
                    "(paper 002's Griffin baseline)")
 
     def __init__(self, config: GriffinConfig, io: IOSpec):
-        validate(config)
         super().__init__(config, io)
         self.blocks = nn.ModuleList(ResidualBlock(config, kind)
                                     for kind in config.block_pattern * config.n_layers)

@@ -45,6 +45,9 @@ class LRUConfig:
     r_max: float = 0.999
     max_phase: float = 6.283185307179586  # 2π: phases on the whole circle (the paper's default)
 
+    def __post_init__(self):
+        validate(self)  # at compose time, before anything is built
+
 
 class LRULayer(nn.Module):
     """The recurrence h_t = λ ⊙ h_{t-1} + γ ⊙ (B u_t), y_t = Re(C h_t) + D ⊙ u_t.
@@ -141,7 +144,6 @@ class LRU(Core):
                    "baseline of paper 002")
 
     def __init__(self, config: LRUConfig, io: IOSpec):
-        validate(config)
         super().__init__(config, io)
         self.blocks = nn.ModuleList(LRUBlock(config) for _ in range(config.n_layers))
         self.norm_f = nn.LayerNorm(config.d_model)  # the residual stream's scale grows with depth

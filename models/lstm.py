@@ -23,6 +23,11 @@ class LSTMConfig:
     d_model: int = 32  # input, hidden and output width of every layer
     n_layers: int = 2
 
+    def __post_init__(self):
+        if self.d_model < 1 or self.n_layers < 1:
+            raise ValueError(f"lstm: d_model and n_layers must be positive, got "
+                             f"{self.d_model}, {self.n_layers}")
+
 
 class LSTM(Core):
     family = "lstm"
@@ -31,9 +36,6 @@ class LSTM(Core):
                    "orthogonal recurrent weights; the non-linear RNN baseline")
 
     def __init__(self, config: LSTMConfig, io: IOSpec):
-        if config.d_model < 1 or config.n_layers < 1:
-            raise ValueError(f"lstm: d_model and n_layers must be positive, got "
-                             f"{config.d_model}, {config.n_layers}")
         super().__init__(config, io)
         self.lstm = nn.LSTM(config.d_model, config.d_model, config.n_layers, batch_first=True)
         self.reset_parameters()

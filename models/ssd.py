@@ -189,12 +189,17 @@ def _import_mamba_chunk_scan() -> Callable:
     return _kernel_cache["fn"]
 
 
-def mamba_ssm_available() -> bool:
+def mamba_ssm_kernel_error() -> str | None:
+    """Why the mamba_ssm kernel cannot be used here, or None when it imports."""
     try:
         _import_mamba_chunk_scan()
-    except RuntimeError:
-        return False
-    return True
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+def mamba_ssm_available() -> bool:
+    return mamba_ssm_kernel_error() is None
 
 
 def _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[Tensor, Tensor]:

@@ -44,6 +44,9 @@ class TransformerConfig:
     window: int = 0  # sliding-window attention span including the query position; 0 = full causal
     positions: bool = True  # learned absolute positions `wpe` (max_len × d_model)
 
+    def __post_init__(self):
+        validate(self)  # at compose time, before anything is built
+
 
 def sliding_window_mask(seq_len: int, window: int, device=None) -> Tensor:
     """(T, T) boolean mask, True where query i may attend to key j: i - window < j <= i."""
@@ -155,7 +158,6 @@ class Transformer(Core):
                    "window and Q/K/V convolution) and a GELU MLP (paper 000 App. F, Tables 8-9)")
 
     def __init__(self, config: TransformerConfig, io: IOSpec):
-        validate(config)
         super().__init__(config, io)
         d = config.d_model
         self.wpe = nn.Embedding(io.max_len, d) if config.positions else None

@@ -149,6 +149,17 @@ class Task(L.LightningDataModule, abc.ABC):
         batch. The runner already records mean losses, gaps with CIs and per-position curves."""
         return {}
 
+    def latent_floats(self) -> int:
+        """Floats of hidden parameters (and per-sequence reference workspace beyond the
+        predictions) one sequence needs: the part of the memory estimate made before a run
+        (bench/checks.py) that only the family knows. Override where it can be large."""
+        return 0
+
+    def memory_per_sequence(self) -> int:
+        """Bytes one sampled sequence holds: inputs, targets, mask and latent, in 8-byte units."""
+        width = 1 if self.kind == "tokens" else self.input_dim + self.output_dim
+        return 8 * ((self.seq_len + 1) * (width + 1) + self.latent_floats())
+
     @property
     def held_out_from_prior(self) -> bool:
         """Whether the held-out set is drawn from the training distribution. Only then is the

@@ -1,0 +1,269 @@
+"""Malformed invocations of every command end with one `error:` line and exit code 2, before
+anything runs: no traceback, no hang, no record, no temporary file, no directory.
+
+Each case runs in-process from an empty working directory (the default out_dir, `results`, is
+relative to it) under an alarm, so a hang fails the test instead of stalling the suite."""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import main
+
+REPO = Path(__file__).resolve().parents[1]
+HUGE = 10**9
+
+# (category, arguments, a fragment of the expected message). {fixtures} is a directory holding
+# a text file `notes.txt` and an empty directory `empty/`.
+CASES = [
+    # -- syntax: what is not key=value, malformed keys, repeated keys, unknown commands/flags
+    ("syntax", ["run", "orphan"], "expected key=value"),
+    ("syntax", ["run", ""], "expected key=value"),
+    ("syntax", ["run", "=3"], "malformed key"),
+    ("syntax", ["run", "task.=hmm"], "malformed key 'task.'"),
+    ("syntax", ["run", ".order=2"], "malformed key"),
+    ("syntax", ["run", "task..order=2"], "malformed key"),
+    ("syntax", ["run", "seed=1", "seed=2"], "given twice"),
+    ("syntax", ["run", "task.order=1", "task.order=2"], "given twice"),
+    ("syntax", ["run", "--steps", "3"], "unknown option '--steps'"),
+    ("syntax", ["frobnicate"], "unknown command 'frobnicate'"),
+    ("syntax", ["references", "n=3", "n=4"], "given twice"),
+    ("syntax", ["speed", "-x"], "unknown option"),
+    # -- unknown choices of a config group or a suite
+    ("unknown choice", ["run", "task=nope"], "unknown task 'nope'; choose one of:"),
+    ("unknown choice", ["run", "model=nope"], "unknown model 'nope'"),
+    ("unknown choice", ["run", "trainer=nope"], "unknown trainer 'nope'"),
+    ("unknown choice", ["run", "task="], "unknown task ''"),
+    ("unknown choice", ["references", "task=Markov"], "unknown task 'Markov'"),
+    ("unknown choice", ["speed", "model=mamba2"], "unknown model 'mamba2'"),
+    ("unknown choice", ["suite", "name=nope"], "unknown suite 'nope'"),
+    # -- unknown keys
+    ("unknown key", ["run", "task.nope=1"], "unknown key 'task.nope'"),
+    ("unknown key", ["run", "model.nope=1"], "unknown key 'model.nope'"),
+    ("unknown key", ["run", "trainer.steps=5"], "unknown key 'trainer.steps'"),
+    ("unknown key", ["run", "bogus=1"], "unknown key 'bogus'"),
+    ("unknown key", ["run", "task=hmm", "task.order=2"], "unknown key 'task.order'"),
+    ("unknown key", ["references", "n_sequences=5"], "unknown key 'n_sequences'"),
+    ("unknown key", ["speed", "trainer.lr.x=1"], "trainer"),
+    # -- wrong types: integers are integers, numbers are numbers, booleans are booleans
+    ("type", ["run", "seed=1.5"], "seed: invalid value '1.5'"),
+    ("type", ["run", "seed=true"], "seed: invalid value 'true'"),
+    ("type", ["run", "seed=-1"], "seed: invalid value '-1'"),
+    ("type", ["run", "seed=x"], "seed: invalid value 'x'"),
+    ("type", ["run", "seed="], "seed: invalid value ''"),
+    ("type", ["run", "task.order=abc"], "task.order: invalid value abc"),
+    ("type", ["run", "task.order=1.5"], "task.order: invalid value 1.5"),
+    ("type", ["run", "task.order=true"], "task.order: invalid value true"),
+    ("type", ["run", "task.order="], "task.order: invalid value"),
+    ("type", ["run", "trainer.lr=fast"], "trainer.lr: invalid value fast"),
+    ("type", ["run", "trainer.lr=true"], "trainer.lr"),
+    ("type", ["run", "trainer.max_steps=1e3"], "trainer.max_steps: invalid value 1e3"),
+    ("type", ["run", "trainer.progress=maybe"], "trainer.progress: invalid value maybe"),
+    ("type", ["run", "model.conv=2"], "model.conv: invalid value 2"),
+    ("type", ["run", "model.d_model=[16]"], "model.d_model"),
+    ("type", ["run", "task=linreg", "task.gd_steps=5"], "task.gd_steps"),
+    ("type", ["run", "task=linreg", "task.gd_steps=[1,x]"], "task.gd_steps"),
+    ("type", ["references", "n=abc"], "n: invalid value 'abc'"),
+    ("type", ["speed", "steps=2.5"], "steps: invalid value '2.5'"),
+    # -- finiteness: NaN and infinities are errors wherever a number is read
+    ("finiteness", ["run", "task.beta=nan"], "task.beta: nan is not a finite number"),
+    ("finiteness", ["run", "task.beta=inf"], "task.beta: inf is not a finite number"),
+    ("finiteness", ["run", "trainer.lr=nan"], "trainer.lr: nan"),
+    ("finiteness", ["run", "trainer.weight_decay=-inf"], "trainer.weight_decay: -inf"),
+    ("finiteness", ["run", "trainer.grad_clip=inf"], "trainer.grad_clip: inf"),
+    ("finiteness", ["run", "task=lgssm", "task.eig_max=nan"], "task.eig_max: nan"),
+    ("finiteness", ["run", "task=nonlinreg", "task.x_max=inf"], "task.x_max: inf"),
+    ("finiteness", ["run", "model=lru", "model.r_max=nan"], "model.r_max: nan"),
+    ("finiteness", ["run", "model=gd_ssm_constructed", "task=linreg_tokens",
+                    "model.step_size=inf"], "model.step_size: inf"),
+    # -- ranges of single fields
+    ("range", ["run", "trainer.max_steps=0"], "trainer.max_steps must be >= 1"),
+    ("range", ["run", "trainer.batch_size=0"], "trainer.batch_size must be >= 1"),
+    ("range", ["run", "trainer.lr=0"], "trainer.lr must be > 0"),
+    ("range", ["run", "trainer.lr=-1e-3"], "trainer.lr must be > 0"),
+    ("range", ["run", "trainer.min_lr_ratio=1.5"], "min_lr_ratio must be in [0, 1]"),
+    ("range", ["run", "trainer.min_lr_ratio=-0.1"], "min_lr_ratio must be in [0, 1]"),
+    ("range", ["run", "trainer.weight_decay=-1"], "weight_decay"),
+    ("range", ["run", "trainer.grad_clip=-1"], "grad_clip"),
+    ("range", ["run", "trainer.warmup_steps=-1"], "warmup_steps must be >= 0"),
+    ("range", ["run", "trainer.bootstrap=0"], "bootstrap must be >= 1"),
+    ("range", ["run", "trainer.eval_batch_size=0"], "eval_batch_size must be >= 1"),
+    ("range", ["run", "trainer.eval_sequences=1"], "eval_sequences must be >= 2"),
+    ("range", ["run", "trainer.log_every=0"], "log_every must be >= 1"),
+    ("range", ["run", "trainer.checkpoint_every=-5"], "checkpoint_every must be >= 0"),
+    ("range", ["run", "trainer.threads=-1"], "threads must be >= 0"),
+    ("range", ["run", "trainer.devices=0"], "devices must be >= 1, or -1"),
+    ("range", ["run", "trainer.devices=-2"], "devices must be >= 1, or -1"),
+    ("range", ["run", "trainer.num_nodes=0"], "num_nodes must be >= 1"),
+    ("range", ["run", "task.order=0"], "order >= 1"),
+    ("range", ["run", "task.vocab_size=1"], "vocab_size >= 2"),
+    ("range", ["run", "task.beta=0"], "beta > 0"),
+    ("range", ["run", "task.beta=-1"], "beta > 0"),
+    ("range", ["run", "task.seq_len=0"], "seq_len >= 1"),
+    ("range", ["run", "task=switching_markov", "task.p_switch=1"], "0 <= p_switch < 1"),
+    ("range", ["run", "task=hmm", "task.num_states=0"], "num_states >= 1"),
+    ("range", ["run", "task=hmm", "task.emission_concentration=0"], "positive Dirichlet"),
+    ("range", ["run", "task=lgssm", "task.eig_max=1"], "eig_max < 1"),
+    ("range", ["run", "task=lgssm", "task.obs_noise_min=0"], "noise_min"),
+    ("range", ["run", "task=lgssm_colored", "task.eval_rho=1.5"], "eval_rho in (0, 1)"),
+    ("range", ["run", "task=linreg", "task.noise_std=-0.1"], "noise_std >= 0"),
+    ("range", ["run", "task=linreg", "task.gd_steps=[0]"], "gd_steps"),
+    ("range", ["run", "task=nonlinreg", "task.noise_std=0"], "noise_std > 0"),
+    ("range", ["run", "model.d_model=0"], "d_model must be a positive integer"),
+    ("range", ["run", "model.n_layers=0"], "n_layers must be a positive integer"),
+    ("range", ["run", "model.d_conv=0"], "d_conv must be a positive integer"),
+    ("range", ["run", "model=transformer", "model.n_layers=-1"], "must be positive"),
+    ("range", ["run", "model=lstm", "model.d_model=0"], "lstm: d_model and n_layers"),
+    ("range", ["run", "model=griffin", "model.window=-1"], "window >= 0"),
+    ("range", ["run", "model=selective_ssm", "model.d_model=0"], "must be positive"),
+    ("range", ["references", "n=1"], "n: invalid value '1'; expected an integer >= 2"),
+    ("range", ["speed", "steps=0"], "steps: invalid value '0'"),
+    # -- enumerations
+    ("enumeration", ["run", "trainer.precision=fp8"], "trainer.precision must be one of"),
+    ("enumeration", ["run", "trainer.strategy=fsdp"], "trainer.strategy must be one of"),
+    ("enumeration", ["run", "trainer.accelerator=tpu"], "trainer.accelerator must be one of"),
+    ("enumeration", ["run", "model.kernel=triton"], "kernel must be one of"),
+    ("enumeration", ["run", "model.activation=tanh"], "activation must be one of"),
+    ("enumeration", ["run", "model=transformer", "model.attention=flash"], "attention="),
+    ("enumeration", ["run", "model=griffin", "model.block_pattern=RXA"], "block_pattern="),
+    ("enumeration", ["run", "model=griffin", "model.block_pattern="], "model.block_pattern"),
+    ("enumeration", ["run", "model=selective_ssm", "model.transition=tanh"], "transition="),
+    ("enumeration", ["run", "model=gd_ssm", "model.scan=fast"], "scan="),
+    ("enumeration", ["run", "task=linreg", "task.prompt=chat"], "prompt must be"),
+    # -- constraints across fields, and between model, task and hardware
+    ("cross-field", ["run", "model=transformer", "model.n_heads=3"], "not divisible by n_heads=3"),
+    ("cross-field", ["run", "model=griffin", "model.n_heads=3"], "n_heads=3"),
+    ("cross-field", ["run", "model=lru", "model.r_min=0.99", "model.r_max=0.9"], "r_min < r_max"),
+    ("cross-field", ["run", "model.headdim=7"], "divisible by headdim"),
+    ("cross-field", ["run", "model.ngroups=3"], "must divide n_heads"),
+    ("cross-field", ["run", "task=lgssm", "task.eig_min=0.9", "task.eig_max=0.8"], "eig_min"),
+    ("cross-field", ["run", "task=lgssm_colored", "task.rho_min=0.99", "task.rho_max=0.9"],
+     "rho_min <= rho_max"),
+    ("cross-field", ["run", "task=nonlinreg", "task.amplitude_min=5", "task.amplitude_max=1"],
+     "amplitude_min < amplitude_max"),
+    ("cross-field", ["run", "model=transformer", "model.attention=linear", "model.window=4"],
+     "window > 0 is only defined"),
+    ("cross-field", ["run", "model=gd_ssm_constructed"], "needs a vectors task"),
+    ("cross-field", ["run", "model=gd_ssm_constructed", "task=lgssm"], "is not a linreg"),
+    ("cross-field", ["run", "model=gd_ssm_constructed", "task=linreg"], "is not a linreg"),
+    ("cross-field", ["run", "model=mambazero", "model.l1_prediction=true", "task=lgssm"],
+     "l1_prediction needs a tokens task"),
+    ("cross-field", ["run", "model=gd_ssm", "model.constructed=true", "model.n_layers=2"],
+     "constructed=true is the paper's one-layer construction"),
+    ("hardware", ["run", "trainer=ddp"], "no CUDA GPU is visible"),
+    ("hardware", ["run", "trainer.accelerator=gpu"], "no CUDA GPU is visible"),
+    ("hardware", ["run", "model.kernel=mamba_ssm"], "runs only on a CUDA GPU"),
+    ("hardware", ["run", "model=mambazero", "model.kernel=mamba_ssm"], "runs only on a CUDA GPU"),
+    ("hardware", ["run", "trainer.precision=16-mixed"], "16-mixed needs a CUDA GPU"),
+    ("hardware", ["run", "trainer.accelerator=cpu", "trainer.devices=4096"], "CPU processes"),
+    # -- sizes that cannot fit in memory: refused with the estimate
+    ("memory", ["run", "task.order=30"], "GiB"),
+    ("memory", ["run", "task.vocab_size=100000", "task.order=2"], "GiB"),
+    ("memory", ["run", f"task.seq_len={HUGE}"], "GiB"),
+    ("memory", ["run", f"trainer.batch_size={HUGE}"], "GiB for training"),
+    ("memory", ["run", f"trainer.eval_sequences={HUGE}"], "GiB for evaluation"),
+    ("memory", ["run", f"trainer.bootstrap={HUGE}"], "GiB for evaluation"),
+    ("memory", ["run", "model.d_model=65536", "model.headdim=64"], "GiB"),
+    ("memory", ["run", "model=transformer", "model.n_layers=100000"], "GiB"),
+    ("memory", ["run", "task=hmm", "task.num_states=100000"], "GiB"),
+    ("memory", ["references", f"n={HUGE}"], "GiB for evaluation"),
+    ("memory", ["speed", f"trainer.batch_size={HUGE}"], "GiB for training"),
+    # -- paths: out_dir and resume
+    ("path", ["run", "out_dir="], "out_dir is empty"),
+    ("path", ["run", "out_dir={fixtures}/notes.txt"], "is not a directory"),
+    ("path", ["run", "out_dir={fixtures}/notes.txt/sub"], "is not a directory"),
+    ("path", ["run", "out_dir=/proc/icl-bench-results"], "out_dir=/proc/icl-bench-results"),
+    ("path", ["run", "resume={fixtures}/missing.ckpt"], "missing.ckpt"),
+    ("path", ["run", "resume={fixtures}/notes.txt"], "notes.txt"),
+    ("path", ["run", "resume={fixtures}/empty"], "empty"),
+    # -- the other commands' own options
+    ("command options", ["suite"], "suite needs name=<suite>"),
+    ("command options", ["suite", "name=leaderboard", "shard=2/2"], "shard must be i/n"),
+    ("command options", ["suite", "name=leaderboard", "shard=a/b"], "shard must be i/n"),
+    ("command options", ["suite", "name=leaderboard", "shard=1"], "shard must be i/n"),
+    ("command options", ["suite", "name=leaderboard", "shard=-1/2"], "shard must be i/n"),
+    ("command options", ["suite", "name=leaderboard", "task.nope=1"], "unknown key 'task.nope'"),
+    ("command options", ["suite", "name=leaderboard", "trainer=ddp"], "no CUDA GPU"),
+    ("command options", ["list", "x"], "list takes no arguments"),
+    ("command options", ["list", "task=markov"], "list takes no arguments"),
+    ("command options", ["leaderboard", "bogus=1"], "bogus"),
+    ("command options", ["leaderboard", "out_dir={fixtures}/missing"], "missing"),
+    ("command options", ["leaderboard", "out_dir={fixtures}/empty"], "empty"),
+    ("command options", ["leaderboard", "out_dir={fixtures}/notes.txt"], "notes.txt"),
+    ("command options", ["leaderboard", "include=maybe"], "include"),
+]
+
+
+@pytest.fixture
+def fixtures(tmp_path):
+    where = tmp_path / "fixtures"
+    (where / "empty").mkdir(parents=True)
+    (where / "notes.txt").write_text("not a checkpoint\n")
+    return where
+
+
+def files_under(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*"))
+
+
+def on_alarm(signum, frame):
+    raise TimeoutError("the command did not return within 60 s")
+
+
+@pytest.mark.parametrize("category,args,needle", CASES,
+                         ids=[f"{c}:{' '.join(a)}" for c, a, _ in CASES])
+def test_malformed_invocation_is_one_line_and_exit_2(category, args, needle, fixtures, tmp_path,
+                                                     monkeypatch, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # the default out_dir `results` would land here
+    args = [a.replace("{fixtures}", str(fixtures)) for a in args]
+    needle = needle.replace("{fixtures}", str(fixtures))
+    before = files_under(fixtures)
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(60)
+    try:
+        code = main(args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2, captured.err
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in captured.err + captured.out
+    assert files_under(work) == [], "a rejected command left files behind"
+    assert files_under(fixtures) == before
+
+
+def test_enough_cases_of_every_command():
+    """The issue's bar: at least 80 malformed invocations across the six commands."""
+    commands = {args[0] for _, args, _ in CASES}
+    assert len(CASES) >= 80
+    assert {"run", "references", "leaderboard", "speed", "suite", "list"} <= commands
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "task=nope"], ["run", "seed=1.5"], ["run", "task.beta=nan"], ["run", "trainer=ddp"],
+    ["run", "task.order=30"], ["suite"], ["list", "x"],
+])
+def test_from_the_shell_exit_2_without_traceback(args, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["run", "references", "leaderboard", "speed", "suite",
+                                     "list"])
+def test_help_of_each_command(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"python -m bench {command}")
