@@ -18,7 +18,15 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+def _find_conf() -> Path:
+    """A non-editable install carries conf/ as bench/conf (pyproject.toml); a checkout (and an
+    editable install) has it at the top of the repository."""
+    here = Path(__file__).resolve()
+    installed = here.parent / "conf"
+    return installed if installed.is_dir() else here.parents[1] / "conf"
+
+
+CONF_DIR = _find_conf()
 GROUPS = ("task", "model", "trainer")
 BOOLEANS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 

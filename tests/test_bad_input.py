@@ -267,3 +267,23 @@ def test_help_of_each_command(command, capsys):
     assert main([command, "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"python -m bench {command}")
+
+
+def test_a_non_editable_install_carries_conf(tmp_path):
+    """`pip install .` (not -e) puts conf/ inside the package: the CLI finds its YAML files
+    from any directory."""
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--target", str(target), str(REPO)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(list((target / "bench" / "conf").rglob("*.yaml"))) == len(
+        list((REPO / "conf").rglob("*.yaml")))
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    where = subprocess.run([sys.executable, "-c", "import bench.config as c; print(c.CONF_DIR)"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert where.stdout.strip() == str(target / "bench" / "conf"), where.stderr
+    listed = subprocess.run([sys.executable, "-m", "bench", "list"], capture_output=True,
+                            text=True, cwd=tmp_path, env=env, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert "markov" in listed.stdout and "mamba" in listed.stdout
