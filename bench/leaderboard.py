@@ -1,27 +1,65 @@
-"""leaderboard.md from run records: per task, the Bayes gap of every model with its interval.
+"""leaderboard.md from run records: per task and held-out set, the Bayes gap of every model with
+its interval.
 
-Runs are grouped by task name + resolved task config (an order-2 Markov run is never averaged
-with an order-1 one) and, within a task, by model name + resolved model config + trainer budget.
-Several seeds of one group are summarised by their mean gap and a 95% t-interval across seeds;
-a single seed shows its bootstrap interval over held-out sequences."""
+Pooling rules (the header of leaderboard.md repeats them):
+- A section is one task name + resolved task config + held-out set size (`metrics.sequences`):
+  gaps measured on different held-out sets are never compared or pooled.
+- Within a section a row is one model name + resolved model config + training budget + code
+  version (commit, and whether bench/ tasks/ models/ conf/ pyproject.toml differed from it).
+- A row counts each seed once: of several records of one seed (a re-run, a resumed copy) the
+  newest is kept and the others are counted as duplicates.
+- Several seeds are summarised by their mean gap and a 95% t-interval across seeds; a single
+  seed shows its bootstrap interval over held-out sequences.
+By default only suite records (origin "suite:<name>") are used, so an ad-hoc `python -m bench run`
+never changes the committed board; include=all adds ad-hoc records (and legacy ones, which have no
+origin)."""
 from __future__ import annotations
 
+import colorsys
+import contextlib
 import hashlib
 import json
 import math
 import os
+import re
+import tempfile
+import time
 from collections import defaultdict
+from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 
+from bench.config import ConfigError
 from bench.evaluate import fmt
 from bench.records import read_records
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # Student t quantiles (two-sided 95%) by degrees of freedom
 
+INCLUDE = ("suite", "all")
+# Trainer keys that change neither training nor evaluation: runs differing only in them pool.
+RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every")
+IGNORED_IN_LABELS = tuple(f"trainer.{key}" for key in RESULT_NEUTRAL)
+
+# What the leaderboard reads from an `ok` record; one lacking any of it is reported, not used.
+FIELDS = {("task", "name"): str, ("task", "config"): dict, ("model", "name"): str,
+          ("model", "config"): dict, ("trainer", "config"): dict, ("seed",): int,
+          ("params",): int, ("state_size",): int, ("train", "steps"): int,
+          ("train", "wall_time_s"): Real, ("metrics", "sequences"): int,
+          ("metrics", "gap_reference"): str, ("metrics", "gap_reference_role"): str,
+          ("metrics", "bayes_gap"): Real, ("metrics", "bayes_gap_ci"): list,
+          ("metrics", "relative_gap"): Real, ("metrics", "loss"): dict, ("metrics", "gap"): dict,
+          ("metrics", "gap_ci"): dict, ("metrics", "roles"): dict,
+          ("per_position", "gap.model"): list}
+STAMP = re.compile(r"--(\d{8}-\d{6})-[0-9a-f]+$")  # bench.records.new_run_id's time stamp
+
 
 def digest(obj) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def across_seeds(values: list[float]) -> tuple[float, float | None]:
@@ -34,9 +72,6 @@ def across_seeds(values: list[float]) -> tuple[float, float | None]:
     return mean, T_975.get(n - 1, 1.96) * sd / math.sqrt(n)
 
 
-IGNORED_IN_LABELS = ("trainer.progress", "trainer.threads", "trainer.eval_batch_size")
-
-
 def label_of(record: dict) -> str:
     """Model name plus the model and trainer overrides of its command line (seeds, paths and
     display options aside), so a row says how it differs from conf/model/<name>.yaml."""
@@ -45,26 +80,216 @@ def label_of(record: dict) -> str:
     return record["model"]["name"] + (f" ({', '.join(shown)})" if shown else "")
 
 
-def plot_gaps(path: Path, title: str, curves: dict[str, list], ylabel: str) -> None:
-    """Per-position gap curves, one per row; the legend sits below the axes so it never hides
-    the curves, and the figure grows with the number of rows."""
+def code_version(record: dict) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the code that made the record; None where it was not recorded."""
+    prov = record.get("provenance")
+    prov = prov if isinstance(prov, dict) else {}
+    commit, dirty = prov.get("commit"), prov.get("dirty")
+    return (str(commit) if commit else None), (dirty if isinstance(dirty, bool) else None)
+
+
+def code_label(commit: str | None, dirty: bool | None) -> str:
+    if commit is None:
+        return "unknown"
+    return commit[:7] + {True: "+dirty", False: "", None: "?"}[dirty]
+
+
+def unusable(record: dict) -> str | None:
+    """Why an `ok` record cannot be shown (missing or mistyped fields), or None."""
+    bad = []
+    for keys, kind in FIELDS.items():
+        value = record
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if not isinstance(value, kind):
+            bad.append(".".join(keys))
+    if bad:
+        return f"missing or malformed {', '.join(bad)}"
+    m = record["metrics"]
+    lacking = [name for name in [m["gap_reference"], *m["roles"]]
+               if not all(name in m[key] for key in ("loss", "gap", "gap_ci"))]
+    if lacking:
+        return f"metrics lack the loss, gap or interval of {', '.join(sorted(set(lacking)))}"
+    return None
+
+
+def age(record: dict) -> tuple:
+    """Sort key, newest last: the run_id's time stamp, else the file's modification time."""
+    path = record.get("_path")
+    try:
+        mtime = os.stat(path).st_mtime_ns if path else 0
+    except OSError:
+        mtime = 0
+    found = STAMP.search(str(record.get("run_id", "")))
+    stamp = found.group(1) if found else time.strftime("%Y%m%d-%H%M%S",
+                                                       time.localtime(mtime / 1e9))
+    return stamp, mtime, str(path)
+
+
+@dataclass
+class Section:
+    """The runs of one task config on one held-out set; `rows` maps a row key to its runs,
+    one record per seed."""
+    task: str
+    task_digest: str
+    sequences: int
+    rows: dict[str, list[dict]] = field(default_factory=dict)
+    duplicates: int = 0
+
+    @property
+    def title(self) -> str:
+        return f"{self.task} [{self.task_digest}], {self.sequences} held-out sequences"
+
+
+@dataclass
+class Selection:
+    """The records of out_dir sorted into sections, plus what was left out and why."""
+    out_dir: str
+    include: str
+    sections: list[Section]
+    bad: list[tuple[str, str]]  # (path, reason) of records that could not be read or shown
+    failed: int
+    adhoc: int
+
+    @property
+    def runs(self) -> int:
+        return sum(len(runs) for s in self.sections for runs in s.rows.values())
+
+    @property
+    def duplicates(self) -> int:
+        return sum(s.duplicates for s in self.sections)
+
+    def notes(self) -> list[str]:
+        where = self.out_dir.rstrip("/") + "/"
+        notes = []
+        if self.adhoc:
+            notes.append(f"{plural(self.adhoc, 'ad-hoc record')} in {where} not included; "
+                         "include=all adds them")
+        if self.duplicates:
+            notes.append(f"{plural(self.duplicates, 'duplicate record')} of an already counted "
+                         "seed left out")
+        if self.failed:
+            notes.append(f"{plural(self.failed, 'failed run')} left out")
+        if self.bad:
+            notes.append(f"{plural(len(self.bad), 'unreadable record')} skipped")
+        return notes
+
+    def summary(self) -> str:
+        notes = self.notes()
+        return plural(self.runs, "run") + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def select_runs(out_dir: str, include: str = "suite") -> Selection:
+    """Read out_dir and sort its records into sections and rows by the pooling rules."""
+    if include not in INCLUDE:
+        raise ConfigError(f"include must be one of {'|'.join(INCLUDE)}, got '{include}'")
+    directory = Path(out_dir)
+    if not directory.exists():
+        raise ConfigError(f"out_dir '{out_dir}' does not exist")
+    if not directory.is_dir():
+        raise ConfigError(f"out_dir '{out_dir}' is not a directory")
+    records, bad = read_records(directory)
+    failed = adhoc = 0
+    newest: dict[tuple, dict[tuple, dict]] = defaultdict(dict)  # section -> (row, seed) -> record
+    duplicates: dict[tuple, int] = defaultdict(int)
+    for record in records:
+        if record.get("status") != "ok":
+            failed += 1
+            continue
+        problem = unusable(record)
+        if problem:
+            bad.append((record["_path"], problem))
+            continue
+        if include == "suite" and not str(record.get("origin") or "adhoc").startswith("suite:"):
+            adhoc += 1  # records without origin predate it: ad-hoc as far as anyone knows
+            continue
+        record["_age"] = age(record)
+        section = (record["task"]["name"], digest(record["task"]["config"]),
+                   record["metrics"]["sequences"])
+        trainer = {k: v for k, v in record["trainer"]["config"].items() if k not in RESULT_NEUTRAL}
+        row = digest([record["model"]["name"], record["model"]["config"], trainer,
+                      *code_version(record)])
+        seen = newest[section].get((row, record["seed"]))
+        if seen is not None:
+            duplicates[section] += 1
+            if seen["_age"] > record["_age"]:
+                continue
+        newest[section][(row, record["seed"])] = record
+    sections = []
+    for key in sorted(newest, key=lambda k: (k[0], k[2], k[1])):
+        section = Section(*key, duplicates=duplicates[key])
+        for (row, _seed), record in sorted(newest[key].items(), key=lambda kv: kv[0]):
+            section.rows.setdefault(row, []).append(record)
+        sections.append(section)
+    return Selection(str(out_dir), include, sections, sorted(bad), failed, adhoc)
+
+
+def curve_styles(n_models: int, n_references: int = 0) -> list[tuple[tuple, str]]:
+    """(colour, line style) for n_models model curves followed by n_references reference curves.
+    Colours never repeat within a figure: tab10 up to 10 curves, tab20 (its ten strong colours
+    first) up to 20, then evenly spaced hues at two brightnesses; references are dashed."""
+    import matplotlib
+    n = n_models + n_references
+    if n <= 10:
+        colours = list(matplotlib.colormaps["tab10"].colors[:n])
+    elif n <= 20:
+        tab20 = matplotlib.colormaps["tab20"].colors
+        colours = list((tab20[0::2] + tab20[1::2])[:n])
+    else:  # alternating brightness keeps neighbouring hues apart
+        colours = [colorsys.hsv_to_rgb(i / n, 0.8, 0.9 if i % 2 == 0 else 0.55) for i in range(n)]
+    return [(tuple(float(c) for c in colour[:3]), "-" if i < n_models else "--")
+            for i, colour in enumerate(colours)]
+
+
+def gap_figure(title: str, models: dict[str, list], references: dict[str, list], ylabel: str):
+    """Per-position gap curves: solid for models, dashed for references, each its own colour.
+    The legend sits below the axes so it never hides the curves, and the figure grows with the
+    number of curves."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    curves = [*models.items(), *references.items()]
     fig, ax = plt.subplots(figsize=(8, 3.4 + 0.22 * len(curves)))
-    for name, curve in curves.items():
+    for (name, curve), (colour, style) in zip(curves, curve_styles(len(models), len(references))):
         xs = [i + 1 for i, v in enumerate(curve) if v is not None]
         ys = [v for v in curve if v is not None]
-        ax.plot(xs, ys, label=name, lw=1.0, alpha=0.85)
-    ax.axhline(0, color="k", lw=0.6)
+        ax.plot(xs, ys, label=name, color=colour, linestyle=style, lw=1.0, alpha=0.85)
+    ax.axhline(0, color="k", lw=0.6)  # black: in neither palette
     ax.set_xlabel("position (context length)")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, frameon=False)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    return fig
+
+
+def write_atomic(path: Path, write) -> None:
+    """Call write(temporary path) and rename the result onto path, so readers see the old file
+    or the new one, never half of one; the temporary file is removed if anything fails."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from other users
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def plot_gaps(path: Path, title: str, models: dict[str, list], references: dict[str, list],
+              ylabel: str) -> None:
+    import matplotlib.pyplot as plt
+    fig = gap_figure(title, models, references, ylabel)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110,
+                                                   bbox_inches="tight"))
+    finally:
+        plt.close(fig)
 
 
 def mean_curve(curves: list[list]) -> list:
@@ -75,70 +300,116 @@ def mean_curve(curves: list[list]) -> list:
     return out
 
 
-def task_section(task_name: str, runs: list[dict], figure: Path, figure_link: str) -> list[str]:
-    first = runs[-1]
-    metrics = first["metrics"]
+def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
+    runs = [r for group in section.rows.values() for r in group]
+    newest = max(runs, key=lambda r: r["_age"])
+    metrics = newest["metrics"]
     reference = metrics["gap_reference"]
     unit = "nats/token" if "accuracy" in metrics else "squared error per coordinate"
-    lines = [f"## {task_name}", "",
-             f"`{json.dumps(first['task']['config'], sort_keys=True)}` — gap to "
+    lines = [f"## {section.title}", "",
+             f"`{json.dumps(newest['task']['config'], sort_keys=True)}` — gap to "
              f"`{reference}` ({metrics['gap_reference_role']}), {unit}; "
-             f"{metrics['sequences']} held-out sequences.", "",
-             "| model | Bayes gap | 95% CI | relative gap | params | state | steps | seeds | "
-             "wall (s) |", "|---|---|---|---|---|---|---|---|---|"]
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for run in runs:  # seeds of one model and training configuration form a row
-        trainer = {k: v for k, v in run["trainer"]["config"].items()
-                   if k not in ("progress", "threads", "eval_batch_size")}
-        groups[digest([run["model"]["name"], run["model"]["config"], trainer])].append(run)
-    rows, curves = [], {}
-    for group in groups.values():
-        label = label_of(group[0])
+             f"{section.sequences} held-out sequences.", ""]
+    if section.duplicates:
+        lines += [f"{plural(section.duplicates, 'duplicate record')} (re-runs or resumed copies "
+                  "of a seed already counted) left out; the newest record of each seed is used.",
+                  ""]
+    losses = {code_label(*code_version(r)): r["metrics"]["loss"][reference] for r in runs}
+    if max(losses.values()) - min(losses.values()) > 1e-9 * (1 + abs(max(losses.values()))):
+        # same held-out set, different reference loss: the code versions disagree on the task
+        lines += [f"Note: the loss of `{reference}` differs between code versions ("
+                  + ", ".join(f"{code}: {fmt(loss, 6)}" for code, loss in sorted(losses.items()))
+                  + "); compare rows of different code versions with care.", ""]
+    lines += ["| model | code | Bayes gap | 95% CI | relative gap | params | state | steps | "
+              "seeds | wall (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for group in section.rows.values():
         gaps = [r["metrics"]["bayes_gap"] for r in group]
         mean, half = across_seeds(gaps)
         lo, hi = ((mean - half, mean + half) if half is not None
                   else tuple(group[0]["metrics"]["bayes_gap_ci"]))
         rel = sum(r["metrics"]["relative_gap"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
-        seeds = sorted({r["seed"] for r in group})
-        rows.append((mean, f"| {label} | {fmt(mean)} | [{fmt(lo)}, {fmt(hi)}]"
-                           f"{'' if half is None else ' (seeds)'} | {rel:.2%} | {group[0]['params']} | "
-                           f"{group[0]['state_size']} | {group[0]['train']['steps']} | "
-                           f"{len(seeds)} | {wall:.0f} |"))
-        curves[label] = mean_curve([r["per_position"]["gap.model"] for r in group])
-    lines += [row for _, row in sorted(rows)]
-    lines += ["", "| reference | role | loss | gap | 95% CI |", "|---|---|---|---|---|"]
+        code = code_label(*code_version(group[0]))
+        rows.append((mean, label_of(group[0]), code, group,
+                     f"{fmt(mean)} | [{fmt(lo)}, {fmt(hi)}]{'' if half is None else ' (seeds)'} | "
+                     f"{rel:.2%} | {group[0]['params']} | {group[0]['state_size']} | "
+                     f"{group[0]['train']['steps']} | {len(group)} | {wall:.0f} |"))
+    rows.sort(key=lambda row: (row[0], row[1], row[2]))
+    labels = [label for _, label, _, _, _ in rows]
+    models = {}
+    for mean, label, code, group, cells in rows:
+        lines.append(f"| {label} | {code} | {cells}")
+        # legend names must be unique: add the code version, then the row's config digest
+        name = label if labels.count(label) == 1 else f"{label} @ {code}"
+        if name in models:
+            name = f"{name} #{digest([group[0]['model'], group[0]['trainer']])}"
+        models[name] = mean_curve([r["per_position"]["gap.model"] for r in group])
+    lines += ["", f"Reference losses from the newest record ({code_label(*code_version(newest))}).",
+              "", "| reference | role | loss | gap | 95% CI |", "|---|---|---|---|---|"]
+    references = {}
     for name in sorted(metrics["roles"], key=lambda n: metrics["loss"][n]):
         lo, hi = metrics["gap_ci"][name]
         lines.append(f"| {name} | {metrics['roles'][name]} | {fmt(metrics['loss'][name])} | "
                      f"{fmt(metrics['gap'][name])} | [{fmt(lo)}, {fmt(hi)}] |")
-        if name != reference and f"gap.{name}" in first["per_position"]:
-            curves[f"{name} ({metrics['roles'][name]})"] = first["per_position"][f"gap.{name}"]
-    plot_gaps(figure, f"{task_name}: gap to {reference} by position", curves,
+        if name != reference and f"gap.{name}" in newest["per_position"]:
+            references[f"{name} ({metrics['roles'][name]})"] = newest["per_position"][f"gap.{name}"]
+    plot_gaps(figure, f"{section.task}: gap to {reference} by position", models, references,
               f"loss − loss({reference})")
     lines += ["", f"![per-position gap]({figure_link})", ""]
     return lines
 
 
-def write_leaderboard(out_dir: str, out: str = "leaderboard.md") -> tuple[str, int]:
-    records = [r for r in read_records(out_dir) if r.get("status") == "ok" and "metrics" in r]
+def figures_dir(out_dir: Path, out: Path) -> Path:
+    """The committed board (leaderboard.md beside the results directory) keeps its figures in
+    <out_dir>/figures; a board written under any other name or place gets <stem>-figures/ beside
+    it, so writing one elsewhere (out=/tmp/lb.md) never rewrites the committed board's figures."""
+    if out.name == "leaderboard.md" and out.resolve().parent == out_dir.resolve().parent:
+        return out_dir / "figures"
+    return out.parent / f"{out.stem}-figures"
+
+
+def header(selection: Selection) -> list[str]:
+    command = f"python -m bench leaderboard out_dir={selection.out_dir}" + (
+        " include=all" if selection.include == "all" else "")
+    scope = ("suite and ad-hoc records" if selection.include == "all"
+             else "suite records only")
+    notes = selection.notes()
+    return ["# Leaderboard", "",
+            f"Generated by `{command}` from {plural(selection.runs, 'run')} ({scope}"
+            + "".join(f"; {note}" for note in notes) + "). Bayes gap = held-out loss of the "
+            "model − loss of the task's exact Bayes predictor on the same sequences (or of its "
+            "clairvoyant bound, where the table says `bound`). Relative gap = gap / reference "
+            "loss. State = floats carried to continue a sequence.", "",
+            "A section is one task config on one held-out set (task name + config + number of "
+            "held-out sequences): gaps on different held-out sets are never pooled. A row pools "
+            "distinct seeds of one model config and training budget run with one code version "
+            "(`code`: commit; `+dirty`: bench/, tasks/, models/, conf/ or pyproject.toml "
+            "differed from it; `?`: not recorded). Each seed counts once: its newest record is "
+            "used and re-runs or resumed copies are left out. Several seeds: mean gap and 95% "
+            "t-interval across seeds (marked `(seeds)`); one seed: bootstrap interval over "
+            "held-out sequences.", ""]
+
+
+def write_leaderboard(selection: Selection, out: str = "leaderboard.md") -> Path:
+    """Write the board (and its figures) for selection to out; refuse, leaving out as it was,
+    when there is nothing to show or out cannot be written."""
+    if not out:
+        raise ConfigError("out= needs a file name")
     out_path = Path(out)
-    figures = Path(out_dir) / "figures"
-    by_task: dict[str, list[dict]] = defaultdict(list)
-    for record in records:
-        by_task[(record["task"]["name"], digest(record["task"]["config"]))].append(record)
-    lines = ["# Leaderboard", "",
-             f"Generated by `python -m bench leaderboard out_dir={out_dir}` from {len(records)} run "
-             "records. Bayes gap = held-out loss of the model − loss of the task's exact Bayes "
-             "predictor on the same sequences (or of its clairvoyant bound, where the table says "
-             "`bound`). Relative gap = gap / reference loss. State = floats carried to continue "
-             "a sequence.", ""]
-    for (task_name, task_digest), runs in sorted(by_task.items()):
-        figure = figures / f"{task_name}-{task_digest}.png"
-        link = os.path.relpath(figure, out_path.resolve().parent if out_path.parent != Path("")
-                               else Path.cwd())
-        lines += task_section(f"{task_name} [{task_digest}]", runs, figure,
-                              Path(os.path.relpath(figure.resolve(), out_path.resolve().parent))
-                              .as_posix() if link else link)
-    out_path.write_text("\n".join(lines))
-    return str(out_path), len(records)
+    if out_path.is_dir():
+        raise ConfigError(f"out '{out}' is a directory; give a file name")
+    if not out_path.resolve().parent.is_dir():
+        raise ConfigError(f"out '{out}': directory {out_path.parent} does not exist")
+    if not selection.runs:
+        notes = selection.notes()
+        why = f" ({'; '.join(notes)})" if notes else f" in {selection.out_dir.rstrip('/')}/"
+        raise ConfigError(f"no usable run record{why}; {out} not written")
+    figures = figures_dir(Path(selection.out_dir), out_path)
+    lines = header(selection)
+    for section in selection.sections:
+        figure = figures / f"{section.task}-{section.task_digest}-n{section.sequences}.png"
+        link = Path(os.path.relpath(figure.resolve(), out_path.resolve().parent)).as_posix()
+        lines += task_section(section, figure, link)
+    write_atomic(out_path, lambda tmp: Path(tmp).write_text("\n".join(lines)))
+    return out_path

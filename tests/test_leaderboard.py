@@ -1,0 +1,290 @@
+"""The leaderboard's pooling rules (distinct seeds, one held-out set, one code version), what it
+leaves out and says so (ad-hoc, duplicate, failed and unreadable records), how it refuses bad
+input without touching the existing board, and the colours of its figures."""
+import itertools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import matplotlib.colors
+import matplotlib.pyplot as plt
+import pytest
+
+from bench import leaderboard, records
+from bench.__main__ import main
+from bench.leaderboard import curve_styles, gap_figure, select_runs, write_leaderboard
+from bench.records import SCHEMA, provenance, read_records
+
+REPO = Path(__file__).resolve().parents[1]
+_ids = itertools.count()
+
+
+def record(task="markov", model="mamba", seed=0, stamp="20260101-120000", gap=0.1, sequences=64,
+           commit="a" * 40, dirty=False, origin="suite:leaderboard", **extra) -> dict:
+    """A minimal `ok` run record with everything the leaderboard reads."""
+    loss = {"bayes": 1.0, "unigram": 1.5, "model": 1.0 + gap}
+    rec = {"schema": SCHEMA, "run_id": f"{task}--{model}--s{seed}--{stamp}-{next(_ids):06x}",
+           "task": {"name": task, "config": {"order": 1, "seq_len": 8}},
+           "model": {"name": model, "config": {"d_model": 8}},
+           "trainer": {"name": "default", "config": {"max_steps": 10, "lr": 0.01,
+                                                     "eval_sequences": sequences}},
+           "seed": seed, "overrides": [], "origin": origin,
+           "provenance": {"commit": commit, "dirty": dirty}, "status": "ok",
+           "params": 100, "state_size": 16, "train": {"steps": 10, "wall_time_s": 1.0},
+           "metrics": {"gap_reference": "bayes", "gap_reference_role": "bayes", "loss": loss,
+                       "gap": {k: v - 1.0 for k, v in loss.items()},
+                       "gap_ci": {k: [v - 1.01, v - 0.99] for k, v in loss.items()},
+                       "roles": {"bayes": "bayes", "unigram": "baseline"}, "accuracy": {},
+                       "bayes_gap": gap, "bayes_gap_ci": [gap - 0.01, gap + 0.01],
+                       "relative_gap": gap, "sequences": sequences},
+           "per_position": {"gap.model": [gap] * 8, "gap.unigram": [0.5] * 8}}
+    if origin is None:  # legacy records lack origin and provenance.dirty
+        rec.pop("origin")
+    if dirty is None:
+        rec["provenance"].pop("dirty")
+    rec.update(extra)
+    return rec
+
+
+def put(directory: Path, *recs: dict) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for rec in recs:
+        paths.append(directory / f"{rec['run_id']}.json")
+        paths[-1].write_text(json.dumps(rec))
+    return paths
+
+
+def model_rows(text: str) -> list[dict]:
+    """The rows of every model table: {section, model, code, gap, seeds}."""
+    rows, section = [], None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section = line[3:]
+        elif line.startswith("| ") and not line.startswith(("| model", "| reference")):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if len(cells) == 10:
+                rows.append({"section": section, "model": cells[0], "code": cells[1],
+                             "gap": float(cells[2]), "seeds": int(cells[8])})
+    return rows
+
+
+def build(out_dir: Path, out: Path, include="suite") -> str:
+    selection = select_runs(str(out_dir), include)
+    write_leaderboard(selection, str(out))
+    return out.read_text()
+
+
+def test_a_seed_counts_once_and_its_newest_record_is_used(tmp_path):
+    old, new = (record(seed=0, stamp="20260101-120000", gap=0.5),
+                record(seed=0, stamp="20260101-130000", gap=0.3, resumed_from="ckpt"))
+    paths = put(tmp_path / "results", old, new, record(seed=1, gap=0.1))
+    # the older run is read last and its file is the newer one: the run_id's stamp decides
+    paths[0].rename(tmp_path / "results" / "zz-copy.json")
+    os.utime(tmp_path / "results" / "zz-copy.json", (2e9, 2e9))
+    os.utime(paths[1], (1e9, 1e9))
+    text = build(tmp_path / "results", tmp_path / "lb.md")
+    (row,) = model_rows(text)
+    assert row["seeds"] == 2 and row["gap"] == pytest.approx((0.3 + 0.1) / 2, abs=1e-4)
+    assert "1 duplicate record (re-runs or resumed copies of a seed already counted)" in text
+    assert select_runs(str(tmp_path / "results")).duplicates == 1
+
+
+def test_held_out_sets_of_different_sizes_are_separate_sections(tmp_path):
+    put(tmp_path / "results", record(seed=0, gap=0.2, sequences=64),
+        record(seed=1, gap=0.4, sequences=128))
+    rows = model_rows(build(tmp_path / "results", tmp_path / "lb.md"))
+    assert len(rows) == 2 and [r["seeds"] for r in rows] == [1, 1]
+    assert {r["section"].split(", ")[1]: r["gap"] for r in rows} == {
+        "64 held-out sequences": 0.2, "128 held-out sequences": 0.4}
+    assert len(list((tmp_path / "lb-figures").glob("markov-*.png"))) == 2
+
+
+def test_rows_pool_only_one_code_version_and_show_it(tmp_path):
+    put(tmp_path / "results",
+        record(seed=0, gap=0.1), record(seed=1, gap=0.3),  # one row, two seeds
+        record(seed=0, gap=0.5, dirty=True),
+        record(seed=0, gap=0.7, commit="b" * 40),
+        record(seed=0, gap=0.9, commit="c" * 40, dirty=None))  # legacy: dirty not recorded
+    rows = model_rows(build(tmp_path / "results", tmp_path / "lb.md"))
+    assert {r["code"]: (r["gap"], r["seeds"]) for r in rows} == {
+        "aaaaaaa": (pytest.approx(0.2), 2), "aaaaaaa+dirty": (0.5, 1), "bbbbbbb": (0.7, 1),
+        "ccccccc?": (0.9, 1)}
+    assert select_runs(str(tmp_path / "results")).duplicates == 0  # seed 0 once per version
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                   check=True, capture_output=True, timeout=30)
+
+
+def test_provenance_commit_and_dirty_code(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    (repo / "bench" / "x.py").write_text("a = 1\n")
+    (repo / "README.md").write_text("text\n")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "first")
+    monkeypatch.setattr(records, "REPO", repo)
+    clean = provenance()
+    assert len(clean["commit"]) == 40 and clean["dirty"] is False
+    (repo / "README.md").write_text("other text\n")  # not code: still clean
+    assert provenance()["dirty"] is False
+    (repo / "bench" / "x.py").write_text("a = 2\n")
+    assert provenance() == {**clean, "dirty": True}
+
+
+def test_provenance_is_none_outside_a_checkout_and_never_raises(tmp_path, monkeypatch):
+    monkeypatch.setattr(records, "REPO", tmp_path)  # no checkout at all
+    assert (provenance()["commit"], provenance()["dirty"]) == (None, None)
+    (tmp_path / "site-packages").mkdir()  # an installed copy inside someone else's checkout
+    (tmp_path / "f").write_text("x")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "f")
+    git(tmp_path, "commit", "-qm", "theirs")
+    monkeypatch.setattr(records, "REPO", tmp_path / "site-packages")
+    assert (provenance()["commit"], provenance()["dirty"]) == (None, None)
+    monkeypatch.setattr(records, "REPO", REPO)
+    for error in (subprocess.TimeoutExpired("git", 5), FileNotFoundError("git")):
+        def broken(*args, **kwargs):
+            raise error
+        monkeypatch.setattr(records.subprocess, "run", broken)
+        assert (provenance()["commit"], provenance()["dirty"]) == (None, None)
+
+
+def test_ad_hoc_and_legacy_records_need_include_all(tmp_path, capsys):
+    results = tmp_path / "results"
+    put(results, record(model="mamba"), record(model="lstm", origin="adhoc"),
+        record(model="gru", origin=None))  # legacy: no origin, counts as ad-hoc
+    board = tmp_path / "lb.md"
+    assert main(["leaderboard", f"out_dir={results}", f"out={board}"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"{board}: 1 run (2 ad-hoc records in {results}/ not included; include=all adds them)")
+    assert [r["model"] for r in model_rows(board.read_text())] == ["mamba"]
+    assert "2 ad-hoc records" in board.read_text()
+    assert main(["leaderboard", f"out_dir={results}", f"out={board}", "include=all"]) == 0
+    assert capsys.readouterr().out.strip() == f"{board}: 3 runs"
+    assert sorted(r["model"] for r in model_rows(board.read_text())) == ["gru", "lstm", "mamba"]
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("missing", "does not exist"), ("file", "is not a directory"),
+    ("empty", "no usable run record in"), ("adhoc", "1 ad-hoc record in"),
+    ("failed", "1 failed run left out"), ("unknown", "include=suite|all"),
+    ("include", "include must be one of suite|all"), ("out", "is a directory"),
+])
+def test_bad_input_is_one_line_exit_2_and_keeps_the_board(tmp_path, capsys, case, needle):
+    board = tmp_path / "lb.md"
+    board.write_text("the committed board")
+    results = tmp_path / "results"
+    results.mkdir()
+    args = [f"out_dir={results}", f"out={board}"]
+    if case == "missing":
+        args[0] = f"out_dir={tmp_path / 'nope'}"
+    elif case == "file":
+        args[0] = f"out_dir={board}"
+    elif case == "adhoc":
+        put(results, record(origin="adhoc"))
+    elif case == "failed":
+        put(results, {**record(), "status": "failed"})
+    elif case == "unknown":
+        put(results, record())
+        args.append("figures=x")
+    elif case == "include":
+        args.append("include=some")
+    elif case == "out":
+        put(results, record())
+        args[1] = f"out={tmp_path}"
+    assert main(["leaderboard", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and needle in err and len(err.splitlines()) == 1
+    if case == "unknown":
+        assert "out_dir=" in err and "out=" in err
+    assert board.read_text() == "the committed board"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lb.md", "results"]
+
+
+def test_a_failed_write_leaves_the_old_board_and_no_temporary_file(tmp_path, monkeypatch):
+    put(tmp_path / "results", record())
+    board = tmp_path / "lb.md"
+    board.write_text("old")
+    real = os.replace
+
+    def replace(src, dst):
+        if str(dst).endswith(".md"):
+            raise OSError("disk full")
+        real(src, dst)
+    monkeypatch.setattr(leaderboard.os, "replace", replace)
+    with pytest.raises(OSError, match="disk full"):
+        build(tmp_path / "results", board)
+    assert board.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_unreadable_and_failed_records_are_named_and_counted(tmp_path, capsys):
+    results = tmp_path / "results"
+    put(results, record(seed=0), {**record(seed=1), "status": "failed"})
+    (results / "broken.json").write_text("{not json")
+    (results / "list.json").write_text("[1, 2]")
+    (results / "other.json").write_text(json.dumps({"schema": "someone/else/1"}))
+    no_metrics = record(seed=2)
+    del no_metrics["metrics"]["sequences"]
+    (results / "partial.json").write_text(json.dumps(no_metrics))
+    (results / ".tmp-abc.json").write_text("{half a rec")  # write_record's temporary: ignored
+
+    found, bad = read_records(results)
+    assert len(found) == 3
+    assert bad == [(str(results / "broken.json"), "not valid JSON"),
+                   (str(results / "list.json"), "not a JSON object"),
+                   (str(results / "other.json"),
+                    f"schema 'someone/else/1', expected '{SCHEMA}'")]
+
+    board = tmp_path / "lb.md"
+    assert main(["leaderboard", f"out_dir={results}", f"out={board}"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        f"warning: skipped {results / 'broken.json'}: not valid JSON",
+        f"warning: skipped {results / 'list.json'}: not a JSON object",
+        f"warning: skipped {results / 'other.json'}: schema 'someone/else/1', expected '{SCHEMA}'",
+        f"warning: skipped {results / 'partial.json'}: missing or malformed metrics.sequences"]
+    assert out.strip() == f"{board}: 1 run (1 failed run left out; 4 unreadable records skipped)"
+    assert "1 failed run left out; 4 unreadable records skipped" in board.read_text()
+
+
+@pytest.mark.parametrize("models,references", [(4, 3), (9, 3), (25, 3)])
+def test_curve_colours_never_repeat_and_references_are_dashed(models, references):
+    styles = curve_styles(models, references)
+    assert len({colour for colour, _ in styles}) == models + references
+    fig = gap_figure("t", {f"m{i}": [0.1, 0.2] for i in range(models)},
+                     {f"r{i}": [0.3, 0.4] for i in range(references)}, "gap")
+    try:
+        lines = fig.axes[0].lines  # the curves and the zero line
+        colours = [matplotlib.colors.to_rgb(line.get_color()) for line in lines]
+        assert len(lines) == models + references + 1 and len(set(colours)) == len(colours)
+        assert [line.get_linestyle() for line in lines[:-1]] == ["-"] * models + ["--"] * references
+    finally:
+        plt.close(fig)
+
+
+def test_the_committed_records_still_make_a_board(tmp_path):
+    """Records older than `origin` and `dirty` are all usable with include=all and render; a
+    board written under another name keeps its figures beside it, not in the results directory.
+    (Rendering is limited to two tasks: the figures are the slow part.)"""
+    committed = sorted((REPO / "results").glob("*.json"))
+    if not committed:
+        pytest.skip("no committed records")
+    results = tmp_path / "results"
+    results.mkdir()
+    for path in committed:
+        shutil.copy(path, results)
+    selection = select_runs(str(results), "all")
+    assert selection.bad == [] and selection.runs > 0
+    selection.sections = selection.sections[:2]
+    board = tmp_path / "lb.md"
+    write_leaderboard(selection, str(board))
+    text = board.read_text()
+    assert len(model_rows(text)) > 0 and text.count("![per-position gap](lb-figures/") == 2
+    assert not (results / "figures").exists()
