@@ -20,7 +20,7 @@ posterior of (A, C), which is intractable, so the task offers
 The run record's per-position top-1 accuracy gives the paper's accuracy-vs-context-length curve.
 
 The matrices are drawn in float64: about one Dir(0.05) entry in 170 lies below 1e-45, where
-float32 would store an exact zero (and the gamma sampler's U^(1/α) step would underflow).
+float32 would store an exact zero (tasks/distributions.py draws them in log space, so none is NaN).
 """
 from __future__ import annotations
 
@@ -85,6 +85,10 @@ class HMMTask(Task):
     Config = HMMConfig
     description = ("random HMMs as quasi-text: A rows ~ Dir(0.1), C rows ~ Dir(0.05), fresh per "
                    "sequence; clairvoyant forward filter is a bound")
+
+    def latent_floats(self) -> int:
+        c = self.config  # transition and emission matrices and the hidden path
+        return c.num_states * (c.num_states + c.vocab_size) + c.seq_len + 1
 
     @property
     def input_dim(self) -> int:

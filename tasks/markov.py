@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
-from tasks.distributions import dirichlet
+from tasks.distributions import dirichlet, inverse_cdf
 
 
 @dataclass
@@ -73,6 +73,9 @@ class MarkovTask(Task):
     Config = MarkovConfig
     description = "random order-k Markov chains, rows ~ Dir(beta); Bayes = add-beta smoothing"
 
+    def latent_floats(self) -> int:
+        return self.config.vocab_size ** self.config.order * self.config.vocab_size  # the kernel
+
     @property
     def input_dim(self) -> int:
         return self.config.vocab_size
@@ -82,7 +85,9 @@ class MarkovTask(Task):
     def sample(self, n: int, generator: torch.Generator) -> Batch:
         k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
         device = generator.device
-        alpha = torch.full((n, S**k, S), self.config.beta, device=device)
+        # float64, drawn in log space (tasks/distributions.py): for small beta most of a row's
+        # mass sits on one symbol and the rest lies below float32's range.
+        alpha = torch.full((n, S**k, S), self.config.beta, dtype=torch.float64, device=device)
         kernel = dirichlet(alpha, generator)
         cdf = kernel.cumsum(-1)
         tokens = torch.empty(n, T + 1, dtype=torch.long, device=device)
@@ -92,7 +97,7 @@ class MarkovTask(Task):
         rows = torch.arange(n, device=device)
         for t in range(k, T + 1):  # a loop over time only; each step is batched
             row_cdf = cdf[rows, context]
-            nxt = (uniforms[:, t] * row_cdf[:, -1:] > row_cdf).sum(-1).clamp_max(S - 1)
+            nxt = inverse_cdf(row_cdf, uniforms[:, t])  # never a zero-probability symbol
             tokens[:, t] = nxt
             context = (context * S + nxt) % S**k
         return Batch(inputs=tokens[:, :T], targets=tokens[:, 1:],
@@ -124,7 +129,7 @@ class MarkovTask(Task):
         S = self.config.vocab_size
         groups, valid = self._contexts(batch)
         kernel = batch.latent["kernel"].double()
-        kernel = kernel / kernel.sum(-1, keepdim=True)  # sampled in float32
+        kernel = kernel / kernel.sum(-1, keepdim=True)  # rows sum to 1 up to rounding
         rows = kernel.gather(1, groups.clamp_max(S**self.config.order - 1).unsqueeze(-1)
                              .expand(-1, -1, S))
         return torch.where(valid.unsqueeze(-1), rows.log(), torch.full_like(rows, -math.log(S)))
