@@ -6,6 +6,8 @@
   speed        training throughput of a model and throughput of the task's oracle
   suite        run every entry of conf/suite/<name>.yaml in turn (name=<suite> [key=value ...])
   list         the tasks and models, one line each
+
+python -m bench <command> --help   that command's usage
 """
 from __future__ import annotations
 
@@ -15,6 +17,24 @@ import sys
 from bench.config import ConfigError, choices, compose, describe_choice
 
 COMMANDS = ("run", "references", "leaderboard", "speed", "suite", "list")
+OVERRIDES = ("  task=<name> model=<name> trainer=<name>   a file of conf/task, conf/model, conf/trainer\n"
+             "  task.<field>=v model.<field>=v trainer.<field>=v   one field of it\n"
+             "  seed=<int> out_dir=<dir> name=<tag> resume=<checkpoint>")
+USAGE = {
+    "run": "python -m bench run [key=value ...]\n  Train one model on one task, evaluate it on the "
+           "held-out set, write a run record to out_dir.\n" + OVERRIDES,
+    "references": "python -m bench references [n=<sequences>] [key=value ...]\n  The task's "
+                  "references alone on n held-out sequences (default trainer.eval_sequences); "
+                  "no training.\n" + OVERRIDES,
+    "leaderboard": "python -m bench leaderboard [out_dir=results] [out=leaderboard.md] "
+                   "[include=suite|all]\n  Rewrite the leaderboard from the run records in out_dir.",
+    "speed": "python -m bench speed [steps=20] [key=value ...]\n  Training-step throughput of the "
+             "configured model and throughput of the task's sampler and references.\n" + OVERRIDES,
+    "suite": "python -m bench suite name=<suite> [shard=i/n] [key=value ...]\n  Every run of "
+             "conf/suite/<suite>.yaml in turn; key=value overrides apply to every run.\n  suites: "
+             + ", ".join(choices("suite")),
+    "list": "python -m bench list\n  The tasks, models and trainer presets, one line each.",
+}
 
 
 def fail(message: str) -> int:
@@ -23,14 +43,19 @@ def fail(message: str) -> int:
 
 
 def take_option(argv: list[str], key: str, default: str) -> tuple[list[str], str]:
-    """Remove a command-specific `key=value` option from argv."""
-    rest, value = [], default
+    """Remove a command-specific `key=value` option from argv (given at most once)."""
+    rest, values = [], []
     for arg in argv:
-        if arg.startswith(f"{key}="):
-            value = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return rest, value
+        (values if arg.startswith(f"{key}=") else rest).append(arg)
+    if len(values) > 1:
+        raise ConfigError(f"'{key}' is given twice; give each key once")
+    return rest, values[0].split("=", 1)[1] if values else default
+
+
+def positive_int(key: str, text: str, low: int = 1) -> int:
+    if not text.strip().isdigit() or int(text) < low:
+        raise ConfigError(f"{key}: invalid value '{text}'; expected an integer >= {low}")
+    return int(text)
 
 
 def cmd_list(argv: list[str]) -> int:
@@ -56,7 +81,7 @@ def cmd_run(argv: list[str]) -> int:
 def cmd_references(argv: list[str]) -> int:
     argv, n = take_option(argv, "n", "")
     if n:
-        argv = [*argv, f"trainer.eval_sequences={n}"]
+        argv = [*argv, f"trainer.eval_sequences={positive_int('n', n, low=2)}"]
     config = compose(argv)
     from bench.evaluate import evaluate
     from bench.report import print_metrics
@@ -73,19 +98,25 @@ def cmd_references(argv: list[str]) -> int:
 def cmd_leaderboard(argv: list[str]) -> int:
     argv, out = take_option(argv, "out", "leaderboard.md")
     argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, include = take_option(argv, "include", "suite")  # suite: suite records only
     if argv:
-        return fail(f"unknown argument '{argv[0]}'; leaderboard takes out_dir=<dir> out=<file>")
-    from bench.leaderboard import write_leaderboard
-    path, count = write_leaderboard(out_dir, out)
-    print(f"{path}: {count} runs")
+        raise ConfigError(f"unknown argument '{argv[0]}'; leaderboard takes out_dir=<dir>, "
+                          "out=<file>, include=suite|all")
+    from bench.leaderboard import select_runs, write_leaderboard
+    selection = select_runs(out_dir, include)
+    for path, reason in selection.bad:  # before a possible error: they may be why it is empty
+        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    path = write_leaderboard(selection, out)
+    print(f"{path}: {selection.summary()}")
     return 0
 
 
 def cmd_speed(argv: list[str]) -> int:
     argv, steps = take_option(argv, "steps", "20")
+    steps = positive_int("steps", steps)
     config = compose(argv)
     from bench.speed import measure, print_speed
-    print_speed(measure(config, int(steps)))
+    print_speed(measure(config, steps))
     return 0
 
 
@@ -95,13 +126,23 @@ def cmd_suite(argv: list[str]) -> int:
     argv, name = take_option(argv, "name", "")
     argv, shard = take_option(argv, "shard", "0/1")  # i/n: entries i, i+n, ... (parallel workers)
     from bench.config import load_suite
+    if not name:
+        return fail(f"suite needs name=<suite>; suites: {', '.join(choices('suite'))}")
     try:
         index, count = (int(x) for x in shard.split("/"))
         assert 0 <= index < count
     except (ValueError, AssertionError):
         return fail(f"shard must be i/n with 0 <= i < n, got '{shard}'")
     suite = load_suite(name)[index::count]
-    configs = [compose([*entry, *argv]) for entry in suite]
+    if not suite:
+        return fail(f"shard {shard} of suite {name} holds no run")
+
+    def merged(entry: list[str]) -> list[str]:  # a command-line key replaces the entry's own
+        keys = {arg.split("=", 1)[0] for arg in argv}
+        return [arg for arg in entry if arg.split("=", 1)[0] not in keys] + argv
+
+    suite = [merged(entry) for entry in suite]
+    configs = [compose(entry) for entry in suite]
     for config in configs:
         config.origin = f"suite:{name}"
     from bench.train import run
@@ -122,6 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         return fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
+    if any(arg in ("-h", "--help", "help") for arg in rest):
+        print(USAGE[command])
+        return 0
+    if any(arg.startswith("-") for arg in rest):
+        flag = next(arg for arg in rest if arg.startswith("-"))
+        return fail(f"unknown option '{flag}'; arguments are key=value (python -m bench "
+                    f"{command} --help)")
     from bench.records import RunFailed
     try:
         return {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
@@ -135,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `python -m bench list | head`: the reader left, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as error:  # a bug, not a user error: one line unless asked for the trace
         if os.environ.get("BENCH_DEBUG"):
             raise

@@ -202,6 +202,9 @@ def check_run(config) -> None:
         raise CheckFailed(f"task {config.task_name}: {_first_line(error)}") from None
     check_memory(config, task, device)
     check_out_dir(config.out_dir)
+    if config.resume:  # a suite's entries are all checked before its first run
+        from bench.train import check_resume
+        check_resume(config)
 
 
 def _first_line(error: BaseException) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import subprocess
@@ -25,17 +26,38 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def provenance() -> dict:
+    """The code version a run used: `commit` (HEAD of this checkout) and `dirty` (whether the
+    code that shapes results, bench/ tasks/ models/ conf/ pyproject.toml, differed from it,
+    untracked files included); both None when this is not a git checkout or git cannot tell.
+    Never raises and never waits long: each git call has a timeout, any failure means unknown."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                                  timeout=5, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    # An installed copy (site-packages inside some other repository) must not report that
+    # repository's commit: REPO has to be the top of the checkout.
+    top = git("rev-parse", "--show-toplevel")
     try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+        ours = top is not None and Path(top.strip()).resolve() == REPO.resolve()
+    except OSError:
+        ours = False
+    commit = dirty = None
+    if ours:
+        commit = (git("rev-parse", "--verify", "HEAD") or "").strip() or None
+        # --no-optional-locks: parallel runs must not fight over (or leave) .git/index.lock
+        status = git("--no-optional-locks", "status", "--porcelain", "--",
+                     "bench", "tasks", "models", "conf", "pyproject.toml")
+        dirty = None if commit is None or status is None else bool(status.strip())
     try:
         version = metadata.version("icl-bench")
-    except metadata.PackageNotFoundError:
+    except Exception:  # a broken installation leaves the version unknown, not the run failed
         version = None
     import torch
-    return {"commit": commit, "version": version, "torch": torch.__version__}
+    return {"commit": commit, "dirty": dirty, "version": version, "torch": torch.__version__}
 
 
 def new_run_id(task: str, model: str, seed: int) -> str:
@@ -43,28 +65,71 @@ def new_run_id(task: str, model: str, seed: int) -> str:
     return f"{task}--{model}--s{seed}--{stamp}-{secrets.token_hex(3)}"
 
 
+def json_safe(value):
+    """value with every non-finite float replaced by the string "NaN", "Infinity" or
+    "-Infinity" (tuples become lists), so strict JSON can hold it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
 def write_record(out_dir: str | Path, record: dict) -> Path:
-    """Write record as out_dir/<run_id>.json via a temporary file and an atomic rename."""
+    """Write record as out_dir/<run_id>.json via a temporary file and an atomic link: the file
+    appears whole or not at all, and an existing record is never overwritten (FileExistsError).
+
+    The file is strict JSON: a non-finite float anywhere in the record (a diverged loss, an
+    infinite reference loss) is stored as the string "NaN", "Infinity" or "-Infinity". The
+    temporary `.tmp-*` file is removed whatever happens, also when encoding fails."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{record['run_id']}.json"
     if path.exists():
         raise FileExistsError(f"{path} exists; run records are never overwritten")
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=1, allow_nan=False)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(json_safe(record), f, indent=1, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # fails if path exists: a concurrent writer cannot be overwritten
+        except FileExistsError:
+            raise FileExistsError(f"{path} exists; run records are never overwritten") from None
+        except OSError:  # a file system without hard links
+            os.replace(tmp, path)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
     return path
 
 
-def read_records(out_dir: str | Path) -> list[dict]:
-    records = []
+def read_records(out_dir: str | Path) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The run records in out_dir (each with `_path`), and (path, reason) for every *.json file
+    that is not one: not valid JSON, not a JSON object, or another schema. Callers report the
+    latter; nothing is skipped silently. Hidden files are write_record's temporaries."""
+    records, bad = [], []
     for path in sorted(Path(out_dir).glob("*.json")):
+        if path.name.startswith(".") or not path.is_file():
+            continue
         try:
             record = json.loads(path.read_text())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            bad.append((str(path), "not valid JSON"))
             continue
-        if isinstance(record, dict) and record.get("schema") == SCHEMA:
+        except OSError as error:
+            bad.append((str(path), f"cannot be read ({error.strerror or error})"))
+            continue
+        if not isinstance(record, dict):
+            bad.append((str(path), "not a JSON object"))
+        elif record.get("schema") != SCHEMA:
+            bad.append((str(path), f"schema {record.get('schema')!r}, expected {SCHEMA!r}"))
+        else:
             record["_path"] = str(path)
             records.append(record)
-    return records
+    return records, bad

@@ -165,6 +165,10 @@ class LGSSMTask(Task):
     description = ("random LG-SSMs (d=4 latent, m=2 observed), stationary start; bound = "
                    "Kalman filter with the true system; baseline = pooled ridge mean")
 
+    def latent_floats(self) -> int:
+        d, m = self.config.state_dim, self.config.obs_dim  # A, C, Q, R; the Kalman covariances
+        return (2 * d * d + m * d + m * m) + (self.config.seq_len + 1) * (d * d + m * m + d * m)
+
     @property
     def input_dim(self) -> int:
         return self.config.obs_dim

@@ -177,6 +177,10 @@ class LinearRegression(Task):
         c = self.config
         return (c.seq_len + 1) // 2 if c.prompt == "interleaved" else c.seq_len
 
+    def latent_floats(self) -> int:
+        c = self.config  # the weights; prefix Gram matrices of the ridge and GD references
+        return c.n_features * c.n_outputs + (c.seq_len + 1) * c.n_features * (c.n_features + 1)
+
     @property
     def input_dim(self) -> int:
         c = self.config

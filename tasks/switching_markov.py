@@ -70,6 +70,11 @@ class SwitchingMarkovTask(Task):
     description = ("order-k Markov chains restarted with a new Dir(beta) kernel at switch tokens "
                    "(prob p_switch); Bayes = add-beta reset at every switch")
 
+    def latent_floats(self) -> int:
+        c = self.config  # one kernel per segment; segments ~ 1 + Binomial(T, p), 4 sd above
+        segments = 1 + c.p_switch * c.seq_len + 4 * (c.p_switch * c.seq_len) ** 0.5 + 1
+        return int(segments * c.vocab_size ** c.order * c.vocab_size)
+
     @property
     def input_dim(self) -> int:
         return self.config.vocab_size + 1

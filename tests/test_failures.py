@@ -1,0 +1,270 @@
+"""Nothing lost, nothing half-written: a run that started and failed (a diverged loss, a signal,
+any exception) leaves exactly one `failed` record that says why, a one-line error and a non-zero
+exit status; a bad resume checkpoint is refused before anything is written; a resumed run's
+record covers the whole run."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+import bench.train
+from bench.__main__ import main
+from bench.config import compose
+from bench.records import SCHEMA, RunFailed, write_record
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["task.seq_len=24", "trainer.max_steps=4", "trainer.warmup_steps=2",
+        "trainer.eval_sequences=32", "trainer.bootstrap=200", "trainer.progress=false"]
+
+
+def tiny(*overrides: str) -> list[str]:
+    """TINY with `overrides` replacing the keys they name."""
+    keys = {o.split("=", 1)[0] for o in overrides}
+    return [*(a for a in TINY if a.split("=", 1)[0] not in keys), *overrides]
+
+
+def strict_json(path: Path) -> dict:
+    """Parse as strict JSON: a bare NaN or Infinity token is an error."""
+    def reject(token):
+        raise AssertionError(f"{path} holds the non-JSON token {token}")
+    return json.loads(path.read_text(), parse_constant=reject)
+
+
+def only_record(out_dir: Path) -> dict:
+    """The single run record in out_dir; also asserts that no temporary file survived."""
+    assert not list(out_dir.rglob(".tmp-*")), list(out_dir.rglob(".tmp-*"))
+    records = list(out_dir.glob("*.json"))
+    assert len(records) == 1, records
+    return strict_json(records[0])
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+# --- records -----------------------------------------------------------------------------
+
+def test_a_record_with_non_finite_floats_is_strict_json(tmp_path):
+    record = {"schema": SCHEMA, "run_id": "r1", "loss": math.nan,
+              "curve": [[0, 1.5], [1, math.inf]], "ci": (-math.inf, 2.0), "nested": {"x": math.nan}}
+    path = write_record(tmp_path, record)
+    data = strict_json(path)
+    assert data["loss"] == "NaN" and data["curve"] == [[0, 1.5], [1, "Infinity"]]
+    assert data["ci"] == ["-Infinity", 2.0] and data["nested"] == {"x": "NaN"}
+    assert [p.name for p in tmp_path.iterdir()] == ["r1.json"]
+
+
+def test_a_failed_write_leaves_no_file_at_all(tmp_path, monkeypatch):
+    # Encoding fails halfway through the file (as a full disk would): neither the record nor
+    # the temporary file may remain.
+    def half_then_fail(obj, f, **kwargs):
+        f.write('{"schema": "')
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(json, "dump", half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        write_record(tmp_path, {"run_id": "r2"})
+    monkeypatch.undo()
+    with pytest.raises(TypeError):  # not JSON-serialisable
+        write_record(tmp_path, {"run_id": "r3", "value": object()})
+    assert list(tmp_path.iterdir()) == []
+    # An existing record is never overwritten, and the attempt leaves no temporary file.
+    write_record(tmp_path, {"run_id": "r4", "n": 1})
+    with pytest.raises(FileExistsError):
+        write_record(tmp_path, {"run_id": "r4", "n": 2})
+    assert [p.name for p in tmp_path.iterdir()] == ["r4.json"]
+    assert strict_json(tmp_path / "r4.json")["n"] == 1
+
+
+# --- divergence and other exceptions -------------------------------------------------------
+
+def nan_loss_from(step: int, monkeypatch) -> None:
+    """Make the training loss NaN from the step-th call of masked_loss on."""
+    calls = []
+    real = bench.train.masked_loss
+
+    def loss(task, output, batch):
+        calls.append(1)
+        value = real(task, output, batch)
+        return value * math.nan if len(calls) > step else value
+    monkeypatch.setattr(bench.train, "masked_loss", loss)
+
+
+def test_a_nan_loss_stops_training_at_that_step(tmp_path, monkeypatch, capsys):
+    nan_loss_from(3, monkeypatch)
+    code = main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=50",
+                                                     "trainer.log_every=1")])
+    assert code == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: run failed: diverged at step 3: loss nan (record: ")
+    record = only_record(tmp_path)
+    assert record["status"] == "failed" and record["reason"] == "diverged at step 3: loss nan"
+    assert line.endswith(f"{record['run_id']}.json)")
+    # Stopped at once: three optimizer steps, not fifty, and the curve ends with the NaN.
+    assert record["train"]["steps"] == 3
+    assert [s for s, _ in record["train"]["loss_curve"]] == [0, 1, 2, 3]
+    assert record["train"]["loss_curve"][-1] == [3, "NaN"]
+    assert "metrics" not in record and record["wall_time_s"] > 0
+
+
+def test_a_huge_learning_rate_diverges_within_a_few_steps(tmp_path, capsys):
+    code = main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=200", "trainer.lr=1e30")])
+    assert code == 1
+    assert "diverged at step" in one_error_line(capsys.readouterr().err)
+    record = only_record(tmp_path)
+    step = record["train"]["steps"]
+    assert record["reason"] in (f"diverged at step {step}: loss nan",
+                                f"diverged at step {step}: loss inf")
+    assert step < 10  # measured: step 1 (AdamW's first update is ~lr in size)
+
+
+def test_any_exception_after_the_start_writes_one_failed_record(tmp_path, monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("held-out set exploded\nsecond line of the message")
+    monkeypatch.setattr(bench.train, "evaluate", broken)
+    assert main(["run", f"out_dir={tmp_path}", *TINY]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "run failed: RuntimeError: held-out set exploded (record: " in line
+    record = only_record(tmp_path)
+    assert record["status"] == "failed"
+    assert record["reason"] == "RuntimeError: held-out set exploded"
+    assert record["train"]["steps"] == 4  # training finished; evaluation failed
+
+
+def test_other_ranks_write_no_record(tmp_path, monkeypatch):
+    """Rank 0 alone writes records: a failure on another rank raises RunFailed without one."""
+    monkeypatch.setattr(L.Trainer, "is_global_zero", property(lambda self: False))
+    nan_loss_from(1, monkeypatch)
+    config = compose([f"out_dir={tmp_path}", *tiny("trainer.max_steps=20")])
+    with pytest.raises(RunFailed) as failure:
+        bench.train.run(config)
+    assert failure.value.path is None and failure.value.exit_code == 1
+    assert failure.value.reason == "diverged at step 1: loss nan"
+    assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
+
+
+# --- signals -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_training_writes_a_failed_record(tmp_path, signum):
+    """A real process: started for 100000 steps, signalled once it has written a checkpoint
+    (so it is surely training), it must end promptly with 128 + signal number."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [sys.executable, "-m", "bench", "run", f"out_dir={tmp_path}",
+            *tiny("trainer.max_steps=100000", "trainer.checkpoint_every=2")]
+    process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240  # a loaded 2-core machine starts Python slowly
+        while not list(tmp_path.glob("checkpoints/*/*.ckpt")):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the run never started training"
+            time.sleep(0.2)
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    name = signal.Signals(signum).name
+    assert process.returncode == 128 + signum, err[-3000:]
+    line = one_error_line(err)
+    assert line.startswith(f"error: run failed: interrupted ({name}) at step ")
+    record = only_record(tmp_path)
+    assert record["status"] == "failed"
+    step = record["train"]["steps"]
+    assert record["reason"] == f"interrupted ({name}) at step {step}"
+    assert 2 <= step < 100000
+
+
+def test_the_signal_handlers_are_restored_after_a_run(tmp_path):
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    assert main(["run", f"out_dir={tmp_path}", *TINY]) == 0
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+# --- resume --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """An uninterrupted 8-step run with a checkpoint at step 4: (record, checkpoint path)."""
+    out = tmp_path_factory.mktemp("first")
+    assert main(["run", f"out_dir={out}", *tiny("trainer.max_steps=8", "trainer.log_every=1",
+                                                "trainer.checkpoint_every=4")]) == 0
+    record = only_record(out)
+    return record, next(out.glob("checkpoints/*/*step=4.ckpt"))
+
+
+def test_a_checkpoint_carries_the_run_metadata(first_run):
+    record, checkpoint = first_run
+    meta = torch.load(checkpoint, map_location="cpu", weights_only=False)["icl_bench"]
+    assert meta["run_id"] == record["run_id"]
+    assert meta["task"] == record["task"] and meta["model"] == record["model"]
+    assert [s for s, _ in meta["loss_curve"]] == [0, 1, 2, 3]
+    assert 0 < meta["train_wall_time_s"] < record["train"]["wall_time_s"]
+
+
+def bad_checkpoints(tmp_path: Path, good: Path) -> list[tuple[list[str], str]]:
+    """(overrides, expected message) for every way a resume can be refused."""
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {}, "global_step": 4}, foreign)
+    return [
+        ([f"resume={tmp_path / 'missing.ckpt'}"], "resume: no checkpoint file"),
+        ([f"resume={tmp_path}"], "resume: no checkpoint file"),  # a directory
+        ([f"resume={garbage}"], "resume: cannot read checkpoint"),
+        ([f"resume={truncated}"], "resume: cannot read checkpoint"),
+        ([f"resume={foreign}"], "is not a checkpoint written by this runner"),
+        ([f"resume={good}", "task.beta=0.5"],
+         "different task: task.config.beta=1.0 in the checkpoint, 0.5 now"),
+        ([f"resume={good}", "task=switching_markov"],
+         "different task: task.name='markov' in the checkpoint, 'switching_markov' now"),
+        ([f"resume={good}", "model.d_state=8"],
+         "different model: model.config.d_state=16 in the checkpoint, 8 now"),
+        ([f"resume={good}", "model=transformer"], "different model: model.name='mamba'"),
+    ]
+
+
+def test_resume_is_refused_before_anything_is_written(first_run, tmp_path, capsys):
+    _, checkpoint = first_run
+    out = tmp_path / "results"
+    for overrides, needle in bad_checkpoints(tmp_path, checkpoint):
+        code = main(["run", f"out_dir={out}", *tiny("trainer.max_steps=8"), *overrides])
+        line = one_error_line(capsys.readouterr().err)
+        assert code == 2 and needle in line, (overrides, line)
+        assert not out.exists(), overrides  # no record, no checkpoint directory
+
+
+def test_a_resumed_record_covers_the_whole_run(first_run, tmp_path, capsys):
+    first, checkpoint = first_run
+    # Pretend the first part took 1000 s: the resumed record must count it.
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state["icl_bench"]["train_wall_time_s"] = 1000.0
+    edited = tmp_path / "step4.ckpt"
+    torch.save(state, edited)
+    out = tmp_path / "results"
+    assert main(["run", f"out_dir={out}", f"resume={edited}",
+                 *tiny("trainer.max_steps=8", "trainer.log_every=1")]) == 0
+    capsys.readouterr()
+    record = only_record(out)
+    assert record["status"] == "ok" and record["train"]["steps"] == 8
+    assert record["resumed_from"] == str(edited) and record["resumed_run_id"] == first["run_id"]
+    assert record["run_id"] != first["run_id"]
+    # The whole loss curve, each step once, equal to the uninterrupted run's (same batches).
+    curve, reference = record["train"]["loss_curve"], first["train"]["loss_curve"]
+    assert [s for s, _ in curve] == list(range(8)) == [s for s, _ in reference]
+    assert [v for _, v in curve] == pytest.approx([v for _, v in reference], rel=1e-5)
+    # Wall times include the first part: 1000 s plus this process's few seconds.
+    assert 1000 < record["train"]["wall_time_s"] <= record["wall_time_s"] < 1000 + 300
