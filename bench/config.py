@@ -55,7 +55,7 @@ class TrainerConfig:
     log_every: int = 10
     checkpoint_every: int = 0  # steps between checkpoints; 0 = none
     progress: bool = True
-    threads: int = 0  # CPU threads for torch; 0 = torch's default (one per core)
+    threads: int = 0  # CPU threads for torch; 0 = torch's default (one per core). See README "Threads"
 
     def __post_init__(self):
         from bench.checks import ACCELERATORS, PRECISIONS, STRATEGIES

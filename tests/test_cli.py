@@ -116,3 +116,19 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
     a, b = (json.loads(p.read_text()) for p in (first, resumed))
     assert b["train"]["steps"] == 20
     assert b["metrics"]["loss"]["model"] == pytest.approx(a["metrics"]["loss"]["model"], rel=1e-6)
+
+
+@pytest.mark.parametrize("given,expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_idle_threads_sleep_unless_the_user_says_otherwise(given, expected):
+    """bench sets OMP_WAIT_POLICY=PASSIVE before torch loads (a run sharing the cores keeps
+    most of its speed, README "Threads"); a value the user set is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given:
+        env["OMP_WAIT_POLICY"] = given
+    env["PYTHONPATH"] = str(REPO)
+    # bench itself must not load torch: the policy is read when torch loads
+    probe = ("import bench, os, sys; "
+             "print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.stdout.split() == [expected, "False"], done.stderr
