@@ -29,6 +29,13 @@ def cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def world_size(config) -> int:
+    """Processes that train together: devices per node (-1: every visible GPU) × nodes."""
+    t = config.trainer
+    per_node = t.devices if t.devices > 0 else max(1, cuda_devices())
+    return per_node * t.num_nodes
+
+
 def check_hardware(config) -> str:
     """The device type the run will train on ("cpu" or "cuda"), or CheckFailed when the
     configuration asks for hardware this machine does not have."""
@@ -48,6 +55,10 @@ def check_hardware(config) -> str:
     if device == "cpu" and t.precision == "16-mixed":
         raise CheckFailed("trainer.precision=16-mixed needs a CUDA GPU; on the CPU use "
                           "bf16-mixed or 32-true")
+    world = world_size(config)
+    if t.batch_size % world:
+        raise CheckFailed(f"trainer.batch_size={t.batch_size} is the global batch and must split "
+                          f"evenly over the {world} training processes")
     kernel = getattr(config.model, "kernel", None)
     if kernel == "mamba_ssm":
         if device != "cuda":
@@ -145,7 +156,8 @@ def memory_estimate(config, task, params: int, activations: int) -> dict[str, in
     t = config.trainer
     layers = max(1, getattr(config.model, "n_layers", 1))
     per_sequence = task.memory_per_sequence()
-    training = 16 * params + activations + t.batch_size * per_sequence
+    per_rank = t.batch_size // world_size(config)
+    training = 16 * params + activations * per_rank // t.batch_size + per_rank * per_sequence
     predictors = len(task.references()) + 1
     prediction = task.seq_len * task.output_dim * 8
     evaluation = (4 * params + t.eval_sequences * (per_sequence + 3 * predictors * prediction)

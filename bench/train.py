@@ -16,12 +16,13 @@ import time
 import warnings
 
 import lightning as L
+import torchmetrics
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
 from bench.config import ConfigError, RunConfig, TrainerConfig
-from bench.evaluate import evaluate
+from bench.evaluate import score_predictions
 from bench.records import SCHEMA, RunFailed, new_run_id, provenance, write_record
 from models import build_model
 from models.backbone import Backbone, IOSpec
@@ -153,6 +154,7 @@ class ICLModule(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = masked_loss(self.task, self.model(batch.inputs), batch)
+        self.train_device = str(loss.device)  # Lightning moves the model back to the CPU later
         self._stop_if_asked(loss)
         self.log("loss", loss, prog_bar=True)
         if self.global_step % self.config.log_every == 0:
@@ -178,6 +180,27 @@ class ICLModule(L.LightningModule):
             raise Diverged(step, value)
         if any_signalled:
             raise Interrupted(self.signals.signum if signalled else None)
+
+    # --- evaluation: Trainer.test on the training device, one shard of the held-out set per rank
+    def on_test_epoch_start(self) -> None:
+        # CatMetric gathers shards of unequal length from every rank when computed; NaNs are
+        # kept (a non-finite prediction is reported, never dropped)
+        self.gathered = torch.nn.ModuleDict({
+            "index": torchmetrics.CatMetric(nan_strategy="disable"),
+            "prediction": torchmetrics.CatMetric(nan_strategy="disable")}).to(self.device)
+
+    def test_step(self, batch: tuple[Tensor, Batch], batch_idx: int) -> None:
+        index, held_out = batch
+        prediction = self.model.predict(held_out.inputs)  # under the training precision
+        self.eval_device = str(prediction.device)
+        self.gathered["index"].update(index.float())  # float32 counts exactly up to 2^24
+        self.gathered["prediction"].update(prediction.float())
+
+    def on_test_epoch_end(self) -> None:
+        index = self.gathered["index"].compute().long()
+        prediction = self.gathered["prediction"].compute()
+        self.test_predictions = prediction[index.argsort()].double().cpu()
+        del self.gathered
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = {
@@ -213,8 +236,11 @@ class ICLModule(L.LightningModule):
 def build(config: RunConfig) -> tuple[Task, Backbone]:
     if config.trainer.threads > 0:
         torch.set_num_threads(config.trainer.threads)
-    task = task_families()[config.task_family](config.task, batch_size=config.trainer.batch_size,
-                                               seed=config.seed)
+    from bench.checks import world_size
+    # trainer.batch_size is the global batch: each of the world_size ranks samples its share
+    # (validated to divide evenly when the config was composed)
+    task = task_families()[config.task_family](
+        config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     torch.manual_seed(config.seed)  # parameter initialisation
     return task, build_model(config.model_family, config.model, io)
@@ -353,13 +379,19 @@ def run(config: RunConfig) -> tuple[dict, str]:
             with signals.phase("flag"):
                 trainer.fit(module, datamodule=task, ckpt_path=config.resume or None)
             record["train"] = _train_summary(trainer, module, model)
-            if not trainer.is_global_zero:  # evaluation and the record belong to rank 0
-                return record, ""
             signals.check()  # a signal after the last training step
             eval_start = time.perf_counter()
-            result = evaluate(task, model, config.trainer.eval_sequences,
-                              config.trainer.eval_batch_size, config.trainer.bootstrap)
+            held_out = task.set_held_out(config.trainer.eval_sequences,
+                                         config.trainer.eval_batch_size)
+            with signals.phase("raise"):
+                trainer.test(module, datamodule=task, verbose=False)
+            if not trainer.is_global_zero:  # the record belongs to rank 0
+                return record, ""
+            result = score_predictions(task, held_out, module.test_predictions,
+                                       config.trainer.bootstrap)
             record.update(result)
+            record["eval"] = {"device": module.eval_device, "world_size": trainer.world_size,
+                              "precision": str(trainer.precision)}
             record["eval_time_s"] = time.perf_counter() - eval_start
             record["status"] = "ok"
             record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
@@ -391,6 +423,6 @@ def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone
     """The training part of the record, the resumed part of the run included."""
     return {"steps": int(trainer.global_step) if trainer is not None else 0,
             "wall_time_s": module.train_time(),
-            "device": str(next(model.parameters()).device),
+            "device": getattr(module, "train_device", str(next(model.parameters()).device)),
             "world_size": trainer.world_size if trainer is not None else None,
             "loss_curve": [list(point) for point in module.loss_curve]}
