@@ -18,6 +18,10 @@ GIB = 2**30
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true", "64")
+LOGGERS = ("csv", "tensorboard", "wandb", "none")
+# The packages a logger needs (any one of them), and what to install; csv needs nothing.
+LOGGER_PACKAGES = {"tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
+                   "wandb": (("wandb",), "wandb")}
 
 
 class CheckFailed(ValueError):
@@ -69,6 +73,18 @@ def check_hardware(config) -> str:
         if error:
             raise CheckFailed(f"model.kernel=mamba_ssm but its kernel cannot be loaded: {error}")
     return device
+
+
+def check_logger(config) -> None:
+    """The logger's package is installed (tensorboard and wandb are optional dependencies)."""
+    import importlib.util
+    logger = config.trainer.logger
+    if logger not in LOGGER_PACKAGES:
+        return
+    modules, install = LOGGER_PACKAGES[logger]
+    if not any(importlib.util.find_spec(module) for module in modules):
+        raise CheckFailed(f"trainer.logger={logger} needs the {install} package, which is not "
+                          f"installed: pip install {install} (or use trainer.logger=csv)")
 
 
 def available_bytes(device: str) -> int | None:
@@ -207,6 +223,7 @@ def check_run(config) -> None:
     """Every whole-run check, cheapest first."""
     from tasks import task_families
     device = check_hardware(config)
+    check_logger(config)
     try:
         task = task_families()[config.task_family](config.task, batch_size=config.trainer.batch_size,
                                                    seed=config.seed)

@@ -56,9 +56,10 @@ class TrainerConfig:
     checkpoint_every: int = 0  # steps between checkpoints; 0 = none
     progress: bool = True
     threads: int = 0  # CPU threads for torch; 0 = torch's default (one per core). See README "Threads"
+    logger: str = "csv"  # csv | tensorboard | wandb | none: training log in out_dir/logs/<run>/
 
     def __post_init__(self):
-        from bench.checks import ACCELERATORS, PRECISIONS, STRATEGIES
+        from bench.checks import ACCELERATORS, LOGGERS, PRECISIONS, STRATEGIES
         at_least = {"max_steps": 1, "batch_size": 1, "eval_sequences": 2, "eval_batch_size": 1,
                     "bootstrap": 1, "log_every": 1, "num_nodes": 1, "warmup_steps": 0,
                     "checkpoint_every": 0, "threads": 0}
@@ -75,7 +76,7 @@ class TrainerConfig:
         if self.devices == 0 or self.devices < -1:
             raise ValueError(f"trainer.devices must be >= 1, or -1 for all, got {self.devices}")
         for name, allowed in (("accelerator", ACCELERATORS), ("strategy", STRATEGIES),
-                              ("precision", PRECISIONS)):
+                              ("precision", PRECISIONS), ("logger", LOGGERS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"trainer.{name} must be one of {', '.join(allowed)}, got "
                                  f"'{getattr(self, name)}'")
