@@ -360,6 +360,9 @@ def run(config: RunConfig) -> tuple[dict, str]:
             result = evaluate(task, model, config.trainer.eval_sequences,
                               config.trainer.eval_batch_size, config.trainer.bootstrap)
             record.update(result)
+            # The held-out predictions come from the weights as they are, without autocast:
+            # float32 master weights after bf16-mixed or 16-mixed training.
+            record["eval_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
             record["eval_time_s"] = time.perf_counter() - eval_start
             record["status"] = "ok"
             record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
@@ -393,4 +396,5 @@ def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone
             "wall_time_s": module.train_time(),
             "device": str(next(model.parameters()).device),
             "world_size": trainer.world_size if trainer is not None else None,
+            "precision": str(trainer.precision) if trainer is not None else None,
             "loss_curve": [list(point) for point in module.loss_curve]}
