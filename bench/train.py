@@ -197,6 +197,7 @@ class ICLModule(L.LightningModule):
         index, held_out = batch
         prediction = self.model.predict(held_out.inputs)  # under the training precision
         self.eval_device = str(prediction.device)
+        self.eval_dtype = str(prediction.dtype).removeprefix("torch.")
         self.gathered["index"].update(index.float())  # float32 counts exactly up to 2^24
         self.gathered["prediction"].update(prediction.float())
 
@@ -551,8 +552,10 @@ def run(config: RunConfig) -> tuple[dict, str]:
             result = score_predictions(task, held_out, module.test_predictions,
                                        config.trainer.bootstrap)
             record.update(result)
+            # predicted under the training precision (autocast for *-mixed), as trained
             record["eval"] = {"device": module.eval_device, "world_size": trainer.world_size,
-                              "precision": str(trainer.precision)}
+                              "precision": str(trainer.precision),
+                              "dtype": module.eval_dtype}
             record["eval_time_s"] = time.perf_counter() - eval_start
             record["status"] = "ok"
             record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
@@ -586,4 +589,5 @@ def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone
             "wall_time_s": module.train_time(),
             "device": getattr(module, "train_device", str(next(model.parameters()).device)),
             "world_size": trainer.world_size if trainer is not None else None,
+            "precision": str(trainer.precision) if trainer is not None else None,
             "loss_curve": [list(point) for point in module.loss_curve]}

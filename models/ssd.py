@@ -55,22 +55,28 @@ def _heads_of_groups(t: Tensor, heads: int) -> Tensor:
 
 def ssd_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
                    initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The recurrence one step at a time. Returns y (B,T,H,P) and the final state (B,H,P,N)."""
+    """The recurrence one step at a time. Returns y (B,T,H,P) and the final state (B,H,P,N).
+    Computes in at least float32 (autocast off), like `ssd_chunked`: the state is a running
+    sum that a bfloat16 einsum would round at every step."""
     heads, _ = _check_shapes(x, dt, A, B, C)
     batch, length, _, headdim = x.shape
-    B_heads, C_heads = _heads_of_groups(B, heads), _heads_of_groups(C, heads)
-    state = (x.new_zeros(batch, heads, headdim, B.shape[-1]) if initial_state is None
-             else initial_state.to(x.dtype))
-    outputs = []
-    for t in range(length):
-        decay = torch.exp(dt[:, t] * A)[:, :, None, None]                        # (B,H,1,1)
-        write = (dt[:, t, :, None] * x[:, t])[..., None] * B_heads[:, t, :, None, :]
-        state = decay * state + write                                             # (B,H,P,N)
-        outputs.append(torch.einsum("bhpn,bhn->bhp", state, C_heads[:, t]))
-    y = torch.stack(outputs, dim=1) if length else x.new_zeros(x.shape)
-    if D is not None:
-        y = y + D[:, None] * x
-    return y, state
+    out_dtype = x.dtype
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x, dt, A, B, C = (t.to(dtype) for t in (x, dt, A, B, C))
+        B_heads, C_heads = _heads_of_groups(B, heads), _heads_of_groups(C, heads)
+        state = (x.new_zeros(batch, heads, headdim, B.shape[-1]) if initial_state is None
+                 else initial_state.to(dtype))
+        outputs = []
+        for t in range(length):
+            decay = torch.exp(dt[:, t] * A)[:, :, None, None]                    # (B,H,1,1)
+            write = (dt[:, t, :, None] * x[:, t])[..., None] * B_heads[:, t, :, None, :]
+            state = decay * state + write                                         # (B,H,P,N)
+            outputs.append(torch.einsum("bhpn,bhn->bhp", state, C_heads[:, t]))
+        y = torch.stack(outputs, dim=1) if length else x.new_zeros(x.shape)
+        if D is not None:
+            y = y + D.to(dtype)[:, None] * x
+    return y.to(out_dtype), state.to(out_dtype)
 
 
 def segment_sum(log_decay: Tensor) -> Tensor:
