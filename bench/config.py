@@ -220,6 +220,7 @@ def compose(argv: list[str], check: bool = True) -> RunConfig:
         else:
             allowed = ", ".join([*GROUPS, *(f"{g}.<field>" for g in GROUPS), *top_keys])
             raise ConfigError(f"unknown key '{key}'; valid keys: {allowed}")
+    seed = parse_seed(top_keys["seed"])  # before the families load: a typo fails at once
     for group in GROUPS:
         if selected[group] not in choices(group):
             raise ConfigError(f"unknown {group} '{selected[group]}'; choose one of: "
@@ -240,7 +241,6 @@ def compose(argv: list[str], check: bool = True) -> RunConfig:
     trainer = _typed("trainer", selected["trainer"], TrainerConfig,
                      _load_yaml(CONF_DIR / "trainer" / f"{selected['trainer']}.yaml"),
                      group_overrides["trainer"])
-    seed = parse_seed(top_keys["seed"])
     config = RunConfig(task_name=selected["task"], task_family=families["task"],
                        task=built["task"], model_name=selected["model"],
                        model_family=families["model"], model=built["model"],
