@@ -18,6 +18,10 @@ GIB = 2**30
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true", "64")
+LOGGERS = ("csv", "tensorboard", "wandb", "none")
+# The packages a logger needs (any one of them), and what to install; csv needs nothing.
+LOGGER_PACKAGES = {"tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
+                   "wandb": (("wandb",), "wandb")}
 
 
 class CheckFailed(ValueError):
@@ -27,6 +31,13 @@ class CheckFailed(ValueError):
 
 def cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def world_size(config) -> int:
+    """Processes that train together: devices per node (-1: every visible GPU) × nodes."""
+    t = config.trainer
+    per_node = t.devices if t.devices > 0 else max(1, cuda_devices())
+    return per_node * t.num_nodes
 
 
 def check_hardware(config) -> str:
@@ -48,6 +59,10 @@ def check_hardware(config) -> str:
     if device == "cpu" and t.precision == "16-mixed":
         raise CheckFailed("trainer.precision=16-mixed needs a CUDA GPU; on the CPU use "
                           "bf16-mixed or 32-true")
+    world = world_size(config)
+    if t.batch_size % world:
+        raise CheckFailed(f"trainer.batch_size={t.batch_size} is the global batch and must split "
+                          f"evenly over the {world} training processes")
     kernel = getattr(config.model, "kernel", None)
     if kernel == "mamba_ssm":
         if device != "cuda":
@@ -58,6 +73,18 @@ def check_hardware(config) -> str:
         if error:
             raise CheckFailed(f"model.kernel=mamba_ssm but its kernel cannot be loaded: {error}")
     return device
+
+
+def check_logger(config) -> None:
+    """The logger's package is installed (tensorboard and wandb are optional dependencies)."""
+    import importlib.util
+    logger = config.trainer.logger
+    if logger not in LOGGER_PACKAGES:
+        return
+    modules, install = LOGGER_PACKAGES[logger]
+    if not any(importlib.util.find_spec(module) for module in modules):
+        raise CheckFailed(f"trainer.logger={logger} needs the {install} package, which is not "
+                          f"installed: pip install {install} (or use trainer.logger=csv)")
 
 
 def available_bytes(device: str) -> int | None:
@@ -145,7 +172,8 @@ def memory_estimate(config, task, params: int, activations: int) -> dict[str, in
     t = config.trainer
     layers = max(1, getattr(config.model, "n_layers", 1))
     per_sequence = task.memory_per_sequence()
-    training = 16 * params + activations + t.batch_size * per_sequence
+    per_rank = t.batch_size // world_size(config)
+    training = 16 * params + activations * per_rank // t.batch_size + per_rank * per_sequence
     predictors = len(task.references()) + 1
     prediction = task.seq_len * task.output_dim * 8
     evaluation = (4 * params + t.eval_sequences * (per_sequence + 3 * predictors * prediction)
@@ -195,6 +223,7 @@ def check_run(config) -> None:
     """Every whole-run check, cheapest first."""
     from tasks import task_families
     device = check_hardware(config)
+    check_logger(config)
     try:
         task = task_families()[config.task_family](config.task, batch_size=config.trainer.batch_size,
                                                    seed=config.seed)

@@ -56,9 +56,10 @@ class TrainerConfig:
     checkpoint_every: int = 0  # steps between checkpoints; 0 = none
     progress: bool = True
     threads: int = 0  # CPU threads for torch; 0 = torch's default (one per core). See README "Threads"
+    logger: str = "csv"  # csv | tensorboard | wandb | none: training log in out_dir/logs/<run>/
 
     def __post_init__(self):
-        from bench.checks import ACCELERATORS, PRECISIONS, STRATEGIES
+        from bench.checks import ACCELERATORS, LOGGERS, PRECISIONS, STRATEGIES
         at_least = {"max_steps": 1, "batch_size": 1, "eval_sequences": 2, "eval_batch_size": 1,
                     "bootstrap": 1, "log_every": 1, "num_nodes": 1, "warmup_steps": 0,
                     "checkpoint_every": 0, "threads": 0}
@@ -75,7 +76,7 @@ class TrainerConfig:
         if self.devices == 0 or self.devices < -1:
             raise ValueError(f"trainer.devices must be >= 1, or -1 for all, got {self.devices}")
         for name, allowed in (("accelerator", ACCELERATORS), ("strategy", STRATEGIES),
-                              ("precision", PRECISIONS)):
+                              ("precision", PRECISIONS), ("logger", LOGGERS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"trainer.{name} must be one of {', '.join(allowed)}, got "
                                  f"'{getattr(self, name)}'")
@@ -219,6 +220,7 @@ def compose(argv: list[str], check: bool = True) -> RunConfig:
         else:
             allowed = ", ".join([*GROUPS, *(f"{g}.<field>" for g in GROUPS), *top_keys])
             raise ConfigError(f"unknown key '{key}'; valid keys: {allowed}")
+    seed = parse_seed(top_keys["seed"])  # before the families load: a typo fails at once
     for group in GROUPS:
         if selected[group] not in choices(group):
             raise ConfigError(f"unknown {group} '{selected[group]}'; choose one of: "
@@ -239,7 +241,6 @@ def compose(argv: list[str], check: bool = True) -> RunConfig:
     trainer = _typed("trainer", selected["trainer"], TrainerConfig,
                      _load_yaml(CONF_DIR / "trainer" / f"{selected['trainer']}.yaml"),
                      group_overrides["trainer"])
-    seed = parse_seed(top_keys["seed"])
     config = RunConfig(task_name=selected["task"], task_family=families["task"],
                        task=built["task"], model_name=selected["model"],
                        model_family=families["model"], model=built["model"],

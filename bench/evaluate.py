@@ -105,19 +105,29 @@ def score(task: Task, batch: Batch, predictions: dict[str, Tensor], resamples: i
     return {"metrics": metrics, "per_position": curves}
 
 
-def evaluate(task: Task, model: Backbone | None, sequences: int, batch_size: int,
-             resamples: int) -> dict:
-    """Held-out metrics of the model (if given) and of every reference."""
-    batch = task.held_out(sequences)
+def score_predictions(task: Task, batch: Batch, model: Tensor | None, resamples: int) -> dict:
+    """Held-out metrics of the model's predictions on batch (if given) and of every reference."""
     predictions = reference_predictions(task, batch)
     if model is not None:
-        predictions["model"] = model_predictions(model, batch, batch_size)
-        if not torch.isfinite(predictions["model"]).all():
+        if model.shape[:2] != batch.targets.shape[:2]:
+            raise ValueError(f"model predictions of shape {tuple(model.shape)} for a held-out "
+                             f"set of {tuple(batch.targets.shape)}")
+        if not torch.isfinite(model).all():
             raise FloatingPointError("the model's held-out predictions are not finite")
+        predictions["model"] = model
     result = score(task, batch, predictions, resamples)
     result["metrics"]["sequences"] = len(batch)
     result["metrics"]["scored_positions"] = int(batch.loss_mask.sum())
     return result
+
+
+def evaluate(task: Task, model: Backbone | None, sequences: int, batch_size: int,
+             resamples: int) -> dict:
+    """Held-out metrics of the model (if given; predicted here, on the model's device, outside
+    Lightning) and of every reference."""
+    batch = task.held_out(sequences)
+    predictions = None if model is None else model_predictions(model, batch, batch_size)
+    return score_predictions(task, batch, predictions, resamples)
 
 
 def is_suspicious(metrics: dict) -> bool:

@@ -7,6 +7,7 @@ stops it where it happened. Nothing is written before a resume checkpoint has be
 from __future__ import annotations
 
 import contextlib
+import csv
 import math
 import os
 import signal
@@ -16,12 +17,15 @@ import time
 import warnings
 
 import lightning as L
+import torchmetrics
 import torch
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
 from bench.config import ConfigError, RunConfig, TrainerConfig
-from bench.evaluate import evaluate
+from bench.evaluate import score_predictions
 from bench.records import SCHEMA, RunFailed, new_run_id, provenance, write_record
 from models import build_model
 from models.backbone import Backbone, IOSpec
@@ -52,6 +56,7 @@ class Diverged(FloatingPointError):
     """The training loss is not finite: every further step would only train on NaN."""
 
     def __init__(self, step: int, loss: float | None):
+        self.step, self.loss = step, loss
         where = f"loss {loss}" if loss is not None else "on another rank"
         super().__init__(f"diverged at step {step}: {where}")
 
@@ -153,8 +158,9 @@ class ICLModule(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = masked_loss(self.task, self.model(batch.inputs), batch)
+        self.train_device = str(loss.device)  # Lightning moves the model back to the CPU later
         self._stop_if_asked(loss)
-        self.log("loss", loss, prog_bar=True)
+        self.log("loss", loss, prog_bar=True, logger=False)  # the run log is RunLog's
         if self.global_step % self.config.log_every == 0:
             self.loss_curve.append((int(self.global_step), float(loss.detach())))
         return loss
@@ -178,6 +184,28 @@ class ICLModule(L.LightningModule):
             raise Diverged(step, value)
         if any_signalled:
             raise Interrupted(self.signals.signum if signalled else None)
+
+    # --- evaluation: Trainer.test on the training device, one shard of the held-out set per rank
+    def on_test_epoch_start(self) -> None:
+        # CatMetric gathers shards of unequal length from every rank when computed; NaNs are
+        # kept (a non-finite prediction is reported, never dropped)
+        self.gathered = torch.nn.ModuleDict({
+            "index": torchmetrics.CatMetric(nan_strategy="disable"),
+            "prediction": torchmetrics.CatMetric(nan_strategy="disable")}).to(self.device)
+
+    def test_step(self, batch: tuple[Tensor, Batch], batch_idx: int) -> None:
+        index, held_out = batch
+        prediction = self.model.predict(held_out.inputs)  # under the training precision
+        self.eval_device = str(prediction.device)
+        self.eval_dtype = str(prediction.dtype).removeprefix("torch.")
+        self.gathered["index"].update(index.float())  # float32 counts exactly up to 2^24
+        self.gathered["prediction"].update(prediction.float())
+
+    def on_test_epoch_end(self) -> None:
+        index = self.gathered["index"].compute().long()
+        prediction = self.gathered["prediction"].compute()
+        self.test_predictions = prediction[index.argsort()].double().cpu()
+        del self.gathered
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = {
@@ -213,14 +241,167 @@ class ICLModule(L.LightningModule):
 def build(config: RunConfig) -> tuple[Task, Backbone]:
     if config.trainer.threads > 0:
         torch.set_num_threads(config.trainer.threads)
-    task = task_families()[config.task_family](config.task, batch_size=config.trainer.batch_size,
-                                               seed=config.seed)
+    from bench.checks import world_size
+    # trainer.batch_size is the global batch: each of the world_size ranks samples its share
+    # (validated to divide evenly when the config was composed)
+    task = task_families()[config.task_family](
+        config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     torch.manual_seed(config.seed)  # parameter initialisation
     return task, build_model(config.model_family, config.model, io)
 
 
-def make_trainer(config: RunConfig, run_id: str) -> L.Trainer:
+LOG_ROOT = "logs"  # training logs: out_dir/logs/<run_id>/
+
+
+def run_log_dir(run_id: str, resumed: dict | None = None) -> str:
+    """Where a run's training log goes, relative to out_dir: logs/<run_id>; for a resumed run,
+    the log of the run it continues (its checkpoint says which), so the log goes on there."""
+    if resumed:
+        carried = os.path.normpath(str(resumed.get("log_dir") or ""))
+        if resumed.get("log_dir") and not os.path.isabs(carried) and not carried.startswith(".."):
+            return carried
+        run_id = str(resumed.get("run_id") or run_id)
+    return os.path.join(LOG_ROOT, run_id)
+
+
+class _ContinuedWriter(ExperimentWriter):
+    """Lightning's metrics.csv writer, except that an existing file is continued instead of
+    deleted: its rows of steps before `keep_before` stay (a resumed run trains the later steps
+    again), the others go; new rows are appended under the same header."""
+
+    def __init__(self, log_dir: str, keep_before: int):
+        self.keep_before = keep_before
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:  # called by __init__ before anything is written
+        path = self.metrics_file_path
+        if not os.path.isfile(path):
+            return
+        with open(path, newline="") as file:
+            reader = csv.DictReader(file)
+            keys = sorted(reader.fieldnames or [])
+            rows = [row for row in reader if _row_step(row) < self.keep_before]
+        temporary = f"{path}.tmp"
+        with open(temporary, "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(temporary, path)
+        self.metrics_keys = keys
+
+
+def _row_step(row: dict) -> float:
+    """The step of a metrics.csv row; a row without one (a line cut short) is never kept."""
+    try:
+        return float(row.get("step"))
+    except (TypeError, ValueError):
+        return math.inf
+
+
+class RunCSVLogger(CSVLogger):
+    """Lightning's CSVLogger writing `<log_dir>/metrics.csv` (no version subdirectory), which a
+    resumed run continues: see _ContinuedWriter. Set `keep_before` before the first write."""
+
+    def __init__(self, log_dir: str):
+        log_dir = os.path.normpath(log_dir)
+        super().__init__(save_dir=os.path.dirname(log_dir), name=os.path.basename(log_dir),
+                         version="")
+        self.keep_before = 0
+
+    @property
+    def experiment(self) -> _ContinuedWriter:  # used on rank 0 only (RunLog)
+        if self._experiment is None:
+            self._experiment = _ContinuedWriter(self.log_dir, self.keep_before)
+        return self._experiment
+
+
+def make_logger(config: RunConfig, log_dir: str):
+    """The Lightning logger of `trainer.logger`, writing into out_dir/<log_dir>; None for none."""
+    kind = config.trainer.logger
+    path = os.path.normpath(os.path.join(config.out_dir, log_dir))
+    if kind == "csv":
+        return RunCSVLogger(path)
+    if kind == "tensorboard":
+        from lightning.pytorch.loggers import TensorBoardLogger
+        return TensorBoardLogger(save_dir=os.path.dirname(path), name=os.path.basename(path),
+                                 version="", default_hp_metric=False)
+    if kind == "wandb":
+        os.environ.setdefault("WANDB_MODE", "offline")  # a user's WANDB_MODE=online wins
+        from lightning.pytorch.loggers import WandbLogger
+        # id: the log's run id, so a resumed run continues the same wandb run
+        return WandbLogger(name=os.path.basename(path), id=os.path.basename(path),
+                           save_dir=path, project="icl-bench")
+    return None
+
+
+class RunLog(L.Callback):
+    """The training log: every `log_every` steps one row at that step, written at once (so a
+    run that fails leaves the steps it did): `loss` (the step's training loss, as in the
+    record's loss curve), `lr` (the learning rate the step used), `steps_per_s` and
+    `tokens_per_s` (batch size x seq_len of all ranks per step) over the steps since the
+    previous row, or since this process began training. A diverged step gets its row too (loss
+    nan, no throughput). Rank 0 only. A resumed run continues the log from the checkpoint's
+    step (see _ContinuedWriter)."""
+
+    def __init__(self, logger, log_every: int, directory: str):
+        self.logger, self.log_every, self.directory = logger, log_every, directory
+        self._since: tuple[int, float] | None = None  # (step, time) the interval began
+        self._step, self._lr, self._tokens = 0, math.nan, 0
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        step = int(trainer.global_step)  # > 0 when resumed from a checkpoint
+        if isinstance(self.logger, RunCSVLogger):
+            self.logger.keep_before = step
+        elif step and isinstance(getattr(self.logger, "_kwargs", None), dict):
+            self.logger._kwargs["purge_step"] = step  # TensorBoard: drop the later events
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch,
+                             batch_idx: int) -> None:
+        self._step = int(trainer.global_step)
+        self._lr = float(trainer.optimizers[0].param_groups[0]["lr"])
+        # positions trained on by all ranks together (each rank samples its own batch)
+        self._tokens = batch.inputs.shape[0] * batch.inputs.shape[1] * trainer.world_size
+        if self._since is None:
+            self._since = (self._step, time.perf_counter())
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
+        step = self._step
+        if step % self.log_every or not trainer.is_global_zero:
+            return
+        now = time.perf_counter()
+        since_step, since_time = self._since
+        steps, seconds = step + 1 - since_step, max(now - since_time, 1e-9)
+        self._since = (step + 1, now)
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self._write({"loss": float(loss), "lr": self._lr, "steps_per_s": steps / seconds,
+                     "tokens_per_s": steps * self._tokens / seconds}, step)
+
+    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.logger.finalize("success")
+
+    def on_exception(self, trainer: L.Trainer, module: L.LightningModule,
+                     exception: BaseException) -> None:
+        if not trainer.is_global_zero:
+            return
+        try:
+            if isinstance(exception, Diverged) and exception.loss is not None:
+                self._write({"loss": exception.loss, "lr": self._lr}, exception.step)
+            self.logger.finalize("failed")
+        except Exception:  # the run's own error is the one its record must report
+            pass
+
+    def _write(self, metrics: dict, step: int) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        self.logger.log_metrics(metrics, step=step)
+        self.logger.save()
+
+
+def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None) -> L.Trainer:
+    """The Trainer of a run; its training log goes to out_dir/<log_dir> (default
+    logs/<run_id>) unless trainer.logger=none."""
     t = config.trainer
     # A terminal redraws the bar in place; a log file gets a line per refresh, so refresh less.
     callbacks: list = [L.pytorch.callbacks.TQDMProgressBar(
@@ -229,6 +410,10 @@ def make_trainer(config: RunConfig, run_id: str) -> L.Trainer:
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
             dirpath=os.path.join(config.out_dir, "checkpoints", run_id), save_last=True,
             every_n_train_steps=t.checkpoint_every, save_top_k=-1))
+    log_dir = log_dir or run_log_dir(run_id)
+    logger = make_logger(config, log_dir)
+    if logger is not None:
+        callbacks.append(RunLog(logger, t.log_every, os.path.join(config.out_dir, log_dir)))
     return L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
                      num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
                      gradient_clip_val=t.grad_clip or None, logger=False,
@@ -340,7 +525,10 @@ def run(config: RunConfig) -> tuple[dict, str]:
     if resumed is not None:
         record["resumed_from"] = os.path.abspath(config.resume)
         record["resumed_run_id"] = resumed.get("run_id")
-    run_info = {"run_id": run_id, **{k: described[k] for k in ("task", "model", "trainer", "seed")}}
+    log_dir = run_log_dir(run_id, resumed)  # relative to out_dir
+    record["log_dir"] = log_dir if config.trainer.logger != "none" else None
+    run_info = {"run_id": run_id, **{k: described[k] for k in ("task", "model", "trainer", "seed")},
+                "log_dir": log_dir}
     start = time.perf_counter()
     trainer = module = model = None
     with SignalGuard() as signals:
@@ -349,17 +537,25 @@ def run(config: RunConfig) -> tuple[dict, str]:
             record["params"] = model.num_parameters()
             record["state_size"] = model.state_size(task.seq_len)
             module = ICLModule(model, task, config.trainer, run_info, signals, start)
-            trainer = make_trainer(config, run_id)
+            trainer = make_trainer(config, run_id, log_dir)
             with signals.phase("flag"):
                 trainer.fit(module, datamodule=task, ckpt_path=config.resume or None)
             record["train"] = _train_summary(trainer, module, model)
-            if not trainer.is_global_zero:  # evaluation and the record belong to rank 0
-                return record, ""
             signals.check()  # a signal after the last training step
             eval_start = time.perf_counter()
-            result = evaluate(task, model, config.trainer.eval_sequences,
-                              config.trainer.eval_batch_size, config.trainer.bootstrap)
+            held_out = task.set_held_out(config.trainer.eval_sequences,
+                                         config.trainer.eval_batch_size)
+            with signals.phase("raise"):
+                trainer.test(module, datamodule=task, verbose=False)
+            if not trainer.is_global_zero:  # the record belongs to rank 0
+                return record, ""
+            result = score_predictions(task, held_out, module.test_predictions,
+                                       config.trainer.bootstrap)
             record.update(result)
+            # predicted under the training precision (autocast for *-mixed), as trained
+            record["eval"] = {"device": module.eval_device, "world_size": trainer.world_size,
+                              "precision": str(trainer.precision),
+                              "dtype": module.eval_dtype}
             record["eval_time_s"] = time.perf_counter() - eval_start
             record["status"] = "ok"
             record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
@@ -391,6 +587,7 @@ def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone
     """The training part of the record, the resumed part of the run included."""
     return {"steps": int(trainer.global_step) if trainer is not None else 0,
             "wall_time_s": module.train_time(),
-            "device": str(next(model.parameters()).device),
+            "device": getattr(module, "train_device", str(next(model.parameters()).device)),
             "world_size": trainer.world_size if trainer is not None else None,
+            "precision": str(trainer.precision) if trainer is not None else None,
             "loss_curve": [list(point) for point in module.loss_curve]}

@@ -131,20 +131,30 @@ class GDSSMLayer(nn.Module):
 
     def drive_and_query(self, slots: Tensor) -> tuple[Tensor, Tensor]:
         """The recurrence input Σ_ij Q_ij k_i v_jᵀ (..., d_k, d_v) and the query (..., d_k) from
-        window slots (..., w, d_model)."""
-        keys = self.k_proj(slots)
-        mixed_values = torch.einsum("ij,...jv->...iv", self.window_attn, self.v_proj(slots))
-        drive = torch.einsum("...ik,...iv->...kv", keys, mixed_values)
-        if hasattr(self, "window_skip"):
-            query = self.q_proj(torch.einsum("i,...id->...d", self.window_skip, slots))
-        else:
-            query = self.readout.expand(*slots.shape[:-2], -1)
+        window slots (..., w, d_model). The projections run in the autocast dtype; the window
+        attention, the outer products that write the state and the query come out in at least
+        float32 (autocast off), the precision of the state they are summed into."""
+        keys, values = self.k_proj(slots), self.v_proj(slots)
+        query = (self.q_proj(torch.einsum("i,...id->...d", self.window_skip, slots))
+                 if hasattr(self, "window_skip") else None)
+        dtype = torch.promote_types(slots.dtype, torch.float32)
+        with torch.autocast(device_type=slots.device.type, enabled=False):
+            mixed_values = torch.einsum("ij,...jv->...iv", self.window_attn.to(dtype),
+                                        values.to(dtype))
+            drive = torch.einsum("...ik,...iv->...kv", keys.to(dtype), mixed_values)
+            query = (query.to(dtype) if query is not None
+                     else self.readout.to(dtype).expand(*slots.shape[:-2], -1))
         return drive, query
+
+    def read(self, states: Tensor, query: Tensor) -> Tensor:
+        """o = Zᵀ query, in the state's precision (autocast off)."""
+        with torch.autocast(device_type=states.device.type, enabled=False):
+            return torch.einsum("...kv,...k->...v", states, query.to(states.dtype))
 
     def forward(self, u: Tensor) -> Tensor:
         drive, query = self.drive_and_query(window_slots(u, self.window))
-        states = lti_scan(self.decay(), drive)
-        return torch.einsum("btkv,btk->btv", states, query)
+        states = lti_scan(self.decay().to(drive.dtype), drive)
+        return self.read(states, query)
 
     def forward_sequential(self, u: Tensor, state: tuple[Tensor, Tensor] | None = None
                            ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -153,15 +163,16 @@ class GDSSMLayer(nn.Module):
         batch, length, d_model = u.shape
         if state is None:
             history = u.new_zeros(batch, self.window - 1, d_model)
-            z = u.new_zeros(batch, *self.state_shape)
+            z = u.new_zeros(batch, *self.state_shape,
+                            dtype=torch.promote_types(u.dtype, torch.float32))
         else:
             history, z = state
         outputs = []
         for t in range(length):
             slots = torch.cat([history, u[:, t:t + 1]], dim=1)
             drive, query = self.drive_and_query(slots)
-            z = self.decay() * z + drive
-            outputs.append(torch.einsum("bkv,bk->bv", z, query))
+            z = self.decay().to(drive.dtype) * z.to(drive.dtype) + drive
+            outputs.append(self.read(z, query))
             history = slots[:, 1:]
         return torch.stack(outputs, dim=1), (history, z)
 

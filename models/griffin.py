@@ -81,7 +81,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # The mean square in at least float32 (a bf16 residual stream under autocast), the
+        # result back in x's dtype.
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        h = x.to(dtype)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.to(dtype)
+        return h.to(x.dtype)
 
 
 class RGLRU(nn.Module):
@@ -159,14 +164,30 @@ class RecurrentBlock(nn.Module):
         return self.out_proj(y * gate), {"conv": window[:, 1:], "h": h}
 
 
+def rotary_angles(positions: Tensor, half: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Angles position · ROPE_BASE^(-i/half), (T, half), in `dtype` (float32 or float64).
+
+    Never in the autocast dtype of the queries and keys: bfloat16 holds integers exactly only
+    up to 256 and rounds an angle near 200 to a multiple of 1, so positions >= 128 would be
+    rotated by up to ~0.5 rad (~1 rad from 256 on) too little or too much. The frequencies are
+    rounded once from float64, the product once in `dtype`."""
+    frequencies = ROPE_BASE ** (-torch.arange(half, device=positions.device,
+                                              dtype=torch.float64) / half)
+    return positions.to(dtype)[:, None] * frequencies.to(dtype)
+
+
 def rotary(x: Tensor, positions: Tensor) -> Tensor:
-    """Rotary position embedding on the last dimension of x (..., T, hd); positions (T,)."""
+    """Rotary position embedding on the last dimension of x (..., T, hd); positions (T,).
+    Angles, cos/sin and the rotation are computed in at least float32 (autocast off), the
+    result returned in x's dtype."""
     half = x.shape[-1] // 2
-    frequencies = ROPE_BASE ** (-torch.arange(half, device=x.device, dtype=x.dtype) / half)
-    angles = positions.to(x.dtype)[:, None] * frequencies
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        angles = rotary_angles(positions, half, dtype)
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        x1, x2 = x[..., :half].to(dtype), x[..., half:].to(dtype)
+        rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return rotated.to(x.dtype)
 
 
 class LocalMQA(nn.Module):

@@ -54,16 +54,25 @@ class LSTM(Core):
             bias_ih[hidden:2 * hidden] = 1.0
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.lstm(x)[0]
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return self.lstm(self._input(x))[0]
+
+    def _input(self, x: Tensor) -> Tensor:
+        """The recurrence runs in the parameters' dtype with autocast off: under bf16 autocast
+        the fused LSTM would carry the cell state c in bfloat16 and round it at every step
+        (measured: 22% relative error after 1024 steps with forget gates near 1)."""
+        return x.to(self.lstm.weight_ih_l0.dtype)
 
     def forward_sequential(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """One time step per call, carrying (h, c) between calls: the form that continues a
         sequence. Returns the outputs and the final [h, c], each (n_layers, B, d_model)."""
         state = None
         outputs = []
-        for t in range(x.shape[1]):
-            y, state = self.lstm(x[:, t:t + 1], state)
-            outputs.append(y)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x = self._input(x)
+            for t in range(x.shape[1]):
+                y, state = self.lstm(x[:, t:t + 1], state)
+                outputs.append(y)
         return torch.cat(outputs, dim=1), list(state)
 
     def state_size(self, seq_len: int) -> int:

@@ -65,11 +65,26 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, y: Tensor, z: Tensor | None = None) -> Tensor:
+        # Gate and statistics in at least float32 (y and z are bf16 under autocast).
+        dtype = torch.promote_types(y.dtype, torch.float32)
+        y = y.to(dtype)
         if z is not None:
-            y = y * self.act(z)
+            y = y * self.act(z.to(dtype))
         grouped = y.unflatten(-1, (self.groups, -1))
         grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
-        return grouped.flatten(-2) * self.weight
+        return grouped.flatten(-2) * self.weight.to(dtype)
+
+
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm (same parameter `weight`) whose statistics are computed in at least float32
+    whatever the input's dtype (a bf16 residual stream under autocast), returned in the input's
+    dtype. (torch's own rms_norm on a bf16 input with a float32 weight warns and leaves the
+    fused path.)"""
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        return F.rms_norm(x.to(dtype), self.normalized_shape, self.weight.to(dtype),
+                          self.eps).to(x.dtype)
 
 
 class Mamba2Mixer(nn.Module):
@@ -142,8 +157,10 @@ class Mamba2Mixer(nn.Module):
         xBC = self.act(xBC)
         x, B, C = torch.split(xBC, [self.d_inner, self.ngroups * self.d_state,
                                     self.ngroups * self.d_state], dim=-1)
-        y, _ = ssd_scan(x.unflatten(-1, (self.nheads, self.headdim)),
-                        F.softplus(dt + self.dt_bias), self.decay_rate(),
+        # Δ = softplus(dt + dt_bias) in at least float32: it sets the decays exp(Δ A).
+        dtype = torch.promote_types(self.dt_bias.dtype, torch.float32)
+        dt = F.softplus(dt.to(dtype) + self.dt_bias.to(dtype))
+        y, _ = ssd_scan(x.unflatten(-1, (self.nheads, self.headdim)), dt, self.decay_rate(),
                         B.unflatten(-1, (self.ngroups, self.d_state)),
                         C.unflatten(-1, (self.ngroups, self.d_state)),
                         D=self.D, chunk_size=self.chunk_size, kernel=self.kernel)
@@ -202,12 +219,12 @@ class MambaBlock(nn.Module):
     def __init__(self, config: MambaConfig):
         super().__init__()
         c = config
-        self.norm = nn.RMSNorm(c.d_model, eps=1e-5)
+        self.norm = RMSNorm(c.d_model, eps=1e-5)
         self.mixer = Mamba2Mixer(c.d_model, c.d_state, c.expand, c.headdim, c.ngroups, c.d_conv,
                                  c.chunk_size, c.kernel, conv=c.conv, decay=c.decay,
                                  activation=c.activation, gate=c.gate)
         if c.mlp:
-            self.norm2 = nn.RMSNorm(c.d_model, eps=1e-5)
+            self.norm2 = RMSNorm(c.d_model, eps=1e-5)
             self.mlp = MLP(c.d_model)
         else:
             self.norm2 = self.mlp = None
@@ -229,7 +246,7 @@ class Mamba(Core):
     def __init__(self, config: MambaConfig, io: IOSpec):
         super().__init__(config, io)
         self.layers = nn.ModuleList(MambaBlock(config) for _ in range(config.n_layers))
-        self.norm_f = nn.RMSNorm(config.d_model, eps=1e-5)
+        self.norm_f = RMSNorm(config.d_model, eps=1e-5)
         self._init_residual_outputs()
 
     def _init_residual_outputs(self) -> None:

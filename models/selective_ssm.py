@@ -103,20 +103,28 @@ class SelectiveSSMLayer(nn.Module):
             self.b_bar.copy_(1.0 - decay)
 
     def coefficients(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Ā_t and B̄_t ⊙ x_t for x of shape (B, T, n) (or (B, n) for one step)."""
-        if self.selective:
-            s = F.silu(self.in_proj(x))
-            a_raw, b_bar = self.a_proj(s), self.b_proj(s)
-        else:
-            a_raw, b_bar = self.a_bar.expand_as(x), self.b_bar
-        a_bar = a_raw if self.transition == "linear" else torch.exp(-F.softplus(a_raw))
-        return a_bar, b_bar * x
+        """Ā_t and B̄_t ⊙ x_t for x of shape (B, T, n) (or (B, n) for one step), in at least
+        float32 with autocast off: Ā_t are decays near 1 (1 - 1/τ up to τ = max_len), which
+        bfloat16 cannot hold (0.998 rounds to 0.996, 0.999 to 1.0: a different memory or none
+        lost at all), and the scan multiplies them over the whole sequence."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x = x.to(dtype)
+            if self.selective:
+                s = F.silu(F.linear(x, self.in_proj.weight.to(dtype), self.in_proj.bias.to(dtype)))
+                a_raw = F.linear(s, self.a_proj.weight.to(dtype), self.a_proj.bias.to(dtype))
+                b_bar = F.linear(s, self.b_proj.weight.to(dtype), self.b_proj.bias.to(dtype))
+            else:
+                a_raw, b_bar = self.a_bar.to(dtype).expand_as(x), self.b_bar.to(dtype)
+            a_bar = a_raw if self.transition == "linear" else torch.exp(-F.softplus(a_raw))
+            return a_bar, b_bar * x
 
     def forward(self, x: Tensor) -> Tensor:
-        return linear_scan(*self.coefficients(x))
+        return linear_scan(*self.coefficients(x))  # float32 (or float64) coefficients
 
     def forward_sequential(self, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return sequential_scan(*self.coefficients(x), state)
+        decay, drive = self.coefficients(x)
+        return sequential_scan(decay, drive, None if state is None else state.to(drive.dtype))
 
 
 class SelectiveSSM(Core):

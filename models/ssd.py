@@ -12,7 +12,8 @@ Three implementations of the same map, all returning (y, final_state):
   masked (L x L) "attention" with decays exp(sum of log-decays between the two steps); across
   chunks the state is carried by a recurrence over chunk summaries. Any sequence length works:
   the tail is padded with dt = 0 steps, which neither decay nor write the state.
-- the Triton kernel `mamba_chunk_scan_combined` of the optional `mamba_ssm` package (CUDA only),
+- the Triton kernel `mamba_chunk_scan_combined` of the optional `mamba_ssm` package (CUDA only;
+  its parity test also runs it on the CPU under Triton's interpreter, tests/mamba_kernel_parity.py),
   reached through `ssd_scan(..., kernel="mamba_ssm")`; `ssd_scan` also dispatches to the other
   two ("torch" = chunked, "sequential").
 
@@ -55,22 +56,28 @@ def _heads_of_groups(t: Tensor, heads: int) -> Tensor:
 
 def ssd_sequential(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
                    initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The recurrence one step at a time. Returns y (B,T,H,P) and the final state (B,H,P,N)."""
+    """The recurrence one step at a time. Returns y (B,T,H,P) and the final state (B,H,P,N).
+    Computes in at least float32 (autocast off), like `ssd_chunked`: the state is a running
+    sum that a bfloat16 einsum would round at every step."""
     heads, _ = _check_shapes(x, dt, A, B, C)
     batch, length, _, headdim = x.shape
-    B_heads, C_heads = _heads_of_groups(B, heads), _heads_of_groups(C, heads)
-    state = (x.new_zeros(batch, heads, headdim, B.shape[-1]) if initial_state is None
-             else initial_state.to(x.dtype))
-    outputs = []
-    for t in range(length):
-        decay = torch.exp(dt[:, t] * A)[:, :, None, None]                        # (B,H,1,1)
-        write = (dt[:, t, :, None] * x[:, t])[..., None] * B_heads[:, t, :, None, :]
-        state = decay * state + write                                             # (B,H,P,N)
-        outputs.append(torch.einsum("bhpn,bhn->bhp", state, C_heads[:, t]))
-    y = torch.stack(outputs, dim=1) if length else x.new_zeros(x.shape)
-    if D is not None:
-        y = y + D[:, None] * x
-    return y, state
+    out_dtype = x.dtype
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x, dt, A, B, C = (t.to(dtype) for t in (x, dt, A, B, C))
+        B_heads, C_heads = _heads_of_groups(B, heads), _heads_of_groups(C, heads)
+        state = (x.new_zeros(batch, heads, headdim, B.shape[-1]) if initial_state is None
+                 else initial_state.to(dtype))
+        outputs = []
+        for t in range(length):
+            decay = torch.exp(dt[:, t] * A)[:, :, None, None]                    # (B,H,1,1)
+            write = (dt[:, t, :, None] * x[:, t])[..., None] * B_heads[:, t, :, None, :]
+            state = decay * state + write                                         # (B,H,P,N)
+            outputs.append(torch.einsum("bhpn,bhn->bhp", state, C_heads[:, t]))
+        y = torch.stack(outputs, dim=1) if length else x.new_zeros(x.shape)
+        if D is not None:
+            y = y + D.to(dtype)[:, None] * x
+    return y.to(out_dtype), state.to(out_dtype)
 
 
 def segment_sum(log_decay: Tensor) -> Tensor:
@@ -153,37 +160,64 @@ def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tenso
 
 _kernel_cache: dict[str, Callable | BaseException] = {}
 
+_PACKAGE = "mamba_ssm"
+_KERNEL_MODULE = "mamba_ssm.ops.triton.ssd_combined"
+
+
+def _package_modules() -> dict[str, types.ModuleType]:
+    """The entries of sys.modules for `mamba_ssm` and its submodules."""
+    return {name: module for name, module in sys.modules.items()
+            if name == _PACKAGE or name.startswith(_PACKAGE + ".")}
+
+
+def _restore_package_modules(saved: dict[str, types.ModuleType]) -> None:
+    """Put sys.modules' `mamba_ssm` entries back to `saved`: drop every one added since."""
+    for name in list(_package_modules()):
+        if name not in saved:
+            del sys.modules[name]
+    sys.modules.update(saved)
+
 
 def _import_mamba_chunk_scan() -> Callable:
     """`mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`, imported on first use.
-    The package's __init__ imports the compiled Mamba-1 extension `selective_scan_cuda`, which
-    the Triton SSD kernel does not need; when that import fails, the subpackage is loaded from
-    the installed files without running the package __init__."""
+
+    When the whole package imports, it is used as installed. Its __init__ usually does not: it
+    imports the compiled Mamba-1 extension `selective_scan_cuda` (absent when built with
+    MAMBA_SKIP_CUDA_BUILD=TRUE) and, through its model classes, packages that the offline install
+    leaves out with --no-deps (huggingface_hub, transformers, tilelang...), none of which the
+    Triton SSD kernel needs. Then the submodules are loaded from the installed files under a
+    bare stand-in package module that skips the __init__, and afterwards sys.modules is put back
+    as it was: neither the stand-in nor the submodules it loaded (nor the half-imported ones a
+    failed __init__ leaves) stay visible to other importers, so a later `import mamba_ssm` behaves
+    as if this function had never run. The loaded kernels live on through the references kept
+    here (each function holds its module's globals)."""
     if "fn" in _kernel_cache:
         return _kernel_cache["fn"]
     if "error" in _kernel_cache:
         raise _kernel_cache["error"]
-    module_name = "mamba_ssm.ops.triton.ssd_combined"
+    saved = _package_modules()
     try:
         try:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(_KERNEL_MODULE)
         except ImportError:
-            spec = importlib.util.find_spec("mamba_ssm")
+            _restore_package_modules(saved)
+            spec = importlib.util.find_spec(_PACKAGE)
             if spec is None or not spec.submodule_search_locations:
                 raise
-            package = types.ModuleType("mamba_ssm")
+            package = types.ModuleType(_PACKAGE)
             package.__path__ = list(spec.submodule_search_locations)
-            sys.modules["mamba_ssm"] = package
+            sys.modules[_PACKAGE] = package
             try:
-                module = importlib.import_module(module_name)
-            except BaseException:
-                del sys.modules["mamba_ssm"]
-                raise
+                module = importlib.import_module(_KERNEL_MODULE)
+            finally:
+                _restore_package_modules(saved)
         _kernel_cache["fn"] = module.mamba_chunk_scan_combined
     except Exception as error:  # ImportError, or a Triton/CUDA error raised at import time
+        _restore_package_modules(saved)
         _kernel_cache["error"] = RuntimeError(
-            f"kernel='mamba_ssm' needs the mamba_ssm package with its Triton kernels "
-            f"(pip install '.[gpu]' or pip install mamba-ssm); importing {module_name} failed: "
+            f"kernel='mamba_ssm' needs the mamba_ssm package with its Triton kernels (README.md, "
+            f"section GPU: pip install -e '.[gpu]' and the mamba-ssm line); importing "
+            f"{_KERNEL_MODULE} failed: "
             f"{type(error).__name__}: {error}")
         raise _kernel_cache["error"] from error
     return _kernel_cache["fn"]
@@ -202,15 +236,23 @@ def mamba_ssm_available() -> bool:
     return mamba_ssm_kernel_error() is None
 
 
-def _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[Tensor, Tensor]:
-    if not x.is_cuda:
-        raise RuntimeError("kernel='mamba_ssm' runs on CUDA tensors only; use kernel='torch' "
-                           "or 'auto' on this device")
+def _call_mamba_chunk_scan(x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[Tensor, Tensor]:
+    """The kernel with this module's conventions, on any device the kernel can run on (CUDA; the
+    CPU parity test runs it under Triton's interpreter)."""
     scan = _import_mamba_chunk_scan()
     # dt is already positive, so the kernel's own bias and softplus are left off.
     y, final = scan(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_states=initial_state,
                     dt_softplus=False, return_final_states=True)
-    return y, final
+    # The kernel returns the final state in float32 whatever x's dtype; the other scans return it
+    # in x's dtype, and so does this one, so the choice of kernel changes no dtype.
+    return y, final.to(x.dtype)
+
+
+def _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[Tensor, Tensor]:
+    if not x.is_cuda:
+        raise RuntimeError("kernel='mamba_ssm' runs on CUDA tensors only; use kernel='torch' "
+                           "or 'auto' on this device")
+    return _call_mamba_chunk_scan(x, dt, A, B, C, D, initial_state, chunk_size)
 
 
 def ssd_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,

@@ -75,14 +75,19 @@ def causal_linear_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 def causal_linear_attention_recurrent(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """The same map as a recurrence over time, the form used to continue a sequence:
     S_t = S_{t-1} + k_t v_tᵀ, y_t = q_tᵀ S_t / d. Returns (y, final state S of shape
-    (B, H, d, d))."""
+    (B, H, d, d)). The running sum S is kept in at least float32 (autocast off): in bfloat16
+    every step would round it, and the error would grow with the sequence."""
     batch, heads, seq_len, head_dim = q.shape
-    state = q.new_zeros(batch, heads, head_dim, head_dim)
-    outputs = []
-    for t in range(seq_len):
-        state = state + k[:, :, t, :, None] * v[:, :, t, None, :]
-        outputs.append((q[:, :, t, None, :] @ state).squeeze(-2) / head_dim)
-    return torch.stack(outputs, dim=2), state
+    out_dtype = q.dtype
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        state = q.new_zeros(batch, heads, head_dim, head_dim)
+        outputs = []
+        for t in range(seq_len):
+            state = state + k[:, :, t, :, None] * v[:, :, t, None, :]
+            outputs.append((q[:, :, t, None, :] @ state).squeeze(-2) / head_dim)
+    return torch.stack(outputs, dim=2).to(out_dtype), state
 
 
 class CausalSelfAttention(nn.Module):

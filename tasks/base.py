@@ -179,7 +179,22 @@ class Task(L.LightningDataModule, abc.ABC):
         start = self.trainer.global_step if self.trainer is not None else 0
         return torch.utils.data.DataLoader(StepCounter(start), batch_size=None)
 
-    def on_after_batch_transfer(self, step: Tensor, dataloader_idx: int) -> Batch:
+    def set_held_out(self, n: int, batch_size: int) -> Batch:
+        """Fix the held-out set that `trainer.test` evaluates (`test_dataloader`); returns it."""
+        self.held_out_batch, self.eval_batch_size = self.held_out(n), batch_size
+        return self.held_out_batch
+
+    def test_dataloader(self):
+        """This rank's shard of the held-out set: sequences rank, rank + world, ... (disjoint
+        across ranks, together all of them), as batches of sequence indices."""
+        rank, world = ((self.trainer.global_rank, self.trainer.world_size)
+                       if self.trainer is not None else (0, 1))
+        shard = torch.arange(rank, len(self.held_out_batch), world)
+        return torch.utils.data.DataLoader(shard, batch_size=self.eval_batch_size)
+
+    def on_after_batch_transfer(self, batch: Tensor, dataloader_idx: int):
+        if self.trainer is not None and self.trainer.testing:  # indices of held-out sequences
+            return batch, self.held_out_batch.select(batch.cpu()).to(batch.device)
         rank = self.trainer.global_rank if self.trainer is not None else 0
-        generator = make_generator(TRAIN_STREAM, self.seed, rank, int(step), device=step.device)
+        generator = make_generator(TRAIN_STREAM, self.seed, rank, int(batch), device=batch.device)
         return self.sample(self.batch_size, generator)

@@ -248,8 +248,8 @@ def test_enough_cases_of_every_command():
 
 
 @pytest.mark.parametrize("args", [
-    ["run", "task=nope"], ["run", "seed=1.5"], ["run", "task.beta=nan"], ["run", "trainer=ddp"],
-    ["run", "task.order=30"], ["suite"], ["list", "x"],
+    # each import of torch + lightning costs seconds: a few cases, one that needs the checks
+    ["run", "task=nope"], ["run", "seed=1.5"], ["run", "task.order=30"], ["suite"], ["list", "x"],
 ])
 def test_from_the_shell_exit_2_without_traceback(args, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -83,17 +83,6 @@ def test_bad_input_exit_code_from_the_shell():
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-def test_ddp_on_two_cpu_processes_writes_one_record(tmp_path):
-    """Two gloo ranks train together (each samples its own batches); rank 0 alone evaluates."""
-    done = bench("run", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
-                 f"out_dir={tmp_path}", *TINY)
-    assert done.returncode == 0, done.stderr[-2000:]
-    records = list(tmp_path.glob("*.json"))
-    assert len(records) == 1
-    record = json.loads(records[0].read_text())
-    assert record["train"]["world_size"] == 2 and record["status"] == "ok"
-
-
 def test_suite_entries_are_valid_and_a_bad_shard_exits_2(capsys):
     from bench.config import compose, load_suite
     for entry in load_suite("leaderboard"):

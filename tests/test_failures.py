@@ -130,7 +130,7 @@ def test_a_huge_learning_rate_diverges_within_a_few_steps(tmp_path, capsys):
 def test_any_exception_after_the_start_writes_one_failed_record(tmp_path, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise RuntimeError("held-out set exploded\nsecond line of the message")
-    monkeypatch.setattr(bench.train, "evaluate", broken)
+    monkeypatch.setattr(bench.train, "score_predictions", broken)
     assert main(["run", f"out_dir={tmp_path}", *TINY]) == 1
     line = one_error_line(capsys.readouterr().err)
     assert "run failed: RuntimeError: held-out set exploded (record: " in line

@@ -1,0 +1,220 @@
+"""mamba-ssm's Triton SSD kernel against the pure-PyTorch scans of models/ssd.py, forward and
+backward, on the shapes of the shipped model configs (conf/model/mamba.yaml, mambazero.yaml).
+
+Used two ways by tests/test_ssd.py:
+- imported, for the CUDA parity tests (`parity(..., device="cuda")`);
+- run as a script in a subprocess, for the CPU parity test under Triton's interpreter:
+
+      TRITON_INTERPRET=1 python tests/mamba_kernel_parity.py [case ...]
+
+  prints one JSON object: whether importing the kernel left sys.modules as it was, and for each
+  case (`mamba-float32`, `mamba-float16`, `mambazero-float32`, ...; default all four float32 and
+  float16 ones) the max abs errors of the kernel and of `ssd_chunked` against the float64
+  `ssd_sequential` oracle, of the kernel against `ssd_chunked`, and the oracle's scale
+  (max abs value) of each quantity. TRITON_INTERPRET=1 must be set before triton is imported,
+  which is why this runs in its own process and never inside the test session.
+
+On the CPU the script patches what the kernel's Python wrappers need from a GPU (facts measured
+in shared/notes/mamba-ssm-on-cpu.md): `torch.cuda.device(index)` becomes a null context,
+`torch.cuda.get_device_properties(...)` an object with `multi_processor_count` (132, an H100's;
+it only decides how the backward splits heads between programs), and every autotuned kernel takes
+the first of its configs instead of timing them (the interpreter has no benchmark timer). The
+backward is the default, non-deterministic one that training uses (MAMBA_DETERMINISTIC unset).
+
+Every case runs the kernel as the models call it: through `ssd_scan(kernel="mamba_ssm")` on
+CUDA, through the same wrapper without its CUDA check, `_call_mamba_chunk_scan`, on the CPU
+(dt already positive, no dt_bias or softplus in the kernel, D per head, final state returned), with
+x, B and C strided views of one (batch, T, d_inner + 2 * ngroups * d_state) tensor as the mixer's
+split produces them, x, dt, B, C, D (and the initial state) in the case's dtype and A in float32
+(the mixer's `decay_rate()` is at least float32). The loss for the backward pass weights y and the
+final state with fixed random weights, so every gradient is checked, not just one direction.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ("mamba", "mambazero")
+BATCH = 2
+LENGTH = 100  # with the shipped chunk_size 64: a full chunk, the state carried across, a padded tail
+QUANTITIES = ("y", "final_state", "dx", "ddt", "dA", "dB", "dC", "dD", "dinitial_state")
+CPU_CASES = tuple(f"{name}-{dtype}" for name in CONFIGS for dtype in ("float32", "float16"))
+# On the CPU the float32 cases carry an initial state (its gradient is checked) and the float16
+# ones do not, as the models call the scan.
+CPU_INITIAL_STATE = {"float32": True, "float16": False}
+
+
+# Not a shipped config: several heads sharing groups (head h reads group h // (H // G)); checked
+# on CUDA only, where it costs nothing (under the interpreter it would take ~8x a shipped case).
+EXTRA_SHAPES = {"heads4_groups2": dict(heads=4, headdim=16, groups=2, states=16, chunk_size=32)}
+
+
+def scan_shape(name: str) -> dict:
+    """The SSD scan's shape in the shipped model config `conf/model/<name>.yaml` (or one of
+    EXTRA_SHAPES)."""
+    import yaml
+
+    if name in EXTRA_SHAPES:
+        return dict(EXTRA_SHAPES[name])
+    config = yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text())
+    d_inner = config["expand"] * config["d_model"]
+    return dict(heads=d_inner // config["headdim"], headdim=config["headdim"],
+                groups=config["ngroups"], states=config["d_state"],
+                chunk_size=config["chunk_size"])
+
+
+def _inputs(shape: dict, dtype: torch.dtype, device: str, initial_state: bool, seed: int):
+    """Leaf tensors in float64 on the CPU (then cast), the loss weights, and a function that
+    turns leaves into the scan's arguments the way the mixer does."""
+    g = torch.Generator().manual_seed(seed)
+    heads, headdim, groups, states = (shape[k] for k in ("heads", "headdim", "groups", "states"))
+    d_inner = heads * headdim
+    leaves = dict(xBC=torch.randn(BATCH, LENGTH, d_inner + 2 * groups * states, generator=g,
+                                  dtype=torch.float64),
+                  dt=torch.rand(BATCH, LENGTH, heads, generator=g, dtype=torch.float64) + 0.05,
+                  A=-(torch.rand(heads, generator=g, dtype=torch.float64) + 0.1),
+                  D=torch.randn(heads, generator=g, dtype=torch.float64))
+    if initial_state:
+        leaves["initial_state"] = torch.randn(BATCH, heads, headdim, states, generator=g,
+                                              dtype=torch.float64)
+    weights = (torch.randn(BATCH, LENGTH, heads, headdim, generator=g, dtype=torch.float64),
+               torch.randn(BATCH, heads, headdim, states, generator=g, dtype=torch.float64))
+    # The inputs as the kernel sees them (rounded to dtype; A at least float32) ...
+    low = {k: v.to(device=device, dtype=torch.float32 if k == "A" and dtype != torch.float64
+                   else dtype) for k, v in leaves.items()}
+    # ... and the oracle sees exactly those values, in float64.
+    exact = {k: v.to(torch.float64) for k, v in low.items()}
+
+    def arguments(t: dict) -> dict:
+        x, B, C = torch.split(t["xBC"], [d_inner, groups * states, groups * states], dim=-1)
+        return dict(x=x.unflatten(-1, (heads, headdim)), dt=t["dt"], A=t["A"],
+                    B=B.unflatten(-1, (groups, states)), C=C.unflatten(-1, (groups, states)),
+                    D=t["D"], initial_state=t.get("initial_state"))
+
+    def split_grads(grads: dict) -> dict:
+        dx, dB, dC = torch.split(grads.pop("xBC"), [d_inner, groups * states, groups * states],
+                                 dim=-1)
+        named = {"dx": dx, "dB": dB, "dC": dC}
+        named.update({"d" + k: v for k, v in grads.items()})
+        return named
+
+    weights = tuple(w.to(device) for w in weights)
+    return low, exact, weights, arguments, split_grads
+
+
+def _run(scan, leaves: dict, weights, arguments, split_grads) -> tuple[dict, dict]:
+    """y, final state and every gradient of one scan, and its forward/backward seconds."""
+    leaves = {k: v.clone().requires_grad_() for k, v in leaves.items()}
+    start = time.perf_counter()
+    y, final = scan(**arguments(leaves))
+    forward = time.perf_counter() - start
+    loss = (y.double() * weights[0]).sum() + (final.double() * weights[1]).sum()
+    start = time.perf_counter()
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    backward = time.perf_counter() - start
+    out = {"y": y.detach(), "final_state": final.detach()}
+    out.update(split_grads(dict(zip(leaves, grads))))
+    return out, {"forward": forward, "backward": backward}
+
+
+def parity(name: str, dtype: str, device: str, initial_state: bool = True, seed: int = 0) -> dict:
+    """Errors of the kernel and of `ssd_chunked` against the float64 `ssd_sequential` oracle (run
+    on the same rounded inputs), of the kernel against `ssd_chunked`, and the oracle's scale, for
+    the scan of shipped config `name` (or an EXTRA_SHAPES entry) in `dtype` ("float32",
+    "float16", "bfloat16")."""
+    from models import ssd
+
+    shape = scan_shape(name)
+    chunk = shape["chunk_size"]
+    low, exact, weights, arguments, split_grads = _inputs(shape, getattr(torch, dtype), device,
+                                                          initial_state, seed)
+
+    def kernel(x, dt, A, B, C, D, initial_state):
+        if x.is_cuda:  # the models' path, through the dispatcher
+            return ssd.ssd_scan(x, dt, A, B, C, D, initial_state, chunk, kernel="mamba_ssm")
+        return ssd._call_mamba_chunk_scan(x, dt, A, B, C, D, initial_state, chunk)
+
+    def chunked(**kw):
+        return ssd.ssd_chunked(**kw, chunk_size=chunk)
+
+    oracle, _ = _run(ssd.ssd_sequential, exact, weights, arguments, split_grads)
+    fast, seconds = _run(kernel, low, weights, arguments, split_grads)
+    reference, _ = _run(chunked, low, weights, arguments, split_grads)
+    for out in (fast, reference):
+        assert out["y"].dtype == getattr(torch, dtype) and out["final_state"].dtype == out["y"].dtype
+
+    def max_abs(a: dict, b: dict) -> dict:
+        return {q: (a[q].double() - b[q].double()).abs().max().item() for q in oracle}
+
+    return {"shape": shape, "dtype": dtype, "device": device, "initial_state": initial_state,
+            "batch": BATCH, "length": LENGTH, "seconds": seconds,
+            "scale": {q: v.abs().max().item() for q, v in oracle.items()},
+            "errors": {"kernel": max_abs(fast, oracle), "chunked": max_abs(reference, oracle),
+                       "kernel_vs_chunked": max_abs(fast, reference)}}
+
+
+def patch_for_cpu() -> None:
+    """What the kernel's wrappers need from a GPU, for running them under TRITON_INTERPRET=1."""
+    import contextlib
+    import types
+
+    from triton.runtime.autotuner import Autotuner
+
+    torch.cuda.device = lambda device: contextlib.nullcontext()
+    torch.cuda.get_device_properties = (
+        lambda device=None: types.SimpleNamespace(multi_processor_count=132))
+    prune = Autotuner.prune_configs
+    # One config left: the autotuner then runs it without benchmarking (which the interpreter
+    # cannot do: "0 active drivers").
+    Autotuner.prune_configs = lambda self, kwargs: prune(self, kwargs)[:1]
+
+
+def main(cases: list[str]) -> dict:
+    if os.environ.get("TRITON_INTERPRET") != "1" or "triton" in sys.modules:
+        raise SystemExit("set TRITON_INTERPRET=1 in the environment, before triton is imported")
+    torch.set_num_threads(1)
+    patch_for_cpu()
+    from models import ssd
+
+    before = sys.modules.get("mamba_ssm")
+    start = time.perf_counter()
+    error = ssd.mamba_ssm_kernel_error()
+    result = {"import_seconds": time.perf_counter() - start, "error": error}
+    after = sys.modules.get("mamba_ssm")
+    # Unchanged, or the genuine package (its own __init__ ran: it has a __file__), never a stub.
+    result["sys_modules_mamba_ssm_unchanged"] = after is before
+    result["mamba_ssm_imported_whole"] = after is not before and getattr(after, "__file__", None) is not None
+    result["mamba_ssm_entries_after"] = sorted(k for k in sys.modules
+                                               if k == "mamba_ssm" or k.startswith("mamba_ssm."))
+    result["cases"] = {}
+    if error is None:
+        for case in cases:
+            name, dtype = case.split("-")
+            result["cases"][case] = parity(name, dtype, "cpu",
+                                           initial_state=CPU_INITIAL_STATE.get(dtype, True))
+    return result
+
+
+def format_errors(result: dict) -> str:
+    """One line per quantity: kernel, chunked and kernel-vs-chunked max abs errors, oracle scale."""
+    lines = [f"{'':15} {'kernel':>10} {'chunked':>10} {'k-vs-c':>10} {'scale':>10}"]
+    errors = result["errors"]
+    for q in result["scale"]:
+        lines.append(f"{q:15} {errors['kernel'][q]:10.2e} {errors['chunked'][q]:10.2e} "
+                     f"{errors['kernel_vs_chunked'][q]:10.2e} {result['scale'][q]:10.2e}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    out = main(sys.argv[1:] or list(CPU_CASES))
+    for case, res in out["cases"].items():
+        print(f"{case} (forward {res['seconds']['forward']:.1f} s, backward "
+              f"{res['seconds']['backward']:.1f} s)\n{format_errors(res)}", file=sys.stderr)
+    print(json.dumps(out))
