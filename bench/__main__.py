@@ -145,13 +145,30 @@ def cmd_suite(argv: list[str]) -> int:
     configs = [compose(entry) for entry in suite]
     for config in configs:
         config.origin = f"suite:{name}"
+    from bench.records import RunFailed
     from bench.train import run
+    failed = []
     for i, (entry, config) in enumerate(zip(suite, configs), 1):
         print(f"[{i}/{len(configs)}] {' '.join(entry) or '(defaults)'}", flush=True)
-        record, path = run(config)
-        print(f"    gap {record['metrics']['bayes_gap']:.4f} "
-              f"[{record['metrics']['bayes_gap_ci'][0]:.4f}, {record['metrics']['bayes_gap_ci'][1]:.4f}]"
-              f" in {record['wall_time_s']:.0f} s -> {path}", flush=True)
+        try:
+            record, path = run(config)
+        except RunFailed as error:
+            if error.exit_code > 128:  # interrupted: the user wants the whole suite to stop
+                raise
+            # one run's failure (its record says why) does not cost the rest of the suite
+            print(f"    failed: {error.reason}" + (f" -> {error.path}" if error.path else ""),
+                  flush=True)
+            failed.append(i)
+            continue
+        if not path:  # a DDP rank other than 0: rank 0 reports
+            continue
+        lo, hi = record["metrics"]["bayes_gap_ci"]
+        print(f"    gap {record['metrics']['bayes_gap']:.4f} [{lo:.4f}, {hi:.4f}] in "
+              f"{record['wall_time_s']:.0f} s -> {path}", flush=True)
+    if failed:
+        print(f"error: {len(failed)} of {len(configs)} runs of suite {name} failed (entries "
+              f"{', '.join(map(str, failed))}); their failed records say why", file=sys.stderr)
+        return 1
     return 0
 
 

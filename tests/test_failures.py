@@ -268,3 +268,23 @@ def test_a_resumed_record_covers_the_whole_run(first_run, tmp_path, capsys):
     assert [v for _, v in curve] == pytest.approx([v for _, v in reference], rel=1e-5)
     # Wall times include the first part: 1000 s plus this process's few seconds.
     assert 1000 < record["train"]["wall_time_s"] <= record["wall_time_s"] < 1000 + 300
+
+
+def test_a_failed_suite_entry_does_not_stop_the_suite(tmp_path, monkeypatch, capsys):
+    """The first entry diverges (lr 1e30), the second runs: both records are written, the suite
+    ends with exit 1 and one error line naming the failed entry."""
+    import bench.config
+    tiny = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=32",
+            "trainer.bootstrap=200", "trainer.progress=false", "trainer.max_steps=4"]
+    monkeypatch.setattr(bench.config, "load_suite",
+                        lambda name: [["trainer.lr=1e30", *tiny], ["seed=1", *tiny]])
+    assert main(["suite", "name=leaderboard", f"out_dir={tmp_path}"]) == 1
+    captured = capsys.readouterr()
+    assert "failed: diverged at step" in captured.out
+    errors = captured.err.strip().splitlines()
+    assert errors == ["error: 1 of 2 runs of suite leaderboard failed (entries 1); their failed "
+                      "records say why"]
+    statuses = sorted(json.loads(p.read_text())["status"] for p in tmp_path.glob("*.json"))
+    assert statuses == ["failed", "ok"]
+    origins = {json.loads(p.read_text())["origin"] for p in tmp_path.glob("*.json")}
+    assert origins == {"suite:leaderboard"}
