@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from bench.config import ConfigError, choices, compose, describe_choice
+from bench.config import ConfigError, choices, compose, describe_choice, first_line
 
 COMMANDS = ("run", "references", "leaderboard", "speed", "suite", "list")
 OVERRIDES = ("  task=<name> model=<name> trainer=<name>   a file of conf/task, conf/model, conf/trainer\n"
@@ -83,12 +83,12 @@ def cmd_references(argv: list[str]) -> int:
     if n:
         argv = [*argv, f"trainer.eval_sequences={positive_int('n', n, low=2)}"]
     config = compose(argv)
-    from bench.evaluate import evaluate
+    from bench.evaluate import score_predictions
     from bench.report import print_metrics
     from bench.train import build
     task, _ = build(config)
-    result = evaluate(task, None, config.trainer.eval_sequences, config.trainer.eval_batch_size,
-                      config.trainer.bootstrap)
+    result = score_predictions(task, task.held_out(config.trainer.eval_sequences), None,
+                               config.trainer.bootstrap)
     print(f"task {config.task_name} {task.config_dict()}  ({len(task.references())} references, "
           f"{result['metrics']['sequences']} held-out sequences)")
     print_metrics(result["metrics"])
@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(arg in ("-h", "--help", "help") for arg in rest):
         print(USAGE[command])
         return 0
-    if any(arg.startswith("-") for arg in rest):
-        flag = next(arg for arg in rest if arg.startswith("-"))
+    flag = next((arg for arg in rest if arg.startswith("-")), None)
+    if flag is not None:
         return fail(f"unknown option '{flag}'; arguments are key=value (python -m bench "
                     f"{command} --help)")
     from bench.records import RunFailed
@@ -206,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # a bug, not a user error: one line unless asked for the trace
         if os.environ.get("BENCH_DEBUG"):
             raise
-        first = str(error).splitlines()[0] if str(error) else ""
-        print(f"error: internal error: {type(error).__name__}: {first} "
+        print(f"error: internal error: {type(error).__name__}: {first_line(error)} "
               "(BENCH_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
 

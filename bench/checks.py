@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from bench.config import first_line
+
 GIB = 2**30
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
@@ -140,7 +142,7 @@ def _footprint(config, model_config, task, budget: int | None) -> tuple[int, int
             model = build_model(config.model_family, model_config, io)
         except ValueError as error:
             raise CheckFailed(f"model {config.model_name} cannot be built for task "
-                              f"{config.task_name}: {_first_line(error)}") from None
+                              f"{config.task_name}: {first_line(error) or type(error).__name__}") from None
         params = sum(p.numel() for p in model.parameters())
         if budget is not None and 16 * params > budget:
             return params, 0
@@ -155,7 +157,7 @@ def _footprint(config, model_config, task, budget: int | None) -> tuple[int, int
                 model(inputs)
         except ValueError as error:
             raise CheckFailed(f"model {config.model_name} does not fit task {config.task_name}: "
-                              f"{_first_line(error)}") from None
+                              f"{first_line(error) or type(error).__name__}") from None
         except Exception:  # a data-dependent forward pass cannot run without data: no estimate
             saved = 0
         finally:
@@ -228,14 +230,9 @@ def check_run(config) -> None:
         task = task_families()[config.task_family](config.task, batch_size=config.trainer.batch_size,
                                                    seed=config.seed)
     except ValueError as error:
-        raise CheckFailed(f"task {config.task_name}: {_first_line(error)}") from None
+        raise CheckFailed(f"task {config.task_name}: {first_line(error) or type(error).__name__}") from None
     check_memory(config, task, device)
     check_out_dir(config.out_dir)
     if config.resume:  # a suite's entries are all checked before its first run
         from bench.train import check_resume
         check_resume(config)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error)
-    return text.splitlines()[0] if text else type(error).__name__

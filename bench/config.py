@@ -35,6 +35,12 @@ class ConfigError(ValueError):
     """A user error in the configuration; its message is one line."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message ("" when it has none): messages here are one line."""
+    text = str(error)
+    return text.splitlines()[0] if text.strip() else ""
+
+
 @dataclass
 class TrainerConfig:
     max_steps: int = 800
@@ -165,7 +171,7 @@ def _typed(group: str, name: str, schema_cls: type, values: dict, overrides: lis
     try:
         obj = OmegaConf.to_object(schema)
     except (ValueError, OmegaConfBaseException) as error:
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        message = first_line(error) or type(error).__name__
         raise ConfigError(f"{group} {name}: {message}") from None
     return obj
 

@@ -10,7 +10,6 @@ import math
 import torch
 from torch import Tensor
 
-from models.backbone import Backbone
 from tasks.base import Batch, Task
 
 
@@ -23,17 +22,6 @@ def gap_reference(task: Task) -> str:
             if ref.role == role:
                 return name
     raise ValueError(f"task {task.family} has neither a bayes nor a bound reference")
-
-
-@torch.no_grad()
-def model_predictions(model: Backbone, batch: Batch, batch_size: int) -> Tensor:
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    chunks = [model.predict(batch.inputs[i:i + batch_size].to(device)).double().cpu()
-              for i in range(0, len(batch), batch_size)]
-    model.train(was_training)
-    return torch.cat(chunks)
 
 
 def sequence_means(losses: Tensor, mask: Tensor) -> Tensor:
@@ -119,15 +107,6 @@ def score_predictions(task: Task, batch: Batch, model: Tensor | None, resamples:
     result["metrics"]["sequences"] = len(batch)
     result["metrics"]["scored_positions"] = int(batch.loss_mask.sum())
     return result
-
-
-def evaluate(task: Task, model: Backbone | None, sequences: int, batch_size: int,
-             resamples: int) -> dict:
-    """Held-out metrics of the model (if given; predicted here, on the model's device, outside
-    Lightning) and of every reference."""
-    batch = task.held_out(sequences)
-    predictions = None if model is None else model_predictions(model, batch, batch_size)
-    return score_predictions(task, batch, predictions, resamples)
 
 
 def is_suspicious(metrics: dict) -> bool:

@@ -24,7 +24,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
-from bench.config import ConfigError, RunConfig, TrainerConfig
+from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
 from bench.evaluate import score_predictions
 from bench.records import SCHEMA, RunFailed, new_run_id, provenance, write_record
 from models import build_model
@@ -158,12 +158,14 @@ class ICLModule(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = masked_loss(self.task, self.model(batch.inputs), batch)
-        self.train_device = str(loss.device)  # Lightning moves the model back to the CPU later
         self._stop_if_asked(loss)
         self.log("loss", loss, prog_bar=True, logger=False)  # the run log is RunLog's
         if self.global_step % self.config.log_every == 0:
             self.loss_curve.append((int(self.global_step), float(loss.detach())))
         return loss
+
+    def on_train_start(self) -> None:
+        self.train_device = str(self.device)  # Lightning moves the model back to the CPU later
 
     def _stop_if_asked(self, loss: Tensor) -> None:
         """Raise before the backward pass if the loss is not finite or a signal came. Under DDP
@@ -437,11 +439,6 @@ def quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error)
-    return text.splitlines()[0] if text.strip() else ""
-
-
 def _differences(saved, current, prefix: str) -> list[str]:
     """Dotted keys whose values differ between two nested dicts, with both values."""
     if isinstance(saved, dict) and isinstance(current, dict):
@@ -474,7 +471,7 @@ def check_resume(config: RunConfig) -> dict:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:  # unreadable, truncated, not a torch file: all one line
         raise ConfigError(f"resume: cannot read checkpoint '{path}': {type(error).__name__}: "
-                          f"{_first_line(error)}") from None
+                          f"{first_line(error)}") from None
     meta = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError(f"resume: '{path}' is not a checkpoint written by this runner "
@@ -509,7 +506,7 @@ def _failure(error: BaseException, signals: SignalGuard, step: int) -> tuple[str
     if signum is not None or isinstance(error, Interrupted):
         return (f"interrupted ({signal_name(signum)}) at step {step}",
                 128 + signum if signum is not None else 1)
-    return f"{type(error).__name__}: {_first_line(error)}".rstrip(": "), 1
+    return f"{type(error).__name__}: {first_line(error)}".rstrip(": "), 1
 
 
 def run(config: RunConfig) -> tuple[dict, str]:
@@ -579,7 +576,7 @@ def run(config: RunConfig) -> tuple[dict, str]:
                     path = str(write_record(config.out_dir, record))
                 except Exception as write_error:
                     reason += (f"; its failed record could not be written: "
-                               f"{type(write_error).__name__}: {_first_line(write_error)}")
+                               f"{type(write_error).__name__}: {first_line(write_error)}")
             raise RunFailed(reason, path, exit_code) from error
 
 

@@ -1,8 +1,18 @@
 """Suite-wide settings. One intra-op thread: the tensors here are small, and with more threads
 than idle cores torch's thread pool spins and is several times slower, not faster."""
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+def model_task_cases(tasks: dict[str, list[str]], only: dict[str, dict[str, list[str]]]):
+    """(model, task overrides) for every model config and every task kind of `tasks`; a model
+    named in `only` gets its own {kind: task overrides} instead (one that fits only some kinds)."""
+    from bench.config import choices
+    for model in choices("model"):
+        for kind, task_args in only.get(model, tasks).items():
+            yield pytest.param(model, task_args, id=f"{model}-{kind}")
 
 
 def fits_a_fixed_batch(model, kind: str, length: int, steps: int = 30) -> None:

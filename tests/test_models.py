@@ -3,27 +3,18 @@ predictions are causal, and the state size is reported."""
 import pytest
 import torch
 
-from bench.config import choices, compose
+from bench.config import compose
 from bench.train import build, masked_loss
+from conftest import model_task_cases
 from tasks.base import make_generator
 
 TASKS = {"tokens": ["task=markov", "task.seq_len=24"],
          "vectors": ["task=lgssm", "task.seq_len=24"]}
 # The constructed GD-SSM maps raw regression prompts to predictions; it has no token form.
-VECTOR_ONLY = {"gd_ssm_constructed": ["task=linreg_tokens", "task.seq_len=12"]}
+ONLY = {"gd_ssm_constructed": {"vectors": ["task=linreg_tokens", "task.seq_len=12"]}}
 
 
-def cases():
-    for model in choices("model"):
-        for kind, task_args in TASKS.items():
-            if model in VECTOR_ONLY:
-                if kind == "tokens":
-                    continue
-                task_args = VECTOR_ONLY[model]
-            yield pytest.param(model, task_args, id=f"{model}-{kind}")
-
-
-@pytest.mark.parametrize("model,task_args", list(cases()))
+@pytest.mark.parametrize("model,task_args", list(model_task_cases(TASKS, ONLY)))
 def test_step_causality_and_state(model, task_args):
     torch.manual_seed(0)
     task, net = build(compose([*task_args, f"model={model}"]))

@@ -30,6 +30,7 @@ from models import IOSpec, model_families
 from models.griffin import rotary, rotary_angles
 from models.ssd import ssd_chunked, ssd_sequential
 from models.transformer import causal_linear_attention_recurrent
+from conftest import model_task_cases
 from tasks.base import make_generator
 
 U = 2.0 ** -8  # unit roundoff of bfloat16
@@ -42,13 +43,7 @@ ONLY = {"gd_ssm_constructed": {"vectors": ["task=linreg_tokens"]}}
 TASKS = {"tokens": ["task=markov"], "vectors": ["task=lgssm"]}
 
 
-def cases():
-    for model in choices("model"):
-        for kind, task_args in ONLY.get(model, TASKS).items():
-            yield pytest.param(model, task_args, id=f"{model}-{task_args[0][5:]}")
-
-
-@pytest.mark.parametrize("model,task_args", list(cases()))
+@pytest.mark.parametrize("model,task_args", list(model_task_cases(TASKS, ONLY)))
 def test_bf16_autocast_forward_backward_is_finite_and_close_to_float32(model, task_args):
     torch.manual_seed(0)
     task, net = build(compose([*task_args, f"model={model}"]))
