@@ -161,7 +161,13 @@ class ICLModule(L.LightningModule):
         self._stop_if_asked(loss)
         self.log("loss", loss, prog_bar=True, logger=False)  # the run log is RunLog's
         if self.global_step % self.config.log_every == 0:
-            self.loss_curve.append((int(self.global_step), float(loss.detach())))
+            # the curve is the mean over ranks (each rank trained on its own batch); every rank
+            # reaches this step, so the collective cannot leave one waiting
+            mean = loss.detach()
+            if self.trainer.world_size > 1:
+                mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
+            self.logged_loss = float(mean)
+            self.loss_curve.append((int(self.global_step), self.logged_loss))
         return loss
 
     def on_train_start(self) -> None:
@@ -340,7 +346,7 @@ def make_logger(config: RunConfig, log_dir: str):
 class RunLog(L.Callback):
     """The training log: every `log_every` steps one row at that step, written at once (so a
     run that fails leaves the steps it did): `loss` (the step's training loss, as in the
-    record's loss curve), `lr` (the learning rate the step used), `steps_per_s` and
+    record's loss curve: the mean over ranks), `lr` (the learning rate the step used), `steps_per_s` and
     `tokens_per_s` (batch size x seq_len of all ranks per step) over the steps since the
     previous row, or since this process began training. A diverged step gets its row too (loss
     nan, no throughput). Rank 0 only. A resumed run continues the log from the checkpoint's
@@ -376,8 +382,7 @@ class RunLog(L.Callback):
         since_step, since_time = self._since
         steps, seconds = step + 1 - since_step, max(now - since_time, 1e-9)
         self._since = (step + 1, now)
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self._write({"loss": float(loss), "lr": self._lr, "steps_per_s": steps / seconds,
+        self._write({"loss": module.logged_loss, "lr": self._lr, "steps_per_s": steps / seconds,
                      "tokens_per_s": steps * self._tokens / seconds}, step)
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:

@@ -12,7 +12,8 @@ import torch
 
 from bench.__main__ import main
 from bench.config import compose
-from bench.train import build
+from bench.train import build, masked_loss
+from tasks.base import TRAIN_STREAM, make_generator
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=37",
@@ -108,5 +109,17 @@ def test_a_ddp_run_evaluates_on_both_ranks(tmp_path):
     assert record["status"] == "ok" and record["metrics"]["sequences"] == 37
     assert record["train"]["world_size"] == 2 and record["eval"]["world_size"] == 2
     assert record["eval"]["device"] == "cpu"
+    # the loss curve is the mean over ranks: at step 0 (weights as initialised) the mean of the
+    # losses of rank 0's and rank 1's batches
+    config = compose(["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
+                      *TINY])
+    task, model = build(config)
+    with torch.no_grad():
+        losses = [float(masked_loss(task, model(batch.inputs), batch)) for batch in (
+            task.sample(task.batch_size, make_generator(TRAIN_STREAM, 0, rank, 0))
+            for rank in (0, 1))]
+    assert record["train"]["loss_curve"][0][0] == 0
+    assert losses[0] != pytest.approx(losses[1], abs=1e-4)  # the ranks' batches differ
+    assert record["train"]["loss_curve"][0][1] == pytest.approx(sum(losses) / 2, abs=1e-5)
     assert pytest.approx(record["metrics"]["bayes_gap"], abs=1e-12) == (
         record["metrics"]["loss"]["model"] - record["metrics"]["loss"]["bayes"])
