@@ -83,12 +83,14 @@ def cmd_references(argv: list[str]) -> int:
     if n:
         argv = [*argv, f"trainer.eval_sequences={positive_int('n', n, low=2)}"]
     config = compose(argv)
+    from bench import reference_cache
     from bench.evaluate import score_predictions
     from bench.report import print_metrics
     from bench.train import build
     task, _ = build(config)
-    result = score_predictions(task, task.held_out(config.trainer.eval_sequences), None,
-                               config.trainer.bootstrap)
+    held_out, references = reference_cache.held_out_set(config, task)
+    references = reference_cache.complete(config, task, held_out, references)
+    result = score_predictions(task, held_out, None, config.trainer.bootstrap, references)
     print(f"task {config.task_name} {task.config_dict()}  ({len(task.references())} references, "
           f"{result['metrics']['sequences']} held-out sequences)")
     print_metrics(result["metrics"])

@@ -58,6 +58,7 @@ class TrainerConfig:
     eval_sequences: int = 512
     eval_batch_size: int = 128
     bootstrap: int = 2000  # bootstrap resamples for the confidence interval
+    reference_cache: bool = True  # held-out set + reference scores once per task config, in out_dir/cache
     log_every: int = 10
     checkpoint_every: int = 0  # steps between checkpoints; 0 = none
     progress: bool = True

@@ -6,6 +6,7 @@ bootstrap over sequences of those differences."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -46,17 +47,59 @@ def bootstrap_ci(values: Tensor, resamples: int, seed: int = 0, level: float = 0
     return [float(lo), float(hi)]
 
 
-def reference_predictions(task: Task, batch: Batch) -> dict[str, Tensor]:
-    return {name: ref.predict(batch).double().cpu() for name, ref in task.references().items()}
+def position_scores(task: Task, batch: Batch, prediction: Tensor,
+                    reference_probs: Tensor | None) -> dict[str, Tensor]:
+    """Per-position scores (B, T) of one predictor, zero where nothing is scored: `loss`, and for
+    tokens `correct` (top-1 hit) and `l1` (L1 distance to the gap reference's distribution
+    `reference_probs`). Everything later is a mean of these over positions and sequences."""
+    mask = batch.loss_mask.cpu().bool()
+    targets = batch.targets.cpu()
+    prediction = prediction.double().cpu()
+    # where(), not a product: an infinite loss at an unscored position must not become NaN
+    scores = {"loss": torch.where(mask, task.position_loss(prediction, targets), 0.0)}
+    if task.kind == "tokens":
+        scores["correct"] = (prediction.argmax(-1) == targets) & mask
+        l1 = (prediction.exp() - reference_probs.double()).abs().sum(-1)
+        scores["l1"] = torch.where(mask, l1, 0.0)
+    return scores
+
+
+@dataclass
+class ReferenceScores:
+    """What scoring needs of the references on a held-out set: each one's per-position scores and,
+    for tokens, the gap reference's distribution in float32 (for the model's L1 distance; float32
+    is ample for a distance between probabilities). Cached on disk (bench/reference_cache.py):
+    it is the same for every model."""
+
+    scores: dict[str, dict[str, Tensor]]
+    reference_probs: Tensor | None
+
+
+def reference_scores(task: Task, batch: Batch) -> ReferenceScores:
+    """Every reference's per-position scores on batch, computed from its predictions."""
+    refs = task.references()
+    reference = gap_reference(task)
+    best = refs[reference].predict(batch).double().cpu()
+    probs = best.exp() if task.kind == "tokens" else None
+    scores = {name: position_scores(task, batch, best if name == reference
+                                    else ref.predict(batch), probs)
+              for name, ref in refs.items()}
+    return ReferenceScores(scores, probs.float() if probs is not None else None)
 
 
 def score(task: Task, batch: Batch, predictions: dict[str, Tensor], resamples: int) -> dict:
-    """Metrics of every predictor in `predictions` (a "model" entry is optional) on batch."""
+    """Metrics of every predictor in `predictions` (the references, and optionally "model")."""
+    reference = gap_reference(task)
+    probs = predictions[reference].double().exp() if task.kind == "tokens" else None
+    return score_positions(task, batch, {name: position_scores(task, batch, pred, probs)
+                                         for name, pred in predictions.items()}, resamples)
+
+
+def score_positions(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor]],
+                    resamples: int) -> dict:
+    """Metrics of every predictor from its per-position scores (see position_scores)."""
     mask = batch.loss_mask.cpu().double()
-    targets = batch.targets.cpu()
-    # where(), not a product: an infinite loss at an unscored position must not become NaN
-    losses = {name: torch.where(mask.bool(), task.position_loss(pred, targets), 0.0)
-              for name, pred in predictions.items()}
+    losses = {name: s["loss"] for name, s in scores.items()}
     per_sequence = {name: sequence_means(loss, mask) for name, loss in losses.items()}
     reference = gap_reference(task)
     roles = {name: ref.role for name, ref in task.references().items()}
@@ -75,13 +118,11 @@ def score(task: Task, batch: Batch, predictions: dict[str, Tensor], resamples: i
     curves.update({f"gap.{name}": position_means(loss - losses[reference], mask)
                    for name, loss in losses.items() if name != reference})
     if task.kind == "tokens":
-        bayes_probs = predictions[reference].exp()
         metrics["accuracy"], metrics["l1_to_reference"] = {}, {}
-        for name, pred in predictions.items():
-            correct = (pred.argmax(-1) == targets).double()
-            l1 = (pred.exp() - bayes_probs).abs().sum(-1)
+        for name, s in scores.items():
+            correct = s["correct"].double()
             metrics["accuracy"][name] = float(sequence_means(correct, mask).mean())
-            metrics["l1_to_reference"][name] = float(sequence_means(l1, mask).mean())
+            metrics["l1_to_reference"][name] = float(sequence_means(s["l1"], mask).mean())
             curves[f"accuracy.{name}"] = position_means(correct, mask)
     if "model" in per_sequence:
         metrics["bayes_gap"] = metrics["gap"]["model"]
@@ -93,17 +134,20 @@ def score(task: Task, batch: Batch, predictions: dict[str, Tensor], resamples: i
     return {"metrics": metrics, "per_position": curves}
 
 
-def score_predictions(task: Task, batch: Batch, model: Tensor | None, resamples: int) -> dict:
-    """Held-out metrics of the model's predictions on batch (if given) and of every reference."""
-    predictions = reference_predictions(task, batch)
+def score_predictions(task: Task, batch: Batch, model: Tensor | None, resamples: int,
+                      references: ReferenceScores | None = None) -> dict:
+    """Held-out metrics of the model's predictions on batch (if given) and of every reference
+    (`references`: their scores when already known, e.g. from the cache)."""
+    references = references if references is not None else reference_scores(task, batch)
+    scores = dict(references.scores)
     if model is not None:
         if model.shape[:2] != batch.targets.shape[:2]:
             raise ValueError(f"model predictions of shape {tuple(model.shape)} for a held-out "
                              f"set of {tuple(batch.targets.shape)}")
         if not torch.isfinite(model).all():
             raise FloatingPointError("the model's held-out predictions are not finite")
-        predictions["model"] = model
-    result = score(task, batch, predictions, resamples)
+        scores["model"] = position_scores(task, batch, model, references.reference_probs)
+    result = score_positions(task, batch, scores, resamples)
     result["metrics"]["sequences"] = len(batch)
     result["metrics"]["scored_positions"] = int(batch.loss_mask.sum())
     return result

@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
 from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
+from bench import reference_cache
 from bench.evaluate import score_predictions
 from bench.records import SCHEMA, RunFailed, new_run_id, provenance, write_record
 from models import build_model
@@ -544,21 +545,31 @@ def run(config: RunConfig) -> tuple[dict, str]:
                 trainer.fit(module, datamodule=task, ckpt_path=config.resume or None)
             record["train"] = _train_summary(trainer, module, model)
             signals.check()  # a signal after the last training step
-            eval_start = time.perf_counter()
-            held_out = task.set_held_out(config.trainer.eval_sequences,
-                                         config.trainer.eval_batch_size)
+            clock = [time.perf_counter()]
+
+            def lap() -> float:
+                clock.append(time.perf_counter())
+                return clock[-1] - clock[-2]
+
+            held_out, references = reference_cache.held_out_set(config, task)
+            times = {"held_out": lap()}
             with signals.phase("raise"):
                 trainer.test(module, datamodule=task, verbose=False)
+            times["model"] = lap()
             if not trainer.is_global_zero:  # the record belongs to rank 0
                 return record, ""
-            result = score_predictions(task, held_out, module.test_predictions,
-                                       config.trainer.bootstrap)
-            record.update(result)
+            cached = references is not None
+            references = reference_cache.complete(config, task, held_out, references)
+            times["references"] = lap()
+            record.update(score_predictions(task, held_out, module.test_predictions,
+                                            config.trainer.bootstrap, references))
+            times["scoring"] = lap()
             # predicted under the training precision (autocast for *-mixed), as trained
             record["eval"] = {"device": module.eval_device, "world_size": trainer.world_size,
                               "precision": str(trainer.precision),
-                              "dtype": module.eval_dtype}
-            record["eval_time_s"] = time.perf_counter() - eval_start
+                              "dtype": module.eval_dtype, "references_cached": cached,
+                              "time_s": times}
+            record["eval_time_s"] = clock[-1] - clock[0]
             record["status"] = "ok"
             record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
             signals.mode = "defer"  # the record is written whole; a signal now waits for it

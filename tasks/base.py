@@ -179,9 +179,11 @@ class Task(L.LightningDataModule, abc.ABC):
         start = self.trainer.global_step if self.trainer is not None else 0
         return torch.utils.data.DataLoader(StepCounter(start), batch_size=None)
 
-    def set_held_out(self, n: int, batch_size: int) -> Batch:
-        """Fix the held-out set that `trainer.test` evaluates (`test_dataloader`); returns it."""
-        self.held_out_batch, self.eval_batch_size = self.held_out(n), batch_size
+    def set_held_out(self, n: int, batch_size: int, batch: Batch | None = None) -> Batch:
+        """Fix the held-out set that `trainer.test` evaluates (`test_dataloader`): `batch` when
+        given (the cached set), else held_out(n); returns it."""
+        self.held_out_batch = batch if batch is not None else self.held_out(n)
+        self.eval_batch_size = batch_size
         return self.held_out_batch
 
     def test_dataloader(self):

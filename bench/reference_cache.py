@@ -1,0 +1,109 @@
+"""The held-out set and its reference scores, computed once per task configuration.
+
+Every model of a task is scored on the same held-out sequences against the same references, so
+both are a function of the task alone: of its family and configuration, the number of held-out
+sequences, the code that samples and predicts (the `tasks` package and the scoring code) and the
+torch version (whose random streams draw the set). Those make the key; the file holds the
+held-out inputs, targets and mask (not the latent parameters: only the references need those,
+and their scores are in the file) and the references' per-position scores.
+
+Files live in <out_dir>/cache/references/, are written whole (a temporary file, then a rename)
+so that concurrent runs and interrupted ones never leave a partial file, and are recomputed when
+unreadable. Delete the folder to recompute everything."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+import tasks
+from bench import evaluate
+from bench.config import RunConfig
+from bench.evaluate import ReferenceScores, reference_scores
+from tasks.base import TEST_STREAM, Batch, Task
+
+FORMAT = "icl-bench/reference-cache/1"
+CACHE_DIR = os.path.join("cache", "references")  # under out_dir
+
+
+def _source_digest() -> str:
+    """A digest of the code the cached values depend on: every module of the `tasks` package
+    (samplers and references) and the scoring code."""
+    digest = hashlib.sha256()
+    files = sorted(Path(tasks.__file__).parent.glob("*.py")) + [Path(evaluate.__file__)]
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(task: Task, n: int) -> str:
+    description = {"format": FORMAT, "family": task.family, "config": task.config_dict(),
+                   "sequences": n, "split": TEST_STREAM, "torch": torch.__version__,
+                   "code": _source_digest()}
+    return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cache_path(out_dir: str, task: Task, n: int) -> Path:
+    return Path(out_dir) / CACHE_DIR / f"{task.family}-{cache_key(task, n)[:20]}.pt"
+
+
+def load(out_dir: str, task: Task, n: int) -> tuple[Batch, ReferenceScores] | None:
+    """The cached held-out set (without latent parameters) and reference scores, or None when
+    there is no usable file (missing, unreadable, or written for another key)."""
+    path = cache_path(out_dir, task, n)
+    if not path.is_file():
+        return None
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        if data.get("format") != FORMAT or data.get("key") != cache_key(task, n):
+            return None
+        batch = Batch(data["inputs"], data["targets"], data["loss_mask"])
+        return batch, ReferenceScores(data["scores"], data["reference_probs"])
+    except Exception:  # a damaged file is recomputed (and replaced) rather than trusted
+        return None
+
+
+def save(out_dir: str, task: Task, n: int, batch: Batch, references: ReferenceScores) -> Path:
+    """Write the cache file whole: a temporary file in the same folder, then an atomic rename."""
+    path = cache_path(out_dir, task, n)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, "key": cache_key(task, n), "inputs": batch.inputs.cpu(),
+            "targets": batch.targets.cpu(), "loss_mask": batch.loss_mask.cpu(),
+            "scores": references.scores, "reference_probs": references.reference_probs}
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(data, file)
+        os.chmod(temporary, 0o644)  # mkstemp makes it private; the cache is shared like records
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    return path
+
+
+def held_out_set(config: RunConfig, task: Task) -> tuple[Batch, ReferenceScores | None]:
+    """Fix the task's held-out set for Trainer.test: from the cache when it holds this task
+    configuration (then with the references' scores), else sampled (scores None)."""
+    n = config.trainer.eval_sequences
+    cached = load(config.out_dir, task, n) if config.trainer.reference_cache else None
+    batch = task.set_held_out(n, config.trainer.eval_batch_size,
+                              batch=cached[0] if cached else None)
+    return batch, cached[1] if cached else None
+
+
+def complete(config: RunConfig, task: Task, batch: Batch,
+             cached: ReferenceScores | None) -> ReferenceScores:
+    """The references' scores on the held-out set: the cached ones, or computed now (and then
+    cached, unless trainer.reference_cache=false)."""
+    if cached is not None:
+        return cached
+    references = reference_scores(task, batch)
+    if config.trainer.reference_cache:
+        save(config.out_dir, task, len(batch), batch, references)
+    return references

@@ -1,0 +1,85 @@
+"""The held-out set and reference scores are computed once per task configuration and reused:
+a cached evaluation gives exactly the scores a fresh one gives, and never a stale one."""
+import json
+
+import pytest
+import torch
+
+from bench import reference_cache
+from bench.__main__ import main
+from bench.config import compose
+from bench.evaluate import reference_scores, score_predictions
+from bench.train import build
+
+TINY = ["task.seq_len=16", "trainer.max_steps=3", "trainer.warmup_steps=1",
+        "trainer.eval_sequences=24", "trainer.bootstrap=100", "trainer.progress=false",
+        "trainer.logger=none"]
+
+
+@pytest.mark.parametrize("task", ["markov", "hmm", "linreg", "lgssm_colored"])
+def test_cached_scores_equal_fresh_ones(tmp_path, task):
+    config = compose([f"task={task}", f"out_dir={tmp_path}", *TINY])
+    fresh_task, model = build(config)
+    batch, cached = reference_cache.held_out_set(config, fresh_task)
+    assert cached is None  # nothing cached yet
+    references = reference_cache.complete(config, fresh_task, batch, None)
+    model_prediction = model.predict(batch.inputs).detach().double()
+    fresh = score_predictions(fresh_task, batch, model_prediction, 100, references)
+
+    again_task, _ = build(config)
+    again_batch, again = reference_cache.held_out_set(config, again_task)
+    assert again is not None and again_task.held_out_batch is again_batch
+    assert again_batch.latent == {}  # latent parameters are not stored: only the references use them
+    for field in ("inputs", "targets", "loss_mask"):
+        assert torch.equal(getattr(again_batch, field), getattr(batch, field))
+    reused = score_predictions(again_task, again_batch, model_prediction, 100, again)
+    assert reused == fresh  # every metric and curve, exactly
+
+
+def test_the_key_is_the_task_configuration_and_the_held_out_size(tmp_path):
+    def key(*overrides):
+        task, _ = build(compose([f"out_dir={tmp_path}", *overrides]))
+        return reference_cache.cache_key(task, 64)
+    assert key() == key("model=transformer", "seed=3", "trainer.lr=0.01")  # not the model's
+    assert key() != key("task.beta=0.5")
+    assert key() != key("task=hmm")
+    task, _ = build(compose([]))
+    assert reference_cache.cache_key(task, 64) != reference_cache.cache_key(task, 65)
+
+
+def test_a_change_of_the_task_code_invalidates_the_cache(tmp_path, monkeypatch):
+    config = compose([f"out_dir={tmp_path}", *TINY])
+    task, _ = build(config)
+    batch, _ = reference_cache.held_out_set(config, task)
+    reference_cache.complete(config, task, batch, None)
+    assert reference_cache.load(str(tmp_path), task, 24) is not None
+    monkeypatch.setattr(reference_cache, "_source_digest", lambda: "edited")
+    assert reference_cache.load(str(tmp_path), task, 24) is None
+
+
+def test_a_damaged_cache_file_is_recomputed_and_replaced(tmp_path):
+    config = compose([f"out_dir={tmp_path}", *TINY])
+    task, _ = build(config)
+    path = reference_cache.cache_path(str(tmp_path), task, 24)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a torch file")
+    batch, cached = reference_cache.held_out_set(config, task)
+    assert cached is None
+    reference_cache.complete(config, task, batch, None)
+    assert reference_cache.load(str(tmp_path), task, 24) is not None
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_runs_reuse_the_cache_and_report_it(tmp_path, capsys):
+    for _ in range(2):
+        assert main(["run", f"out_dir={tmp_path}", *TINY]) == 0
+    first, second = sorted((json.loads(p.read_text()) for p in tmp_path.glob("*.json")),
+                           key=lambda r: r["eval"]["references_cached"])
+    assert not first["eval"]["references_cached"] and second["eval"]["references_cached"]
+    assert set(second["eval"]["time_s"]) == {"held_out", "model", "references", "scoring"}
+    assert second["metrics"] == first["metrics"] and second["per_position"] == first["per_position"]
+    assert len(list((tmp_path / "cache" / "references").iterdir())) == 1
+    # off: nothing read, nothing written
+    other = tmp_path / "off"
+    assert main(["run", f"out_dir={other}", "trainer.reference_cache=false", *TINY]) == 0
+    assert not (other / "cache").exists()
