@@ -28,8 +28,11 @@ USAGE = {
                   "no training.\n" + OVERRIDES,
     "leaderboard": "python -m bench leaderboard [out_dir=results] [out=leaderboard.md] "
                    "[include=suite|all]\n  Rewrite the leaderboard from the run records in out_dir.",
-    "speed": "python -m bench speed [steps=20] [key=value ...]\n  Training-step throughput of the "
-             "configured model and throughput of the task's sampler and references.\n" + OVERRIDES,
+    "speed": "python -m bench speed [steps=20] [kernels=all|<kernel>] [precisions=all|<precision>] "
+             "[compile=all|on|off] [out=<file.json>] [key=value ...]\n  Training-step time of the "
+             "configured model for every SSD kernel, precision and compile setting that applies "
+             "here, the throughput of the task's sampler and references, and the share of a run "
+             "spent outside training.\n" + OVERRIDES,
     "suite": "python -m bench suite name=<suite> [shard=i/n] [key=value ...]\n  Every run of "
              "conf/suite/<suite>.yaml in turn; key=value overrides apply to every run.\n  suites: "
              + ", ".join(choices("suite")),
@@ -116,9 +119,38 @@ def cmd_leaderboard(argv: list[str]) -> int:
 def cmd_speed(argv: list[str]) -> int:
     argv, steps = take_option(argv, "steps", "20")
     steps = positive_int("steps", steps)
+    argv, kernels = take_option(argv, "kernels", "all")
+    argv, precisions = take_option(argv, "precisions", "all")
+    argv, compiles = take_option(argv, "compile", "all")
+    argv, out = take_option(argv, "out", "")
+    from bench.checks import PRECISIONS
+    from models.ssd import KERNELS
+    for key, value, allowed in (("kernels", kernels, ("all", *KERNELS)),
+                                ("precisions", precisions, ("all", *PRECISIONS)),
+                                ("compile", compiles, ("all", "on", "off"))):
+        if value not in allowed:
+            raise ConfigError(f"{key}: invalid value '{value}'; expected one of "
+                              f"{', '.join(allowed)}")
+    if out and not os.access(os.path.dirname(os.path.abspath(out)), os.W_OK):
+        raise ConfigError(f"out={out}: its folder does not exist or is not writable")
+    # A single chosen setting is also the run's: composed with it, it is validated like a run
+    # (kernel=mamba_ssm off CUDA, 16-mixed on the CPU, compile without a compiler are refused)
+    chosen = ([f"model.kernel={kernels}"] if kernels != "all" else []) + \
+        ([f"trainer.precision={precisions}"] if precisions != "all" else []) + \
+        ([f"trainer.compile={compiles == 'on'}"] if compiles != "all" else [])
     config = compose(argv)
+    if kernels != "all" and not hasattr(config.model, "kernel"):
+        raise ConfigError(f"kernels={kernels}: model {config.model_name} has no SSD kernel to "
+                          "choose")
+    config = compose([*argv, *chosen])
     from bench.speed import measure, print_speed
-    print_speed(measure(config, steps))
+    result = measure(config, steps, kernels, precisions, compiles,
+                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print_speed(result)
+    if out:
+        from bench.records import write_json
+        write_json(out, result)
+        print(f"written: {out}")
     return 0
 
 

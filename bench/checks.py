@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -61,6 +62,10 @@ def check_hardware(config) -> str:
     if device == "cpu" and t.precision == "16-mixed":
         raise CheckFailed("trainer.precision=16-mixed needs a CUDA GPU; on the CPU use "
                           "bf16-mixed or 32-true")
+    if t.compile and device == "cpu" and not any(
+            shutil.which(c) for c in (os.environ.get("CXX", "g++"), "c++", "clang++") if c):
+        raise CheckFailed("trainer.compile=true on the CPU needs a C++ compiler (torch.compile "
+                          "generates C++ there), and none is on PATH; install g++ or set CXX")
     world = world_size(config)
     if t.batch_size % world:
         raise CheckFailed(f"trainer.batch_size={t.batch_size} is the global batch and must split "

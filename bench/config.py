@@ -55,6 +55,7 @@ class TrainerConfig:
     num_nodes: int = 1
     strategy: str = "auto"  # auto | ddp | ddp_spawn | ddp_find_unused_parameters_true
     precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA) | 64-true
+    compile: bool = False  # torch.compile the model (training and evaluation); README "Compile"
     eval_sequences: int = 512
     eval_batch_size: int = 128
     bootstrap: int = 2000  # bootstrap resamples for the confidence interval

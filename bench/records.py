@@ -109,6 +109,22 @@ def write_record(out_dir: str | Path, record: dict) -> Path:
     return path
 
 
+def write_json(path: str | Path, value) -> Path:
+    """value as strict JSON at path, written whole (a temporary file beside it, then a rename);
+    an existing file is replaced."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(json_safe(value), f, indent=1, allow_nan=False)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def read_records(out_dir: str | Path) -> tuple[list[dict], list[tuple[str, str]]]:
     """The run records in out_dir (each with `_path`), and (path, reason) for every *.json file
     that is not one: not valid JSON, not a JSON object, or another schema. Callers report the

@@ -1,16 +1,64 @@
-"""Throughput of the training step of a configured run and of the task's sampler and oracle.
+"""Throughput of a configured run: the training step for every kernel, precision and compile
+setting that applies on this device, the task's sampler and references, and the share of a whole
+run spent outside training (held-out set, references, the model's evaluation, scoring).
 
-Timings exclude the first steps (allocation, lazy initialisation) and synchronise CUDA before
-reading the clock."""
+Timings exclude warm-up steps (allocation, lazy initialisation, compilation: its cost is reported
+separately as the first step's time) and synchronise CUDA before reading the clock. Mixed
+precision is timed as Lightning runs it: the forward pass and loss under torch.autocast (16-mixed
+adds Lightning's loss scaling, a few elementwise operations, which is left out here)."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import itertools
+import tempfile
 import time
 
 import torch
 
+from bench import reference_cache
 from bench.config import RunConfig
+from bench.evaluate import reference_scores, score_predictions
 from bench.train import build, masked_loss
 from tasks.base import TRAIN_STREAM, make_generator
+
+AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def speed_device(config: RunConfig) -> torch.device:
+    accelerator = config.trainer.accelerator
+    return torch.device("cuda" if accelerator in ("gpu", "cuda", "auto")
+                        and torch.cuda.is_available() else "cpu")
+
+
+def settings(config: RunConfig, device: torch.device, kernels: str, precisions: str,
+             compiles: str) -> list[dict]:
+    """The (kernel, precision, compile) settings to time: `all` means every one that applies
+    here (the mamba_ssm kernel on CUDA when it imports, 16-mixed on CUDA only); one value means
+    that one. A model without an SSD scan has kernel None."""
+    from models.ssd import mamba_ssm_available
+    has_kernel = hasattr(config.model, "kernel")
+    if not has_kernel:
+        kernel_list = [None]
+    elif kernels == "all":
+        kernel_list = ["torch"] + (["mamba_ssm"] if device.type == "cuda"
+                                   and mamba_ssm_available() else [])
+    else:
+        kernel_list = [kernels]
+    precision_list = (["32-true", "bf16-mixed"] + (["16-mixed"] if device.type == "cuda" else [])
+                      if precisions == "all" else [precisions])
+    compile_list = [False, True] if compiles == "all" else [compiles == "on"]
+    return [{"kernel": k, "precision": p, "compile": c}
+            for k, p, c in itertools.product(kernel_list, precision_list, compile_list)]
+
+
+def configured(config: RunConfig, setting: dict) -> RunConfig:
+    model = config.model
+    if setting["kernel"] is not None:
+        model = dataclasses.replace(model, kernel=setting["kernel"])
+    trainer = dataclasses.replace(config.trainer, precision=setting["precision"],
+                                  compile=setting["compile"])
+    return dataclasses.replace(config, model=model, trainer=trainer)
 
 
 def _sync(device: torch.device) -> None:
@@ -18,61 +66,159 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn, repeats: int, device: torch.device, warmup: int = 3) -> float:
-    """Seconds per call of fn, after warm-up calls."""
-    for _ in range(warmup):
+def _timed(fn, repeats: int, device: torch.device, warmup: int = 3) -> tuple[float, float]:
+    """(seconds of the first call, seconds per call after `warmup` calls)."""
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    first = time.perf_counter() - start
+    for _ in range(warmup - 1):
         fn()
     _sync(device)
     start = time.perf_counter()
     for _ in range(repeats):
         fn()
     _sync(device)
-    return (time.perf_counter() - start) / repeats
+    return first, (time.perf_counter() - start) / repeats
 
 
-def measure(config: RunConfig, steps: int = 20) -> dict:
-    accelerator = config.trainer.accelerator
-    device = torch.device("cuda" if accelerator in ("gpu", "cuda", "auto")
-                          and torch.cuda.is_available() else "cpu")
+def _autocast(precision: str, device: torch.device):
+    dtype = AUTOCAST.get(precision)
+    return (torch.autocast(device.type, dtype=dtype) if dtype is not None
+            else contextlib.nullcontext())
+
+
+def time_training(config: RunConfig, device: torch.device, steps: int) -> dict:
+    """ms/step of forward + backward + AdamW on one batch of the configured global size."""
     task, model = build(config)
     model.to(device)
+    batch = task.sample(config.trainer.batch_size,
+                        make_generator(TRAIN_STREAM, config.seed, 0, 0, device=device))
+    inputs = batch.inputs
+    if config.trainer.precision in ("64-true", "64"):
+        model.double()
+        inputs = inputs.double() if task.kind == "vectors" else inputs
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.trainer.lr, betas=(0.9, 0.95))
-    bs = config.trainer.batch_size
-    counter = iter(range(10**9))
-
-    def sample():
-        return task.sample(bs, make_generator(TRAIN_STREAM, config.seed, 0, next(counter),
-                                              device=device))
-
-    batch = sample()
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
-        loss = masked_loss(task, model(batch.inputs), batch)
+        with _autocast(config.trainer.precision, device):
+            loss = masked_loss(task, model(inputs), batch)
         loss.backward()
         optimizer.step()
 
-    step_s = _timed(train_step, steps, device)
-    sample_s = _timed(sample, max(3, steps // 4), device)
-    cpu_batch = batch.to("cpu")
-    oracles = {name: _timed(lambda r=ref: r.predict(cpu_batch), max(3, steps // 4),
-                            torch.device("cpu"))
-               for name, ref in task.references().items()}
-    tokens = bs * task.seq_len
-    return {"task": config.task_name, "model": config.model_name, "device": str(device),
-            "threads": torch.get_num_threads(), "batch_size": bs, "seq_len": task.seq_len,
-            "params": model.num_parameters(), "train_step_s": step_s,
-            "train_tokens_per_s": tokens / step_s, "train_steps_per_s": 1 / step_s,
-            "sampler_tokens_per_s": tokens / sample_s,
-            "oracle_tokens_per_s": {name: tokens / s for name, s in oracles.items()}}
+    first, step_s = _timed(train_step, steps, device)
+    return {"first_step_s": first, "step_s": step_s,
+            "tokens_per_s": config.trainer.batch_size * task.seq_len / step_s}
+
+
+def time_outside_training(config: RunConfig, device: torch.device) -> dict:
+    """Seconds of the evaluation of one run as bench/train.py does it: the held-out set, the
+    references (computed, and loaded from the cache), the model's predictions in evaluation
+    batches, and the scoring."""
+    task, model = build(config)
+    model.to(device)
+    n, size = config.trainer.eval_sequences, config.trainer.eval_batch_size
+    times = {}
+    start = time.perf_counter()
+    batch = task.held_out(n)
+    times["held_out"] = time.perf_counter() - start
+    start = time.perf_counter()
+    references = reference_scores(task, batch)
+    times["references"] = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as scratch:
+        reference_cache.save(scratch, task, n, batch, references)
+        start = time.perf_counter()
+        cached = reference_cache.load(scratch, task, n)
+        times["cache_load"] = time.perf_counter() - start
+    assert cached is not None
+    _sync(device)
+    start = time.perf_counter()
+    with torch.no_grad(), _autocast(config.trainer.precision, device):
+        prediction = torch.cat([model.predict(batch.inputs[i:i + size].to(device)).float().cpu()
+                                for i in range(0, n, size)])
+    _sync(device)
+    times["model"] = time.perf_counter() - start
+    start = time.perf_counter()
+    score_predictions(task, batch, prediction.double(), config.trainer.bootstrap, references)
+    times["scoring"] = time.perf_counter() - start
+    return times
+
+
+def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions: str = "all",
+            compiles: str = "off", progress=print) -> dict:
+    device = speed_device(config)
+    task, model = build(dataclasses.replace(
+        config, trainer=dataclasses.replace(config.trainer, compile=False)))
+    result = {"task": config.task_name, "model": config.model_name, "device": str(device),
+              "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                              else "cpu"),
+              "threads": torch.get_num_threads(), "batch_size": config.trainer.batch_size,
+              "seq_len": task.seq_len, "params": model.num_parameters(),
+              "torch": torch.__version__, "steps": steps, "training": []}
+    for setting in settings(config, device, kernels, precisions, compiles):
+        progress(f"timing {setting_label(setting)} ...")
+        result["training"].append({**setting, **time_training(configured(config, setting),
+                                                             device, steps)})
+    tokens = config.trainer.batch_size * task.seq_len
+    counter = itertools.count()
+
+    def sample():
+        task.sample(config.trainer.batch_size,
+                    make_generator(TRAIN_STREAM, config.seed, 0, next(counter), device=device))
+
+    result["sampler_tokens_per_s"] = tokens / _timed(sample, max(3, steps // 4), device)[1]
+    batch = task.sample(config.trainer.batch_size, make_generator(TRAIN_STREAM, config.seed, 0, 0))
+    result["reference_tokens_per_s"] = {
+        name: tokens / _timed(lambda r=ref: r.predict(batch), max(3, steps // 4),
+                              torch.device("cpu"))[1]
+        for name, ref in task.references().items()}
+    # The share of a run outside training, for the run as configured (its precision, compile
+    # and the model's own kernel setting)
+    progress("timing the evaluation of a run ...")
+    from models.ssd import resolve_kernel
+    kernel = getattr(config.model, "kernel", None)
+    run_setting = {"kernel": resolve_kernel(kernel, device) if kernel else None,
+                   "precision": config.trainer.precision, "compile": config.trainer.compile}
+    trained = next((t for t in result["training"]
+                    if all(t[k] == v for k, v in run_setting.items())), None) \
+        or {**run_setting, **time_training(config, device, steps)}
+    outside = time_outside_training(config, device)
+    training_s = config.trainer.max_steps * trained["step_s"] + trained["first_step_s"]
+    fresh = outside["held_out"] + outside["references"] + outside["model"] + outside["scoring"]
+    cached = outside["cache_load"] + outside["model"] + outside["scoring"]
+    result["run"] = {**run_setting, "max_steps": config.trainer.max_steps,
+                     "eval_sequences": config.trainer.eval_sequences, "training_s": training_s,
+                     "evaluation_s": outside,
+                     "outside_training_s": {"computed": fresh, "cached": cached},
+                     "share_outside_training": {"computed": fresh / (training_s + fresh),
+                                                "cached": cached / (training_s + cached)}}
+    return result
+
+
+def setting_label(setting: dict) -> str:
+    kernel = f"kernel={setting['kernel']} " if setting["kernel"] else ""
+    return f"{kernel}precision={setting['precision']} compile={'on' if setting['compile'] else 'off'}"
 
 
 def print_speed(r: dict) -> None:
-    print(f"{r['model']} on {r['task']} ({r['device']}, {r['threads']} threads): batch "
-          f"{r['batch_size']} x {r['seq_len']} positions, {r['params']} parameters")
-    print(f"  training   {r['train_tokens_per_s']:>12,.0f} tokens/s   "
-          f"{r['train_steps_per_s']:8.2f} steps/s   ({r['train_step_s'] * 1e3:.1f} ms/step, "
-          "forward + backward + AdamW)")
+    print(f"{r['model']} on {r['task']} ({r['device_name']}, {r['threads']} threads, torch "
+          f"{r['torch']}): batch {r['batch_size']} x {r['seq_len']} positions, {r['params']:,} "
+          f"parameters; {r['steps']} timed steps (forward + backward + AdamW)")
+    print(f"  {'kernel':<10} {'precision':<11} {'compile':<8} {'ms/step':>9} {'tokens/s':>12} "
+          f"{'first step':>11}")
+    for t in r["training"]:
+        print(f"  {t['kernel'] or '-':<10} {t['precision']:<11} {'on' if t['compile'] else 'off':<8} "
+              f"{t['step_s'] * 1e3:>9.1f} {t['tokens_per_s']:>12,.0f} {t['first_step_s']:>10.1f}s")
     print(f"  sampler    {r['sampler_tokens_per_s']:>12,.0f} tokens/s")
-    for name, rate in r["oracle_tokens_per_s"].items():
+    for name, rate in r["reference_tokens_per_s"].items():
         print(f"  {name:<10} {rate:>12,.0f} tokens/s   (reference, CPU float64)")
+    run = r["run"]
+    e, share = run["evaluation_s"], run["share_outside_training"]
+    print(f"  a run of {run['max_steps']} steps ({setting_label(run)}): training "
+          f"{run['training_s']:.1f} s; evaluation on {run['eval_sequences']} sequences: held-out "
+          f"set {e['held_out']:.2f} s, references {e['references']:.2f} s (cached: "
+          f"{e['cache_load']:.2f} s), model {e['model']:.2f} s, scoring {e['scoring']:.2f} s")
+    print(f"  share of the run outside training: {share['computed']:.1%} computing the "
+          f"references, {share['cached']:.1%} with them cached")

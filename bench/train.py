@@ -257,7 +257,11 @@ def build(config: RunConfig) -> tuple[Task, Backbone]:
         config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     torch.manual_seed(config.seed)  # parameter initialisation
-    return task, build_model(config.model_family, config.model, io)
+    model = build_model(config.model_family, config.model, io)
+    if config.trainer.compile:
+        # in place: parameter names (checkpoints) stay those of the eager model
+        model.compile()
+    return task, model
 
 
 LOG_ROOT = "logs"  # training logs: out_dir/logs/<run_id>/
@@ -567,6 +571,8 @@ def run(config: RunConfig) -> tuple[dict, str]:
             # predicted under the training precision (autocast for *-mixed), as trained
             record["eval"] = {"device": module.eval_device, "world_size": trainer.world_size,
                               "precision": str(trainer.precision),
+                              "compile": config.trainer.compile,
+                              "kernel": scan_kernels(model, module.eval_device),
                               "dtype": module.eval_dtype, "references_cached": cached,
                               "time_s": times}
             record["eval_time_s"] = clock[-1] - clock[0]
@@ -596,6 +602,16 @@ def run(config: RunConfig) -> tuple[dict, str]:
             raise RunFailed(reason, path, exit_code) from error
 
 
+def scan_kernels(model: Backbone, device: str) -> str | None:
+    """The SSD scan implementation(s) the model's Mamba mixers ran on `device` (torch, sequential,
+    mamba_ssm), "+"-joined if they differ; None for models without one."""
+    from models.mamba import Mamba2Mixer
+    from models.ssd import resolve_kernel
+    used = sorted({resolve_kernel(module.kernel, torch.device(device))
+                   for module in model.modules() if isinstance(module, Mamba2Mixer)})
+    return "+".join(used) or None
+
+
 def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone) -> dict:
     """The training part of the record, the resumed part of the run included."""
     return {"steps": int(trainer.global_step) if trainer is not None else 0,
@@ -603,4 +619,6 @@ def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone
             "device": getattr(module, "train_device", str(next(model.parameters()).device)),
             "world_size": trainer.world_size if trainer is not None else None,
             "precision": str(trainer.precision) if trainer is not None else None,
+            "compile": module.config.compile,
+            "kernel": scan_kernels(model, getattr(module, "train_device", "cpu")),
             "loss_curve": [list(point) for point in module.loss_curve]}

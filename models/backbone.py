@@ -69,7 +69,7 @@ class Backbone(nn.Module):
 
     def predict(self, inputs: Tensor) -> Tensor:
         """Predictions in the task contract's format: log-probabilities or vector means."""
-        out = self.forward(inputs)
+        out = self(inputs)  # through __call__: the compiled forward when compiled
         if self.io.kind == "tokens" and not getattr(self.core, "outputs_log_probs", False):
             out = torch.log_softmax(out.float(), dim=-1)
         return out

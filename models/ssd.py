@@ -255,18 +255,26 @@ def _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[Tensor
     return _call_mamba_chunk_scan(x, dt, A, B, C, D, initial_state, chunk_size)
 
 
+def resolve_kernel(kernel: str, device: torch.device,
+                   dtype: torch.dtype = torch.float32) -> str:
+    """The implementation `kernel` means for tensors on device: "auto" is the mamba_ssm kernel on
+    CUDA when it imports and supports the dtype, otherwise torch; the others are themselves."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown SSD kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    if kernel != "auto":
+        return kernel
+    fast = (device.type == "cuda" and dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and mamba_ssm_available())
+    return "mamba_ssm" if fast else "torch"
+
+
 def ssd_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
              initial_state: Tensor | None = None, chunk_size: int = 64,
              kernel: str = "auto") -> tuple[Tensor, Tensor]:
     """The SSD scan through the chosen implementation: "torch" (`ssd_chunked`), "sequential"
     (`ssd_sequential`, the oracle), "mamba_ssm" (the Triton kernel; CUDA only) or "auto" (the
     kernel on CUDA when it imports and the dtype is one it supports, otherwise torch)."""
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown SSD kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
-    if kernel == "auto":
-        fast = (x.is_cuda and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-                and mamba_ssm_available())
-        kernel = "mamba_ssm" if fast else "torch"
+    kernel = resolve_kernel(kernel, x.device, x.dtype)
     if kernel == "mamba_ssm":
         return _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size)
     if kernel == "sequential":

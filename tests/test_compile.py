@@ -1,0 +1,46 @@
+"""trainer.compile=true: the run trains and evaluates through torch.compile, predicts what the
+eager model predicts, keeps the eager parameter names, and the record says so. The record also
+names the SSD scan implementation a Mamba model ran."""
+import json
+
+import pytest
+import torch
+
+from bench.__main__ import main
+from bench.config import compose
+from bench.train import build, scan_kernels
+
+TINY = ["task.seq_len=16", "trainer.max_steps=3", "trainer.warmup_steps=1",
+        "trainer.eval_sequences=16", "trainer.eval_batch_size=16", "trainer.batch_size=16",
+        "trainer.bootstrap=100", "trainer.progress=false", "trainer.logger=none"]
+
+
+def test_a_compiled_run_predicts_what_the_eager_model_predicts(tmp_path):
+    # lstm: the model of the zoo whose graph compiles fastest on the CPU (~15 s)
+    overrides = ["model=lstm", *TINY]
+    compiled_task, compiled = build(compose([*overrides, "trainer.compile=true"]))
+    _, eager = build(compose(overrides))
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints interchange
+    inputs = compiled_task.held_out(16).inputs
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.predict(inputs), eager.predict(inputs),
+                                   rtol=1e-5, atol=1e-5)
+    assert main(["run", *overrides, "trainer.compile=true", f"out_dir={tmp_path}"]) == 0
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert record["status"] == "ok"
+    assert record["train"]["compile"] is True and record["eval"]["compile"] is True
+    assert record["train"]["kernel"] is None  # no SSD scan in an LSTM
+
+
+@pytest.mark.parametrize("kernel, used", [("auto", "torch"), ("torch", "torch"),
+                                          ("sequential", "sequential")])
+def test_the_record_names_the_scan_that_ran(kernel, used):
+    _, model = build(compose([f"model.kernel={kernel}", *TINY]))
+    assert scan_kernels(model, "cpu") == used
+
+
+def test_compile_without_a_cpp_compiler_is_a_config_error(monkeypatch, capsys):
+    import shutil
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert main(["run", "trainer.compile=true", "trainer.accelerator=cpu", *TINY]) == 2
+    assert "needs a C++ compiler" in capsys.readouterr().err

@@ -1,0 +1,54 @@
+"""python -m bench speed: one row per applicable (kernel, precision, compile) setting, and the
+share of a run outside training, consistent with its parts."""
+import json
+
+import pytest
+
+from bench.__main__ import main
+
+SMALL = ["steps=2", "task.seq_len=16", "trainer.batch_size=4", "trainer.max_steps=10",
+         "trainer.eval_sequences=8", "trainer.eval_batch_size=4", "trainer.bootstrap=50"]
+
+
+def test_speed_times_every_applicable_setting_and_the_run_outside_training(tmp_path, capsys):
+    out = tmp_path / "speed.json"
+    assert main(["speed", *SMALL, "compile=off", f"out={out}"]) == 0
+    result = json.loads(out.read_text())
+    # on the CPU: the torch scan (mamba_ssm needs CUDA), fp32 and bf16 (16-mixed needs CUDA)
+    assert [(t["kernel"], t["precision"], t["compile"]) for t in result["training"]] == [
+        ("torch", "32-true", False), ("torch", "bf16-mixed", False)]
+    for t in result["training"]:
+        assert t["step_s"] > 0 and t["tokens_per_s"] == pytest.approx(4 * 16 / t["step_s"])
+    run = result["run"]
+    e = run["evaluation_s"]
+    assert run["outside_training_s"]["computed"] == pytest.approx(
+        e["held_out"] + e["references"] + e["model"] + e["scoring"])
+    assert run["outside_training_s"]["cached"] == pytest.approx(
+        e["cache_load"] + e["model"] + e["scoring"])
+    for how in ("computed", "cached"):
+        outside = run["outside_training_s"][how]
+        assert run["share_outside_training"][how] == pytest.approx(
+            outside / (outside + run["training_s"]))
+    printed = capsys.readouterr().out
+    assert "share of the run outside training" in printed and "bf16-mixed" in printed
+
+
+def test_a_model_without_a_scan_has_no_kernel_column(tmp_path):
+    out = tmp_path / "speed.json"
+    assert main(["speed", *SMALL, "model=lstm", "compile=off", "precisions=32-true",
+                 f"out={out}"]) == 0
+    assert [t["kernel"] for t in json.loads(out.read_text())["training"]] == [None]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["kernels=mamba_ssm"], "runs only on a CUDA GPU"),
+    (["precisions=16-mixed"], "16-mixed needs a CUDA GPU"),
+    (["kernels=fast"], "kernels: invalid value 'fast'"),
+    (["compile=maybe"], "compile: invalid value 'maybe'"),
+    (["model=lstm", "kernels=torch"], "has no SSD kernel"),
+    (["out=/nonexistent/dir/s.json"], "not writable"),
+])
+def test_bad_speed_options_are_one_line_config_errors(args, message, capsys):
+    assert main(["speed", *SMALL, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
