@@ -168,7 +168,8 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
         task.sample(config.trainer.batch_size,
                     make_generator(TRAIN_STREAM, config.seed, 0, next(counter), device=device))
 
-    result["sampler_tokens_per_s"] = tokens / _timed(sample, max(3, steps // 4), device)[1]
+    sample_s = _timed(sample, max(3, steps // 4), device)[1]
+    result["sampler_tokens_per_s"] = tokens / sample_s
     batch = task.sample(config.trainer.batch_size, make_generator(TRAIN_STREAM, config.seed, 0, 0))
     result["reference_tokens_per_s"] = {
         name: tokens / _timed(lambda r=ref: r.predict(batch), max(3, steps // 4),
@@ -185,7 +186,8 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
                     if all(t[k] == v for k, v in run_setting.items())), None) \
         or {**run_setting, **time_training(config, device, steps)}
     outside = time_outside_training(config, device)
-    training_s = config.trainer.max_steps * trained["step_s"] + trained["first_step_s"]
+    # a run's step also samples its batch (on the device, before the forward pass)
+    training_s = config.trainer.max_steps * (trained["step_s"] + sample_s) + trained["first_step_s"]
     fresh = outside["held_out"] + outside["references"] + outside["model"] + outside["scoring"]
     cached = outside["cache_load"] + outside["model"] + outside["scoring"]
     result["run"] = {**run_setting, "max_steps": config.trainer.max_steps,
@@ -216,7 +218,8 @@ def print_speed(r: dict) -> None:
         print(f"  {name:<10} {rate:>12,.0f} tokens/s   (reference, CPU float64)")
     run = r["run"]
     e, share = run["evaluation_s"], run["share_outside_training"]
-    print(f"  a run of {run['max_steps']} steps ({setting_label(run)}): training "
+    print(f"  a run of {run['max_steps']} steps ({setting_label(run)}): training (sampling "
+          f"included) "
           f"{run['training_s']:.1f} s; evaluation on {run['eval_sequences']} sequences: held-out "
           f"set {e['held_out']:.2f} s, references {e['references']:.2f} s (cached: "
           f"{e['cache_load']:.2f} s), model {e['model']:.2f} s, scoring {e['scoring']:.2f} s")
