@@ -119,6 +119,7 @@ CASES = [
     ("range", ["run", "model=lstm", "model.d_model=0"], "lstm: d_model and n_layers"),
     ("range", ["run", "model=griffin", "model.window=-1"], "window >= 0"),
     ("range", ["run", "model=selective_ssm", "model.d_model=0"], "must be positive"),
+    ("range", ["run", "model=transformer", "model.d_ff=-1"], "d_ff must be >= 0"),
     ("range", ["references", "n=1"], "n: invalid value '1'; expected an integer >= 2"),
     ("range", ["speed", "steps=0"], "steps: invalid value '0'"),
     # -- enumerations
