@@ -156,6 +156,8 @@ CASES = [
      "l1_prediction needs a tokens task"),
     ("cross-field", ["run", "model=gd_ssm", "model.constructed=true", "model.n_layers=2"],
      "constructed=true is the paper's one-layer construction"),
+    ("cross-field", ["run", "model=mamba_lm14m", "task=lgssm"],
+     "cannot be built for task lgssm: tie_embeddings=true shares the token embedding"),
     ("cross-field", ["run", "model=mambazero", "model.tie_embeddings=true"],
      "the mambazero core maps inputs to predictions itself"),
     ("hardware", ["run", "trainer=ddp"], "no CUDA GPU is visible"),
