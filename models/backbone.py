@@ -8,10 +8,26 @@ output adapter gives next-token logits or a predicted vector. A core maps (B, T,
 number of floats it must carry to continue the sequence (recurrent state, or KV cache at the
 evaluated length). A core that needs the raw inputs (e.g. analytically constructed parameters)
 sets `owns_io = True` and then maps inputs to predictions itself.
+
+Options of the adapters are common to every architecture (`BackboneOptions`): each `Core`
+subclass's `Config` gets them appended as fields, so every model YAML and every `model.<field>=`
+override accepts them, type-checked like the family's own fields.
+
+- `tie_embeddings`: the output head reuses the token embedding matrix (decoder.weight IS
+  encoder.weight, one Parameter) and has no bias, as GPT-2 and mamba_ssm's language models do.
+  Only for `tokens` tasks whose input and output vocabularies are one (input_dim == output_dim).
+  The shared matrix starts N(0, 0.02²) like theirs (PyTorch's Embedding default, N(0, 1), would
+  make the initial logits of a tied head ~sqrt(d_model) wide). It is counted once by
+  `num_parameters()`. The state dict keeps both keys, `encoder.weight` and `decoder.weight`,
+  views of one storage (torch.save writes it once); loading copies into the shared Parameter,
+  refuses a state dict whose two matrices differ (an untied model's), accepts one that holds
+  only one of the two keys, and ties again after `load_state_dict(assign=True)`.
 """
 from __future__ import annotations
 
 import abc
+import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -29,9 +45,38 @@ class IOSpec:
     max_len: int  # longest sequence the model will see (learned positions, KV-cache size)
 
 
+@dataclass
+class BackboneOptions:
+    """Fields every family's `Config` gets (see `Core.__init_subclass__`)."""
+
+    tie_embeddings: bool = False  # head weight = token embedding, no head bias (tokens only)
+
+
+def with_backbone_options(config: type, owner: type) -> type:
+    """`config` with the BackboneOptions fields it lacks appended (after its own fields, so its
+    positional order is unchanged). The new class is a subclass of `config` (its checks in
+    __post_init__ still run) and is named `<Owner>.Config`, which is where pickle finds it."""
+    have = {f.name for f in dataclasses.fields(config)}
+    hints = typing.get_type_hints(BackboneOptions)
+    extra = [(f.name, hints[f.name], dataclasses.field(default=f.default))
+             for f in dataclasses.fields(BackboneOptions) if f.name not in have]
+    if not extra:
+        return config
+    augmented = dataclasses.make_dataclass(config.__name__, extra, bases=(config,),
+                                           frozen=config.__dataclass_params__.frozen)
+    augmented.__module__ = owner.__module__
+    augmented.__qualname__ = f"{owner.__qualname__}.Config"
+    augmented.__doc__ = config.__doc__
+    return augmented
+
+
 class Core(nn.Module, abc.ABC):
     """Base class of every architecture. Subclasses set the class attributes and implement
-    `__init__(config, io)`, `forward(x)` and `state_size(seq_len)`."""
+    `__init__(config, io)`, `forward(x)` and `state_size(seq_len)`.
+
+    A subclass's `Config` is replaced at class creation by a subclass of it that also has the
+    BackboneOptions fields: `Mamba.Config(tie_embeddings=True)` works, and `MambaConfig()`
+    (the class as written, without them) builds an untied model."""
 
     family: ClassVar[str]
     Config: ClassVar[type]  # dataclass; must have an int field `d_model`
@@ -42,6 +87,12 @@ class Core(nn.Module, abc.ABC):
         super().__init__()
         self.config = config
         self.io = io
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        config = cls.__dict__.get("Config")
+        if config is not None and dataclasses.is_dataclass(config):
+            cls.Config = with_backbone_options(config, cls)
 
     @abc.abstractmethod
     def state_size(self, seq_len: int) -> int:
@@ -56,11 +107,23 @@ class Backbone(nn.Module):
         super().__init__()
         self.io = io
         self.core = core
+        self.tied = bool(getattr(core.config, "tie_embeddings", False))
+        if self.tied:
+            check_tying(core, io)
         if not core.owns_io:
             d_model = core.config.d_model
             self.encoder = (nn.Embedding(io.input_dim, d_model) if io.kind == "tokens"
                             else nn.Linear(io.input_dim, d_model))
-            self.decoder = nn.Linear(d_model, io.output_dim)
+            if self.tied:
+                # GPT-2 / mamba_ssm: no head bias; the weight is the embedding's (no storage of
+                # its own is ever allocated for it).
+                self.decoder = nn.Linear(d_model, io.output_dim, bias=False, device="meta")
+                nn.init.normal_(self.encoder.weight, mean=0.0, std=0.02)
+                self.decoder.weight = self.encoder.weight
+                self.register_load_state_dict_pre_hook(_check_tied_state)
+                self.register_load_state_dict_post_hook(_retie)
+            else:
+                self.decoder = nn.Linear(d_model, io.output_dim)
 
     def forward(self, inputs: Tensor) -> Tensor:
         if self.core.owns_io:
@@ -78,4 +141,47 @@ class Backbone(nn.Module):
         return self.core.state_size(seq_len)
 
     def num_parameters(self) -> int:
+        """Parameters counted once each: a tied embedding/head matrix is one (parameters()
+        yields a shared Parameter once)."""
         return sum(p.numel() for p in self.parameters())
+
+
+def check_tying(core: Core, io: IOSpec) -> None:
+    """ValueError (one line) unless the head can share the token embedding."""
+    if core.owns_io:
+        raise ValueError(f"tie_embeddings=true needs the backbone's token embedding and head, but "
+                         f"the {core.family} core maps inputs to predictions itself")
+    if io.kind != "tokens" or io.input_dim != io.output_dim:
+        raise ValueError(f"tie_embeddings=true shares the token embedding with the output head: it "
+                         f"needs a tokens task with input_dim == output_dim, got a {io.kind} task "
+                         f"with input_dim={io.input_dim}, output_dim={io.output_dim}")
+
+
+def _check_tied_state(module: Backbone, state_dict: dict, prefix: str, local_metadata, strict,
+                      missing_keys, unexpected_keys, error_msgs) -> None:
+    """Before a tied Backbone loads: a state dict with only one of the two tied keys (a
+    deduplicated copy) gets the other; one whose two matrices differ is refused (it comes from
+    an untied model, and loading would keep whichever came last)."""
+    encoder, decoder = prefix + "encoder.weight", prefix + "decoder.weight"
+    if encoder in state_dict and decoder not in state_dict:
+        state_dict[decoder] = state_dict[encoder]
+    elif decoder in state_dict and encoder not in state_dict:
+        state_dict[encoder] = state_dict[decoder]
+    elif encoder in state_dict:
+        a, b = state_dict[encoder], state_dict[decoder]
+        # Compared unless they are one tensor (a saved tied model's two keys share a storage),
+        # cannot be compared (meta) or mismatch in shape (load_state_dict reports that itself).
+        one = a is b or (a.device == b.device and a.shape == b.shape and a.stride() == b.stride()
+                         and a.storage_offset() == b.storage_offset()
+                         and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+        if (not one and not a.is_meta and not b.is_meta and a.shape == b.shape
+                and not torch.equal(a, b.to(a.device, a.dtype))):
+            error_msgs.append(f"{encoder} and {decoder} differ, but this model ties them "
+                              f"(tie_embeddings=true): the state dict comes from an untied model")
+
+
+def _retie(module: Backbone, incompatible_keys) -> None:
+    """After loading: `load_state_dict(assign=True)` puts a Parameter of its own at each key;
+    the head shares the embedding's again."""
+    if module.decoder.weight is not module.encoder.weight:
+        module.decoder.weight = module.encoder.weight

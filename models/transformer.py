@@ -16,6 +16,9 @@ embedding and the head are the Backbone's adapters. Variants, all off by default
   without bias like the authors' code.
 - `window=w`: sliding-window attention; each position attends to the last w positions
   including itself (paper 002's local attention).
+- `d_ff=n`: MLP hidden width n instead of GPT-2's 4·d_model (paper 004 App. B.3: the small
+  transformer of the HMM character-text experiment has width 64 and "a feed-forward layer
+  [of] dimension 128").
 - `positions=False`: no learned positions, as in paper 004's linear transformer ("no positional
   encoding is used ... we rely solely on causal masking").
 """
@@ -38,7 +41,8 @@ class TransformerConfig:
     d_model: int = 16
     n_layers: int = 2
     n_heads: int = 1
-    mlp: bool = True  # GPT-2 MLP (d → 4d → d, GELU) after each attention
+    mlp: bool = True  # GPT-2 MLP (d → d_ff → d, GELU) after each attention
+    d_ff: int = 0  # hidden width of the MLP; 0 = GPT-2's 4·d_model
     attention: str = "softmax"  # "softmax" | "linear" (paper 004 App. B.1)
     qkv_conv: int = 0  # width of the causal depthwise conv on Q, K, V (paper 000 E.6); 0 = off
     window: int = 0  # sliding-window attention span including the query position; 0 = full causal
@@ -126,10 +130,11 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, d_model: int):
+    def __init__(self, d_model: int, d_ff: int = 0):
         super().__init__()
-        self.c_fc = nn.Linear(d_model, 4 * d_model)
-        self.c_proj = nn.Linear(4 * d_model, d_model)
+        hidden = d_ff or 4 * d_model
+        self.c_fc = nn.Linear(d_model, hidden)
+        self.c_proj = nn.Linear(hidden, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.c_proj(F.gelu(self.c_fc(x)))
@@ -144,7 +149,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         if config.mlp:
             self.ln_2 = nn.LayerNorm(config.d_model)
-            self.mlp = MLP(config.d_model)
+            self.mlp = MLP(config.d_model, config.d_ff)
         else:
             self.ln_2 = self.mlp = None
 
@@ -233,6 +238,8 @@ def validate(config: TransformerConfig) -> None:
     if config.qkv_conv < 0 or config.window < 0:
         raise ValueError(f"transformer: qkv_conv and window must be >= 0 (0 = off), got "
                          f"{config.qkv_conv}, {config.window}")
+    if config.d_ff < 0:
+        raise ValueError(f"transformer: d_ff must be >= 0 (0 = 4*d_model), got {config.d_ff}")
     if config.window > 0 and config.attention == "linear":
         raise ValueError("transformer: window > 0 is only defined for attention='softmax' (a "
                          "sliding window would break the linear attention's fixed-size state)")

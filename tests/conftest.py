@@ -6,13 +6,34 @@ import torch
 torch.set_num_threads(1)
 
 
+# Model presets sized for a GPU (paper 000 Table 5, 110M and 200M parameters): the CPU test
+# grids run them narrower and shallower, every switch as configured. Their full size is built
+# without storage in tests/test_lm_presets.py.
+CPU_SIZED = {"mamba_lm110m": ["model.d_model=64", "model.n_layers=2"],
+             "mamba_lm200m": ["model.d_model=64", "model.n_layers=2"]}
+
+
+def ties_embeddings(model: str) -> bool:
+    """Whether conf/model/<model>.yaml shares the token embedding with the head: such a preset
+    only fits token tasks."""
+    import yaml
+    from bench.config import CONF_DIR
+    values = yaml.safe_load((CONF_DIR / "model" / f"{model}.yaml").read_text()) or {}
+    return bool(values.get("tie_embeddings", False))
+
+
 def model_task_cases(tasks: dict[str, list[str]], only: dict[str, dict[str, list[str]]]):
-    """(model, task overrides) for every model config and every task kind of `tasks`; a model
-    named in `only` gets its own {kind: task overrides} instead (one that fits only some kinds)."""
+    """(model, overrides) for every model config and every task kind of `tasks`; a model named
+    in `only` gets its own {kind: task overrides} instead (one that fits only some kinds). A
+    tied-embedding preset gets the token kinds only; a CPU_SIZED preset its size overrides."""
     from bench.config import choices
     for model in choices("model"):
-        for kind, task_args in only.get(model, tasks).items():
-            yield pytest.param(model, task_args, id=f"{model}-{kind}")
+        cases = only.get(model, tasks)
+        if ties_embeddings(model):
+            cases = {kind: args for kind, args in cases.items() if kind == "tokens"}
+        for kind, task_args in cases.items():
+            yield pytest.param(model, [*task_args, *CPU_SIZED.get(model, [])],
+                               id=f"{model}-{kind}")
 
 
 def fits_a_fixed_batch(model, kind: str, length: int, steps: int = 30) -> None:

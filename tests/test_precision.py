@@ -30,7 +30,7 @@ from models import IOSpec, model_families
 from models.griffin import rotary, rotary_angles
 from models.ssd import ssd_chunked, ssd_sequential
 from models.transformer import causal_linear_attention_recurrent
-from conftest import model_task_cases
+from conftest import CPU_SIZED, model_task_cases
 from tasks.base import make_generator
 
 U = 2.0 ** -8  # unit roundoff of bfloat16
@@ -171,7 +171,8 @@ E2E_TASK = {"gd_ssm_constructed": ["task=linreg_tokens", "task.gd_steps=[1]"]}
 def test_bf16_mixed_run_end_to_end(model, tmp_path, capsys):
     task_args = E2E_TASK.get(model, ["task=markov"])
     task = task_args[0][5:]
-    assert main(["run", *task_args, f"model={model}", f"out_dir={tmp_path}", *TINY]) == 0
+    assert main(["run", *task_args, f"model={model}", *CPU_SIZED.get(model, []),
+                 f"out_dir={tmp_path}", *TINY]) == 0
     capsys.readouterr()
     record = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert record["status"] == "ok"

@@ -269,6 +269,26 @@ def test_yaml_lists_every_field_and_builds(yaml_name):
     assert model(torch.randn(2, 32, 2)).shape == (2, 32, 2)
 
 
+def test_mlp_width_d_ff():
+    """d_ff sets the MLP's hidden width (paper 004 App. B.3: FFN 128 at width 64); 0 keeps
+    GPT-2's 4·d_model."""
+    io = IOSpec("vectors", 3, 2, 16)
+    torch.manual_seed(0)
+    default = Transformer(TransformerConfig(d_model=64, n_heads=4, n_layers=2), io)
+    narrow = Transformer(TransformerConfig(d_model=64, n_heads=4, n_layers=2, d_ff=128), io)
+    assert default.h[0].mlp.c_fc.weight.shape == (256, 64)
+    for block in narrow.h:
+        assert block.mlp.c_fc.weight.shape == (128, 64) and block.mlp.c_fc.bias.shape == (128,)
+        assert block.mlp.c_proj.weight.shape == (64, 128)
+    count = lambda core: sum(p.numel() for p in core.parameters())
+    # per layer: c_fc (d×h + h) and c_proj (h×d), 128 hidden units fewer
+    assert count(default) - count(narrow) == 2 * (64 * 128 + 128 + 128 * 64)
+    x = torch.randn(2, 16, 64)
+    assert narrow(x).shape == (2, 16, 64)
+    with pytest.raises(ValueError, match="d_ff must be >= 0"):
+        TransformerConfig(d_ff=-1)
+
+
 def test_linear_transformer_yaml_matches_paper_004_size():
     """Paper 004 App. B.1: one layer, d = 16, ~4.1K parameters with 2-d observations."""
     values = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "linear_transformer.yaml"))
