@@ -411,14 +411,16 @@ def _load_hub(source: str, name: str, config: str | None, text_field: str, sampl
                   identity), ""
 
 
-def document_texts(dataset, sample_by: SampleBy, batch_rows: int = 256,
+def document_texts(dataset, sample_by: SampleBy, batch_rows: int | None = None,
                    max_chars: int | None = None) -> Iterator[list[str]]:
     """Batches of the split's text as it is tokenized: rows of a "line" corpus end with "\\n"
     (added where a row lacks it, e.g. the hub's empty WikiText lines), rows of a "paragraph"
     corpus are joined by a blank line, and "document" rows are left as they are (the tokenizer
     puts its end-of-document id between them). Empty documents are skipped. Stops after
     max_chars characters' worth of rows when given. dataset: a datasets.Dataset with a "text"
-    column, or any iterable of strings."""
+    column, or any iterable of strings. batch_rows: rows read at a time (default 16 documents,
+    e.g. books, or 4096 lines/paragraphs)."""
+    batch_rows = batch_rows or (16 if sample_by == "document" else 4096)
     if hasattr(dataset, "iter"):
         batches = (batch["text"] for batch in dataset.iter(batch_size=batch_rows))
     else:
@@ -638,11 +640,12 @@ def cache_paths(corpus: Corpus, split: str, tokenizer: TextTokenizer,
 
 def cached_tokens(corpus: Corpus, split: str, tokenizer: TextTokenizer,
                   cache_dir: str | os.PathLike, *, progress: bool = True,
-                  batch_bytes: int = 8 << 20) -> TokenSplit:
+                  batch_bytes: int = 1 << 20) -> TokenSplit:
     """The split tokenized, from the cache when it holds it, else tokenized once and cached.
 
-    Documents stream through in batches of about batch_bytes characters and their ids are
-    appended to a temporary file, so memory stays bounded whatever the corpus size; the
+    Documents stream through in batches of about batch_bytes characters (a tokenizers batch
+    holds ~50 bytes per character of text while it is encoded) and their ids are appended to a
+    temporary file, so memory stays bounded by the batch or the longest document; the
     temporary file becomes <split>.bin by an atomic rename and the sidecar <split>.json is
     written (atomically) last, so a cache with a sidecar is complete. On any error the
     temporary files are removed. Ranks that build the same cache at once each write their own

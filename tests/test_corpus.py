@@ -3,7 +3,6 @@ and n-gram baselines. No network: the hub is switched off for every test, and HF
 into tmp_path."""
 import json
 import math
-import os
 import time
 
 import numpy as np
@@ -175,6 +174,37 @@ def test_no_data_and_no_hub_fails_fast_with_one_line_naming_files_and_folder(tmp
     with pytest.raises(C.CorpusNotFound) as error:  # a label with neither data nor hub name
         C.load_splits("mystery", data_dir=tmp_path / "absent", hub=False)
     assert "mystery" in one_line(error) and "reachable" not in one_line(error)
+
+
+def test_hub_copy_is_loaded_online_and_reduced_to_its_text_column(tmp_path, monkeypatch):
+    """The hub path, with datasets.load_dataset standing in for the hub (no network here)."""
+    import datasets
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    calls = []
+
+    def fake_hub(name, config=None, cache_dir=None):
+        calls.append((name, config, huggingface_hub.constants.HF_HUB_OFFLINE))
+        return datasets.DatasetDict({s: datasets.Dataset.from_dict(
+            {"short_book_title": ["b"] * len(d), "text": d}) for s, d in DOCS.items()})
+    monkeypatch.setattr(datasets, "load_dataset", fake_hub)
+    corpus = C.load_splits("pg19", data_dir=tmp_path / "absent", hub=True)
+    assert calls == [("emozilla/pg19", None, False)]  # online inside
+    assert corpus.sample_by == "document" and corpus["test"].column_names == ["text"]
+    assert rows(corpus, "test") == TEST and "emozilla/pg19" in corpus.description
+
+    def unreachable(name, config=None, cache_dir=None):
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)\nmore")
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    with pytest.raises(C.CorpusNotFound) as error:
+        C.load_splits("wikitext-103", data_dir=tmp_path, hub=True)
+    message = one_line(error)
+    assert "Salesforce/wikitext, config wikitext-103-raw-v1" in message
+    assert "Couldn't reach" in message and "wiki.train.raw" in message
+    monkeypatch.setattr(datasets, "load_dataset", fake_hub)
+    C.load_splits("pg19", hub=False)  # offline: only HF's local cache, and the flag comes back
+    assert calls[-1] == ("emozilla/pg19", None, True) and not huggingface_hub.constants.HF_HUB_OFFLINE
 
 
 def test_hub_probe_honours_offline_variable(monkeypatch):
