@@ -129,8 +129,11 @@ class Corpus:
         return f"{_slug(self.name)}-{self.identity[:12]}"
 
 
-def load_splits(source: str, *, data_dir: str | os.PathLike | None = None,
-                data_files: Mapping[str, str | os.PathLike | Sequence[str | os.PathLike]] | None = None,
+PathLike = str | os.PathLike
+
+
+def load_splits(source: str, *, data_dir: PathLike | None = None,
+                data_files: Mapping[str, PathLike | Sequence[PathLike]] | None = None,
                 hub_name: str | None = None, hub_config: str | None = None,
                 text_field: str | None = None, sample_by: SampleBy | None = None,
                 splits: Sequence[str] = SPLITS, hub: bool | None = None,
@@ -172,7 +175,7 @@ def load_splits(source: str, *, data_dir: str | os.PathLike | None = None,
             raise CorpusNotFound(f"no {title} found: data_files names missing files: "
                                  f"{', '.join(missing)}")
         corpus = _load_files(source, files, text_field, sample_by, cache_dir,
-                             f"local files {', '.join(str(f) for fs in files.values() for f in fs)}")
+                             _describe_files(f for fs in files.values() for f in fs))
     elif data_dir is not None and Path(data_dir).is_dir():
         corpus = _load_dir(source, Path(data_dir), text_field, sample_by, cache_dir)
     elif data_dir is not None and Path(data_dir).is_file():
@@ -199,6 +202,13 @@ def load_splits(source: str, *, data_dir: str | os.PathLike | None = None,
     for split, dataset in corpus.splits.items():
         corpus.splits[split] = _text_column(dataset, text_field, title, split)
     return corpus
+
+
+def _describe_files(files: Iterable[Path]) -> str:
+    files = [f.resolve() for f in files]
+    if len(files) <= 3:
+        return "local files " + ", ".join(str(f) for f in files)
+    return f"{len(files)} local files under {os.path.commonpath(files)}"
 
 
 def _not_found_message(title: str, spec: CorpusSpec | None, data_dir, hub_name, hub_config) -> str:
@@ -307,8 +317,10 @@ def _load_files(source: str, files: dict[str, list[Path]], text_field: str, samp
             raise CorpusError(f"{bad}: unsupported file type; use .txt, .raw, .parquet, .jsonl "
                               f"or .json")
         if len(builders) > 1:
-            raise CorpusError(f"the {split} split mixes file types ({', '.join(sorted(builders))}"
-                              f"): {', '.join(p.name for p in paths)}")
+            examples = ", ".join(next(p.name for p in paths if BUILDERS[_suffix(p)] == b)
+                                 for b in sorted(builders))
+            raise CorpusError(f"the {split} split mixes file types ({examples}); keep one type "
+                              f"per split")
         by_builder.setdefault(builders.pop(), {})[split] = [str(p) for p in paths]
     loaded = {}
     for builder, data_files in by_builder.items():
@@ -934,8 +946,8 @@ class BigramModel:
 
     @property
     def description(self) -> str:
-        return (f"bigram of the training split, interpolated absolute discounting D={self.discount:g}"
-                f" with the add-{self.unigram.delta:g} unigram")
+        return (f"bigram of the training split, interpolated absolute discounting "
+                f"D={self.discount:g} with the add-{self.unigram.delta:g} unigram")
 
     def pair_counts(self, prev: np.ndarray, nxt: np.ndarray) -> np.ndarray:
         key = prev * self.vocab_size + nxt

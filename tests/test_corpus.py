@@ -12,7 +12,8 @@ from scipy import stats
 
 from tasks import corpus as C
 
-TRAIN = ["The first document.\nIt has two lines.\n", "Zweites Dokument: Grüße, naïve café ✓\n"]
+TRAIN = ["The first document.\nIt has two lines.\n",
+         "Zweites Dokument: Grüße, naïve café ✓\n"]
 VALID = ["A validation text 😀.\n"]
 TEST = ["Test one.\n", "Test two, the last.\n"]
 DOCS = {"train": TRAIN, "validation": VALID, "test": TEST}
@@ -204,7 +205,8 @@ def test_hub_copy_is_loaded_online_and_reduced_to_its_text_column(tmp_path, monk
     assert "Couldn't reach" in message and "wiki.train.raw" in message
     monkeypatch.setattr(datasets, "load_dataset", fake_hub)
     C.load_splits("pg19", hub=False)  # offline: only HF's local cache, and the flag comes back
-    assert calls[-1] == ("emozilla/pg19", None, True) and not huggingface_hub.constants.HF_HUB_OFFLINE
+    assert calls[-1] == ("emozilla/pg19", None, True)
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False
 
 
 def test_hub_probe_honours_offline_variable(monkeypatch):
@@ -292,7 +294,8 @@ def test_gpt2_loads_a_local_tokenizer_json(tmp_path):
     assert tok.name == "gpt2" and tok.vocab_size == reference.get_vocab_size()
     assert tok.eod_id == reference.token_to_id(C.EOT)
     text = "Grüße, the first document ✓"
-    assert list(tok.encode(text)) == reference.encode(text).ids and tok.decode(tok.encode(text)) == text
+    assert list(tok.encode(text)) == reference.encode(text).ids
+    assert tok.decode(tok.encode(text)) == text
 
 
 def test_gpt2_without_file_or_hub_is_one_line(tmp_path):
@@ -335,7 +338,8 @@ def test_byte_cache_is_built_once_then_reused(pydoc, tmp_path):
     tok = C.make_tokenizer("byte")
     tokens, meta = C.cached_tokens(corpus, "train", tok, tmp_path, progress=False)
     text = "".join(rows(corpus, "train"))
-    assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16 and not tokens.flags.writeable
+    assert isinstance(tokens, np.memmap) and not tokens.flags.writeable
+    assert tokens.dtype == np.uint16
     assert tok.decode(tokens) == text and sorted(rows(corpus, "train")) == docs["train"]
     assert meta["n_tokens"] == meta["n_bytes"] == len(text.encode("utf-8")) == len(tokens)
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == 256 and meta["tokenizer"] == "byte"
