@@ -182,11 +182,21 @@ def memory_estimate(config, task, params: int, activations: int) -> dict[str, in
     per_rank = t.batch_size // world_size(config)
     training = 16 * params + activations * per_rank // t.batch_size + per_rank * per_sequence
     predictors = len(task.references()) + 1
-    prediction = task.seq_len * task.output_dim * 8
+    eval_batch = t.eval_batch_size
+    if task.scoring == "perplexity":
+        # per-position losses only (float64, and the model's top-1 hits), and the logits of one
+        # chunk of an evaluation batch at a time (bench/train.py token_score_chunks)
+        from bench.evaluate import token_score_chunks
+        eval_batch = token_score_chunks(t.eval_batch_size, task.seq_len, task.output_dim)[0].stop
+        prediction = task.seq_len * 16
+        chunk_logits = 3 * 4 * eval_batch * task.seq_len * task.output_dim
+    else:
+        prediction = task.seq_len * task.output_dim * 8
+        chunk_logits = 0
     evaluation = (4 * params + t.eval_sequences * (per_sequence + 3 * predictors * prediction)
-                  + 16 * t.bootstrap * t.eval_sequences
+                  + 16 * t.bootstrap * t.eval_sequences + chunk_logits
                   # no_grad: about one layer's activations are alive at a time
-                  + activations * t.eval_batch_size // (t.batch_size * layers))
+                  + activations * eval_batch // (t.batch_size * layers))
     return {"training": training, "evaluation": evaluation}
 
 

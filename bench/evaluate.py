@@ -14,6 +14,13 @@ from torch import Tensor
 from tasks.base import Batch, Task
 
 
+def token_score_chunks(n: int, seq_len: int, vocab: int, floats: int = 1 << 28) -> list[slice]:
+    """Row slices of an evaluation batch whose logits hold at most `floats` floats (~1 GiB in
+    float32): a 50k-token vocabulary at T = 256 is 13M floats per sequence."""
+    rows = max(1, floats // max(1, seq_len * vocab))
+    return [slice(start, start + rows) for start in range(0, n, rows)]
+
+
 def gap_reference(task: Task) -> str:
     """The reference a model's gap is measured against: the exact Bayes predictor, or, for a
     task that has none, its clairvoyant bound (the record says which)."""
@@ -37,11 +44,15 @@ def position_means(values: Tensor, mask: Tensor) -> list[float | None]:
     return [float(m) if c > 0 else None for m, c in zip(means, counts)]
 
 
-def bootstrap_ci(values: Tensor, resamples: int, seed: int = 0, level: float = 0.95) -> list[float]:
-    """Percentile bootstrap interval for the mean of values (one value per sequence)."""
+def bootstrap_ci(values: Tensor, resamples: int, seed: int = 0, level: float = 0.95,
+                 weights: Tensor | None = None) -> list[float]:
+    """Percentile bootstrap interval for the mean of values (one value per sequence), or, with
+    weights, for the ratio sum(values) / sum(weights) (per-sequence loss sums over scored-token
+    counts: the per-token mean of perplexity), resampling sequences."""
     generator = torch.Generator().manual_seed(seed)
     index = torch.randint(len(values), (resamples, len(values)), generator=generator)
-    means = values[index].mean(1)
+    means = values[index].mean(1) if weights is None \
+        else values[index].sum(1) / weights[index].sum(1).clamp_min(1)
     tail = (1 - level) / 2
     lo, hi = torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=means.dtype))
     return [float(lo), float(hi)]
@@ -76,8 +87,13 @@ class ReferenceScores:
 
 
 def reference_scores(task: Task, batch: Batch) -> ReferenceScores:
-    """Every reference's per-position scores on batch, computed from its predictions."""
+    """Every reference's per-position scores on batch, computed from its predictions (or, for a
+    reference that gives per-position losses only, those)."""
     refs = task.references()
+    if task.scoring == "perplexity":
+        mask = batch.loss_mask.cpu().bool()
+        return ReferenceScores({name: {"loss": torch.where(mask, ref.loss(batch).double().cpu(), 0.0)}
+                                for name, ref in refs.items()}, None)
     reference = gap_reference(task)
     best = refs[reference].predict(batch).double().cpu()
     probs = best.exp() if task.kind == "tokens" else None
@@ -98,6 +114,8 @@ def score(task: Task, batch: Batch, predictions: dict[str, Tensor], resamples: i
 def score_positions(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor]],
                     resamples: int) -> dict:
     """Metrics of every predictor from its per-position scores (see position_scores)."""
+    if task.scoring == "perplexity":
+        return score_perplexity(task, batch, scores, resamples)
     mask = batch.loss_mask.cpu().double()
     losses = {name: s["loss"] for name, s in scores.items()}
     per_sequence = {name: sequence_means(loss, mask) for name, loss in losses.items()}
@@ -134,12 +152,50 @@ def score_positions(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor
     return {"metrics": metrics, "per_position": curves}
 
 
+def score_perplexity(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor]],
+                     resamples: int) -> dict:
+    """Metrics of a task without a Bayes predictor (text): per predictor, nats per scored token
+    (a per-token mean over the whole held-out set, as perplexity is defined), perplexity = its
+    exp, bits per UTF-8 byte, 95% bootstrap intervals over windows, the per-position loss curve;
+    top-1 accuracy where a predictor's scores have it (the model's)."""
+    mask = batch.loss_mask.cpu().double()
+    counts = mask.sum(1)
+    bytes_per_token = task.bytes_per_token()
+    metrics: dict = {"scoring": "perplexity", "gap_reference": None,
+                     "held_out_from_prior": task.held_out_from_prior,
+                     "roles": {name: ref.role for name, ref in task.references().items()},
+                     "loss": {}, "loss_ci": {}, "perplexity": {}, "perplexity_ci": {},
+                     "bits_per_byte": {}, "accuracy": {}, "bytes_per_token": bytes_per_token}
+    curves = {}
+    for name, s in scores.items():
+        sums = s["loss"].sum(1)
+        nats = float(sums.sum() / counts.sum())
+        lo, hi = bootstrap_ci(sums, resamples, weights=counts)
+        metrics["loss"][name], metrics["loss_ci"][name] = nats, [lo, hi]
+        metrics["perplexity"][name] = math.exp(nats)
+        metrics["perplexity_ci"][name] = [math.exp(lo), math.exp(hi)]
+        metrics["bits_per_byte"][name] = nats / math.log(2) / bytes_per_token
+        curves[f"loss.{name}"] = position_means(s["loss"], mask)
+        if "correct" in s:
+            metrics["accuracy"][name] = float((s["correct"].double() * mask).sum() / counts.sum())
+    metrics["task"] = task.summarize(batch, {n: s["loss"] for n, s in scores.items()})
+    return {"metrics": metrics, "per_position": curves}
+
+
 def score_predictions(task: Task, batch: Batch, model: Tensor | None, resamples: int,
-                      references: ReferenceScores | None = None) -> dict:
-    """Held-out metrics of the model's predictions on batch (if given) and of every reference
-    (`references`: their scores when already known, e.g. from the cache)."""
+                      references: ReferenceScores | None = None,
+                      model_scores: dict[str, Tensor] | None = None) -> dict:
+    """Held-out metrics of the model on batch (if given: its predictions, or for a perplexity
+    task its per-position `model_scores`) and of every reference (`references`: their scores
+    when already known, e.g. from the cache)."""
     references = references if references is not None else reference_scores(task, batch)
     scores = dict(references.scores)
+    if model_scores is not None:
+        if not torch.isfinite(model_scores["loss"]).all():
+            raise FloatingPointError("the model's held-out losses are not finite")
+        mask = batch.loss_mask.cpu().bool()
+        scores["model"] = {"loss": torch.where(mask, model_scores["loss"], 0.0),
+                           "correct": model_scores["correct"] & mask}
     if model is not None:
         if model.shape[:2] != batch.targets.shape[:2]:
             raise ValueError(f"model predictions of shape {tuple(model.shape)} for a held-out "

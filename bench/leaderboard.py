@@ -47,11 +47,15 @@ FIELDS = {("task", "name"): str, ("task", "config"): dict, ("model", "name"): st
           ("model", "config"): dict, ("trainer", "config"): dict, ("seed",): int,
           ("params",): int, ("state_size",): int, ("train", "steps"): int,
           ("train", "wall_time_s"): Real, ("metrics", "sequences"): int,
-          ("metrics", "gap_reference"): str, ("metrics", "gap_reference_role"): str,
-          ("metrics", "bayes_gap"): Real, ("metrics", "bayes_gap_ci"): list,
-          ("metrics", "relative_gap"): Real, ("metrics", "loss"): dict, ("metrics", "gap"): dict,
-          ("metrics", "gap_ci"): dict, ("metrics", "roles"): dict,
-          ("per_position", "gap.model"): list}
+          ("metrics", "loss"): dict, ("metrics", "roles"): dict}
+# ... and by the task's scoring: the Bayes gap, or perplexity (text, no Bayes predictor)
+SCORED_FIELDS = {
+    "gap": {("metrics", "gap_reference"): str, ("metrics", "gap_reference_role"): str,
+            ("metrics", "bayes_gap"): Real, ("metrics", "bayes_gap_ci"): list,
+            ("metrics", "relative_gap"): Real, ("metrics", "gap"): dict,
+            ("metrics", "gap_ci"): dict, ("per_position", "gap.model"): list},
+    "perplexity": {("metrics", "perplexity"): dict, ("metrics", "perplexity_ci"): dict,
+                   ("metrics", "bits_per_byte"): dict, ("per_position", "loss.model"): list}}
 STAMP = re.compile(r"--(\d{8}-\d{6})-[0-9a-f]+$")  # bench.records.new_run_id's time stamp
 
 
@@ -98,7 +102,11 @@ def code_label(commit: str | None, dirty: bool | None) -> str:
 def unusable(record: dict) -> str | None:
     """Why an `ok` record cannot be shown (missing or mistyped fields), or None."""
     bad = []
-    for keys, kind in FIELDS.items():
+    metrics = record.get("metrics")
+    scoring = metrics.get("scoring", "gap") if isinstance(metrics, dict) else "gap"
+    if scoring not in SCORED_FIELDS:
+        return f"unknown metrics.scoring '{scoring}'"
+    for keys, kind in {**FIELDS, **SCORED_FIELDS[scoring]}.items():
         value = record
         for key in keys:
             value = value.get(key) if isinstance(value, dict) else None
@@ -107,8 +115,12 @@ def unusable(record: dict) -> str | None:
     if bad:
         return f"missing or malformed {', '.join(bad)}"
     m = record["metrics"]
-    lacking = [name for name in [m["gap_reference"], *m["roles"]]
-               if not all(name in m[key] for key in ("loss", "gap", "gap_ci"))]
+    if scoring == "perplexity":
+        lacking = [name for name in ["model", *m["roles"]]
+                   if not all(name in m[key] for key in ("loss", "perplexity", "perplexity_ci"))]
+    else:
+        lacking = [name for name in [m["gap_reference"], *m["roles"]]
+                   if not all(name in m[key] for key in ("loss", "gap", "gap_ci"))]
     if lacking:
         return f"metrics lack the loss, gap or interval of {', '.join(sorted(set(lacking)))}"
     return None
@@ -301,10 +313,55 @@ def mean_curve(curves: list[list]) -> list:
     return out
 
 
+def perplexity_section(section: Section, figure: Path, figure_link: str) -> list[str]:
+    """A text task's section: perplexity (no Bayes predictor), its baselines, and the loss by
+    position (how much the context helps)."""
+    runs = [r for group in section.rows.values() for r in group]
+    newest = max(runs, key=lambda r: r["_age"])
+    metrics = newest["metrics"]
+    lines = [f"## {section.title}", "",
+             f"`{json.dumps(newest['task']['config'], sort_keys=True)}` — perplexity on "
+             f"{section.sequences} held-out windows ({metrics.get('bytes_per_token', 0):.2f} bytes "
+             "per token); no Bayes predictor exists for text, the references are baselines fit "
+             "on the training split.", "",
+             "| model | code | perplexity | 95% CI | nats/token | bits/byte | params | steps | "
+             "seeds | wall (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows, models = [], {}
+    for group in section.rows.values():
+        nats, half = across_seeds([r["metrics"]["loss"]["model"] for r in group])
+        lo, hi = ((math.exp(nats - half), math.exp(nats + half)) if half is not None
+                  else tuple(group[0]["metrics"]["perplexity_ci"]["model"]))
+        bpb = sum(r["metrics"]["bits_per_byte"]["model"] for r in group) / len(group)
+        wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
+        rows.append((nats, label_of(group[0]), code_label(*code_version(group[0])), group,
+                     f"{math.exp(nats):.2f} | [{lo:.2f}, {hi:.2f}]"
+                     f"{'' if half is None else ' (seeds)'} | {fmt(nats)} | {fmt(bpb, 3)} | "
+                     f"{group[0]['params']:,} | {group[0]['train']['steps']} | {len(group)} | "
+                     f"{wall:.0f} |"))
+    rows.sort(key=lambda row: (row[0], row[1], row[2]))
+    for _, label, code, group, cells in rows:
+        lines.append(f"| {label} | {code} | {cells}")
+        name = label if label not in models else f"{label} @ {code}"
+        models[name] = mean_curve([r["per_position"]["loss.model"] for r in group])
+    lines += ["", "| baseline | perplexity | 95% CI | nats/token | bits/byte |",
+              "|---|---|---|---|---|"]
+    references = {}
+    for name in sorted(metrics["roles"], key=lambda n: metrics["loss"][n]):
+        lo, hi = metrics["perplexity_ci"][name]
+        lines.append(f"| {name} | {metrics['perplexity'][name]:.2f} | [{lo:.2f}, {hi:.2f}] | "
+                     f"{fmt(metrics['loss'][name])} | {fmt(metrics['bits_per_byte'][name], 3)} |")
+        references[f"{name} (baseline)"] = newest["per_position"].get(f"loss.{name}", [])
+    plot_gaps(figure, f"{section.task}: loss by position", models, references, "nats/token")
+    lines += ["", f"![loss by position]({figure_link})", ""]
+    return lines
+
+
 def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
     runs = [r for group in section.rows.values() for r in group]
     newest = max(runs, key=lambda r: r["_age"])
     metrics = newest["metrics"]
+    if metrics.get("scoring") == "perplexity":
+        return perplexity_section(section, figure, figure_link)
     reference = metrics["gap_reference"]
     unit = "nats/token" if "accuracy" in metrics else "squared error per coordinate"
     lines = [f"## {section.title}", "",
@@ -381,7 +438,8 @@ def header(selection: Selection) -> list[str]:
             + "".join(f"; {note}" for note in notes) + "). Bayes gap = held-out loss of the "
             "model − loss of the task's exact Bayes predictor on the same sequences (or of its "
             "clairvoyant bound, where the table says `bound`). Relative gap = gap / reference "
-            "loss. State = floats carried to continue a sequence.", "",
+            "loss. State = floats carried to continue a sequence. Text tasks have no Bayes "
+            "predictor: their sections show perplexity beside n-gram baselines.", "",
             "A section is one task config on one held-out set (task name + config + number of "
             "held-out sequences): gaps on different held-out sets are never pooled. A row pools "
             "distinct seeds of one model config and training budget run with one code version "

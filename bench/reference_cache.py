@@ -44,7 +44,7 @@ def _source_digest() -> str:
 def cache_key(task: Task, n: int) -> str:
     description = {"format": FORMAT, "family": task.family, "config": task.config_dict(),
                    "sequences": n, "split": TEST_STREAM, "torch": torch.__version__,
-                   "code": _source_digest()}
+                   "code": _source_digest(), "data": task.cache_identity()}
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -4,7 +4,23 @@ from __future__ import annotations
 from bench.evaluate import fmt, is_suspicious
 
 
+def print_perplexity_metrics(metrics: dict) -> None:
+    print(f"{'predictor':<22}{'role':<10}{'nats/token':>11}{'perplexity':>12}"
+          f"{'95% CI':>20}{'bits/byte':>11}{'top-1':>8}")
+    names = (["model"] if "model" in metrics["loss"] else []) + sorted(
+        (n for n in metrics["loss"] if n != "model"), key=lambda n: metrics["loss"][n])
+    for name in names:
+        lo, hi = metrics["perplexity_ci"][name]
+        print(f"{name:<22}{metrics['roles'].get(name, 'trained'):<10}"
+              f"{fmt(metrics['loss'][name]):>11}{metrics['perplexity'][name]:>12.2f}"
+              f"{f'[{lo:.2f}, {hi:.2f}]':>20}{fmt(metrics['bits_per_byte'][name], 3):>11}"
+              f"{fmt(metrics['accuracy'].get(name), 3):>8}")
+    print("(no Bayes predictor for text: the references are baselines fit on the training split)")
+
+
 def print_metrics(metrics: dict) -> None:
+    if metrics.get("scoring") == "perplexity":
+        return print_perplexity_metrics(metrics)
     reference = metrics["gap_reference"]
     tokens = "accuracy" in metrics
     header = f"{'predictor':<22}{'role':<10}{'loss':>9}{'gap':>9}{'95% CI of gap':>22}"
@@ -55,6 +71,12 @@ def print_run(record: dict, path: str) -> None:
           f"steps in {record['train']['wall_time_s']:.1f} s ({record['train']['device']}), "
           f"{record['params']} parameters, state {record['state_size']} floats")
     print_metrics(m)
+    if m.get("scoring") == "perplexity":
+        lo, hi = m["perplexity_ci"]["model"]
+        print(f"perplexity {m['perplexity']['model']:.2f} [{lo:.2f}, {hi:.2f}] on "
+              f"{m['scored_positions']:,} tokens; total wall {record['wall_time_s']:.1f} s")
+        print(f"record: {path}")
+        return
     lo, hi = m["bayes_gap_ci"]
     print(f"Bayes gap {m['bayes_gap']:.4f} [{lo:.4f}, {hi:.4f}]  "
           f"(relative {m['relative_gap']:.2%}); total wall {record['wall_time_s']:.1f} s")

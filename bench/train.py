@@ -26,7 +26,7 @@ from torch import Tensor
 
 from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
 from bench import reference_cache
-from bench.evaluate import score_predictions
+from bench.evaluate import score_predictions, token_score_chunks
 from bench.records import SCHEMA, RunFailed, new_run_id, provenance, write_record
 from models import build_model
 from models.backbone import Backbone, IOSpec
@@ -197,23 +197,41 @@ class ICLModule(L.LightningModule):
     # --- evaluation: Trainer.test on the training device, one shard of the held-out set per rank
     def on_test_epoch_start(self) -> None:
         # CatMetric gathers shards of unequal length from every rank when computed; NaNs are
-        # kept (a non-finite prediction is reported, never dropped)
+        # kept (a non-finite prediction is reported, never dropped). Gap tasks gather the
+        # predictions (scored on the CPU against the references' distributions); perplexity
+        # tasks, whose predictions over a large vocabulary would not fit, gather per-position
+        # scores computed here.
+        fields = ("index", "prediction") if self.task.scoring == "gap" \
+            else ("index", "loss", "correct")
         self.gathered = torch.nn.ModuleDict({
-            "index": torchmetrics.CatMetric(nan_strategy="disable"),
-            "prediction": torchmetrics.CatMetric(nan_strategy="disable")}).to(self.device)
+            name: torchmetrics.CatMetric(nan_strategy="disable")
+            for name in fields}).to(self.device)
 
     def test_step(self, batch: tuple[Tensor, Batch], batch_idx: int) -> None:
         index, held_out = batch
-        prediction = self.model.predict(held_out.inputs)  # under the training precision
+        self.gathered["index"].update(index.float())  # float32 counts exactly up to 2^24
+        if self.task.scoring == "gap":
+            prediction = self.model.predict(held_out.inputs)  # under the training precision
+            self.gathered["prediction"].update(prediction.float())
+        else:
+            for rows in token_score_chunks(len(held_out), held_out.inputs.shape[1],
+                                           self.task.output_dim):
+                prediction = self.model.predict(held_out.inputs[rows])
+                targets = held_out.targets[rows]
+                loss = -prediction.float().gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+                self.gathered["loss"].update(loss)
+                self.gathered["correct"].update((prediction.argmax(-1) == targets).float())
         self.eval_device = str(prediction.device)
         self.eval_dtype = str(prediction.dtype).removeprefix("torch.")
-        self.gathered["index"].update(index.float())  # float32 counts exactly up to 2^24
-        self.gathered["prediction"].update(prediction.float())
 
     def on_test_epoch_end(self) -> None:
-        index = self.gathered["index"].compute().long()
-        prediction = self.gathered["prediction"].compute()
-        self.test_predictions = prediction[index.argsort()].double().cpu()
+        computed = {name: metric.compute() for name, metric in self.gathered.items()}
+        order = computed.pop("index").long().argsort()
+        if self.task.scoring == "gap":
+            self.test_predictions = computed["prediction"][order].double().cpu()
+        else:
+            self.test_scores = {"loss": computed["loss"][order].double().cpu(),
+                                "correct": computed["correct"][order].bool().cpu()}
         del self.gathered
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -565,8 +583,9 @@ def run(config: RunConfig) -> tuple[dict, str]:
             cached = references is not None
             references = reference_cache.complete(config, task, held_out, references)
             times["references"] = lap()
-            record.update(score_predictions(task, held_out, module.test_predictions,
-                                            config.trainer.bootstrap, references))
+            record.update(score_predictions(
+                task, held_out, getattr(module, "test_predictions", None),
+                config.trainer.bootstrap, references, getattr(module, "test_scores", None)))
             times["scoring"] = lap()
             # predicted under the training precision (autocast for *-mixed), as trained
             record["eval"] = {"device": module.eval_device, "world_size": trainer.world_size,

@@ -73,12 +73,15 @@ class Batch:
 
 @dataclass(frozen=True)
 class Reference:
-    """A reference predictor: maps a Batch to predictions in the task's prediction format."""
+    """A reference predictor: `predict` maps a Batch to predictions in the task's prediction
+    format. Where full predictions are too large to hold (text: a 50k-token vocabulary), `loss`
+    maps it to the per-position loss (B, T) instead (float64, 0 where unscored)."""
 
     name: str
     role: Role
     description: str
-    predict: Callable[[Batch], Tensor]
+    predict: Callable[[Batch], Tensor] | None = None
+    loss: Callable[[Batch], Tensor] | None = None
 
 
 class StepCounter(torch.utils.data.IterableDataset):
@@ -104,6 +107,9 @@ class Task(L.LightningDataModule, abc.ABC):
     kind: ClassVar[Kind]
     Config: ClassVar[type]  # a dataclass: the task's typed, defaulted parameters
     description: ClassVar[str]
+    # "gap": scored against a bayes/bound reference (the Bayes gap); "perplexity": a task with
+    # no Bayes predictor (text), scored by perplexity, its references labelled baselines
+    scoring: ClassVar[str] = "gap"
 
     def __init__(self, config=None, *, batch_size: int = 32, seed: int = 0):
         super().__init__()
@@ -170,6 +176,11 @@ class Task(L.LightningDataModule, abc.ABC):
         """The fixed evaluation set: sampled on the CPU from a seed that depends only on the split,
         so every model (and every device) is scored on the same sequences."""
         return self.sample(n, make_generator(split, 0))
+
+    def cache_identity(self) -> dict:
+        """What the held-out set and reference scores depend on beyond the config and the code
+        (bench/reference_cache.py), e.g. the files of a text corpus. Nothing for synthetic tasks."""
+        return {}
 
     def config_dict(self) -> dict:
         return dataclasses.asdict(self.config)

@@ -156,7 +156,7 @@ def load_splits(source: str, *, data_dir: PathLike | None = None,
     hf_cache_dir: where `datasets` keeps its Arrow copies (default: its own cache).
     """
     spec = CORPORA.get(source)
-    title = spec.title if spec else source
+    title = spec.title if spec else f"corpus '{source}'"
     hub_name = hub_name or (spec.hub_name if spec else None)
     hub_config = hub_config or (spec.hub_config if spec else None)
     text_field = text_field or (spec.text_field if spec else "text")

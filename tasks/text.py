@@ -1,0 +1,207 @@
+"""Language modelling on a text corpus: WikiText-103, PG-19, or any local text (paper 000 §5.2,
+Tables 1, 4, 5).
+
+Training windows of seq_len + 1 tokens are drawn at uniform positions of the training split's
+token cache, from the (seed, rank, step) generator like every task's batches; the held-out set
+is the evaluation split (task.eval_split) cut into windows (non-overlapping by default, strided
+with task.eval_stride), every token scored once. There is no Bayes predictor for text: the
+references are labelled baselines fit on the training split (unigram, bigram, an in-context
+unigram cache), the record reports perplexity, nats per token and bits per byte, and the
+leaderboard shows perplexity for these sections.
+
+The corpus is found, tokenized and cached by tasks/corpus.py. Finding it happens when the task
+is built (so a missing corpus is a one-line configuration error before anything runs);
+tokenizing happens once, in `prepare_data` (rank 0) or on first use, into a memory-mapped cache
+under task.cache_dir."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from tasks import corpus as text_corpus
+from tasks.base import Batch, Reference, Task
+
+TOKENIZER_VOCAB = {"gpt2": 50257, "byte": 256}
+# Corpora found in this process, by what finds them: a suite's entries and the checks made
+# before a run share one load instead of reading the files again.
+_FOUND: dict[tuple, text_corpus.Corpus] = {}
+
+
+@dataclass
+class TextConfig:
+    corpus: str = "wikitext-103"  # wikitext-103 | wikitext-2 | pg19 | any label for local data
+    data_dir: str = "data/wikitext-103"  # local files (read first); "" = the hub only
+    hub_name: str = ""  # overrides the corpus's hub dataset ("" = its default)
+    hub_config: str = ""
+    text_field: str = "text"  # the column of parquet/jsonl files that holds the text
+    sample_by: str = ""  # document | line | paragraph: what a row of a .txt is ("" = the corpus's)
+    tokenizer: str = "gpt2"  # gpt2 | byte | bpe
+    tokenizer_file: str = ""  # gpt2: a local tokenizer.json ("" = the hub's)
+    bpe_vocab_size: int = 8192  # bpe: trained on the training split, cached beside the tokens
+    cache_dir: str = ""  # token cache ("" = <data_dir>/cache, or ~/.cache/icl-bench/text)
+    seq_len: int = 256
+    eval_split: str = "validation"  # validation | test
+    eval_stride: int = 0  # 0 = seq_len: non-overlapping windows; smaller: strided perplexity
+    eval_windows: int = 0  # 0 = the whole split; else that many windows evenly spaced over it
+    cache_lambda: float = 0.1  # weight of the in-context counts in the unigram-cache baseline
+    progress: bool = True  # progress bars while tokenizing
+
+    def __post_init__(self):
+        if self.tokenizer not in ("gpt2", "byte", "bpe"):
+            raise ValueError(f"tokenizer must be gpt2, byte or bpe, got '{self.tokenizer}'")
+        if self.sample_by not in ("", "document", "line", "paragraph"):
+            raise ValueError(f"sample_by must be document, line or paragraph, got "
+                             f"'{self.sample_by}'")
+        if self.eval_split not in ("validation", "test"):
+            raise ValueError(f"eval_split must be validation or test, got '{self.eval_split}'")
+        if self.seq_len < 1 or self.eval_stride < 0 or self.eval_windows < 0:
+            raise ValueError("seq_len must be >= 1, eval_stride and eval_windows >= 0")
+        if self.eval_stride > self.seq_len:
+            raise ValueError(f"eval_stride={self.eval_stride} exceeds seq_len={self.seq_len}")
+        if self.tokenizer == "bpe" and not 257 <= self.bpe_vocab_size <= 1 << 20:
+            raise ValueError(f"bpe_vocab_size must be in [257, 2^20], got {self.bpe_vocab_size}")
+        if not 0 <= self.cache_lambda < 1:
+            raise ValueError(f"cache_lambda must be in [0, 1), got {self.cache_lambda}")
+        if not (self.data_dir or self.hub_name or self.corpus in text_corpus.CORPORA):
+            raise ValueError(f"corpus '{self.corpus}' needs a data_dir (or a hub_name)")
+
+
+class TextTask(Task):
+    family = "text"
+    kind = "tokens"
+    scoring = "perplexity"
+    Config = TextConfig
+    description = "language modelling on a text corpus (WikiText-103, PG-19, local files); perplexity"
+
+    def __init__(self, config: TextConfig | None = None, *, batch_size: int = 32, seed: int = 0):
+        super().__init__(config, batch_size=batch_size, seed=seed)
+        self.corpus = find_corpus(self.config)  # a CorpusError (a ValueError) when there is none
+        self._tokenizer = None
+        self._tokens: dict[str, text_corpus.TokenSplit] = {}
+        self._baselines = None
+        if self.config.tokenizer != "bpe":  # cheap to load: a missing file is found now, not
+            self.tokenizer()                 # after the run has started (bpe trains, later)
+
+    # --- sizes ---------------------------------------------------------------------------
+    @property
+    def input_dim(self) -> int:
+        # bpe learns at most bpe_vocab_size ids (fewer on a small corpus): the embedding has
+        # room for all of them
+        return TOKENIZER_VOCAB.get(self.config.tokenizer, self.config.bpe_vocab_size)
+
+    @property
+    def output_dim(self) -> int:
+        return self.input_dim
+
+    @property
+    def held_out_from_prior(self) -> bool:
+        return False  # there is no prior; nothing can "beat Bayes"
+
+    # --- data ----------------------------------------------------------------------------
+    def cache_dir(self) -> Path:
+        if self.config.cache_dir:
+            return Path(self.config.cache_dir)
+        if self.config.data_dir and Path(self.config.data_dir).is_dir():
+            return Path(self.config.data_dir) / "cache"
+        return Path(os.path.expanduser("~/.cache/icl-bench/text"))
+
+    def tokenizer(self) -> text_corpus.TextTokenizer:
+        if self._tokenizer is None:
+            c = self.config
+            self._tokenizer = text_corpus.make_tokenizer(
+                c.tokenizer, path=c.tokenizer_file or None, vocab_size=c.bpe_vocab_size,
+                corpus=self.corpus, cache_dir=self.cache_dir(), progress=c.progress)
+            if self._tokenizer.vocab_size > self.input_dim:
+                raise ValueError(f"the {c.tokenizer} tokenizer has {self._tokenizer.vocab_size} "
+                                 f"ids, more than the model's vocabulary {self.input_dim}")
+        return self._tokenizer
+
+    def split_tokens(self, split: str) -> text_corpus.TokenSplit:
+        """The split's tokens (a read-only memmap) and its cache sidecar; tokenized on first use."""
+        if split not in self._tokens:
+            self._tokens[split] = text_corpus.cached_tokens(
+                self.corpus, split, self.tokenizer(), self.cache_dir(),
+                progress=self.config.progress)
+        return self._tokens[split]
+
+    def prepare_data(self) -> None:
+        """Lightning calls this on one process per node before the others start: tokenize the
+        splits a run needs there, once, instead of on every rank at the same time."""
+        for split in ("train", self.config.eval_split):
+            self.split_tokens(split)
+
+    def sample(self, n: int, generator: torch.Generator) -> Batch:
+        windows = text_corpus.training_windows(self.split_tokens("train").tokens, n,
+                                               self.config.seq_len, generator)
+        windows = windows.to(generator.device)
+        inputs, targets = windows[:, :-1], windows[:, 1:]
+        return Batch(inputs, targets, torch.ones_like(inputs, dtype=torch.bool))
+
+    def held_out(self, n: int, split: int = 0) -> Batch:
+        """The evaluation split in windows (every token scored once); `n` does not apply: the
+        split decides the number of windows (task.eval_windows caps it)."""
+        c = self.config
+        tokens = self.split_tokens(c.eval_split).tokens
+        starts, first = text_corpus.evaluation_starts(
+            len(tokens), c.seq_len, c.eval_stride or None, c.eval_windows or None)
+        inputs, targets, mask = text_corpus.windows_at(tokens, starts, first, c.seq_len)
+        return Batch(inputs, targets, mask)
+
+    def bytes_per_token(self) -> float:
+        """UTF-8 bytes of the evaluation split's text per token: bits per byte = nats per token
+        / ln 2 / bytes_per_token."""
+        meta = self.split_tokens(self.config.eval_split).meta
+        return meta["n_bytes"] / max(1, meta["n_tokens"])
+
+    def cache_identity(self) -> dict:
+        """What the reference cache's key needs beyond the config: the corpus's files (names,
+        sizes, times) and the tokenizer's mapping."""
+        return {"corpus": self.corpus.identity, "tokenizer": self.tokenizer().identity}
+
+    # --- references: n-gram baselines fit on the training split --------------------------
+    def references(self) -> dict[str, Reference]:
+        def nll(name):
+            return lambda batch: self.baselines()[name].nll(batch.inputs, batch.targets,
+                                                           batch.loss_mask)
+        descriptions = {
+            "unigram": "unigram of the training split, add-one smoothing",
+            "bigram": "bigram of the training split, interpolated absolute discounting (D = "
+                      "0.75) with the unigram",
+            "unigram_cache": f"in-context unigram cache: {1 - self.config.cache_lambda:g} x "
+                             f"training unigram + {self.config.cache_lambda:g} x the window's "
+                             "counts so far"}
+        return {name: Reference(name, "baseline", text, loss=nll(name))
+                for name, text in descriptions.items()}
+
+    def baselines(self) -> dict:
+        if self._baselines is None:
+            self._baselines = text_corpus.fit_baselines(
+                self.split_tokens("train").tokens, self.input_dim,
+                cache_lambda=self.config.cache_lambda)
+        return self._baselines
+
+    def summarize(self, batch: Batch, losses: dict) -> dict:
+        return {"corpus": self.corpus.description, "tokenizer": self.config.tokenizer,
+                "eval_split": self.config.eval_split, "bytes_per_token": self.bytes_per_token()}
+
+
+def find_corpus(config: TextConfig) -> text_corpus.Corpus:
+    key = (config.corpus, config.data_dir, config.hub_name, config.hub_config, config.text_field,
+           config.sample_by, config.eval_split)
+    found = _FOUND.get(key)
+    if found is None:
+        found = text_corpus.load_splits(
+            config.corpus, data_dir=config.data_dir or None, hub_name=config.hub_name or None,
+            hub_config=config.hub_config or None, text_field=config.text_field,
+            sample_by=config.sample_by or None, splits=("train", config.eval_split))
+        _FOUND[key] = found
+    return found
+
+
+def nats_to_bits_per_byte(nats_per_token: float, bytes_per_token: float) -> float:
+    return nats_per_token / math.log(2) / bytes_per_token
