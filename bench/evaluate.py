@@ -21,6 +21,18 @@ def token_score_chunks(n: int, seq_len: int, vocab: int, floats: int = 1 << 28) 
     return [slice(start, start + rows) for start in range(0, n, rows)]
 
 
+def token_scores(model, batch: Batch, vocab: int) -> tuple[Tensor, Tensor, torch.dtype]:
+    """The model's per-position loss (float32) and top-1 hits on batch, computed where the model
+    is, a chunk of rows at a time; and the dtype its predictions came in."""
+    losses, hits = [], []
+    for rows in token_score_chunks(len(batch), batch.inputs.shape[1], vocab):
+        prediction = model.predict(batch.inputs[rows])
+        targets = batch.targets[rows]
+        losses.append(-prediction.float().gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+        hits.append(prediction.argmax(-1) == targets)
+    return torch.cat(losses), torch.cat(hits), prediction.dtype
+
+
 def gap_reference(task: Task) -> str:
     """The reference a model's gap is measured against: the exact Bayes predictor, or, for a
     task that has none, its clairvoyant bound (the record says which)."""

@@ -105,5 +105,7 @@ def complete(config: RunConfig, task: Task, batch: Batch,
         return cached
     references = reference_scores(task, batch)
     if config.trainer.reference_cache:
-        save(config.out_dir, task, len(batch), batch, references)
+        # keyed by the requested size, as held_out_set looks it up (a text task's split
+        # decides its own number of windows)
+        save(config.out_dir, task, config.trainer.eval_sequences, batch, references)
     return references

@@ -18,7 +18,7 @@ import torch
 
 from bench import reference_cache
 from bench.config import RunConfig
-from bench.evaluate import reference_scores, score_predictions
+from bench.evaluate import reference_scores, score_predictions, token_scores
 from bench.train import build, masked_loss
 from tasks.base import TRAIN_STREAM, make_generator
 
@@ -133,17 +133,25 @@ def time_outside_training(config: RunConfig, device: torch.device) -> dict:
         cached = reference_cache.load(scratch, task, n)
         times["cache_load"] = time.perf_counter() - start
     assert cached is not None
+    n = len(batch)  # text: the evaluation split decides
     _sync(device)
     start = time.perf_counter()
+    prediction = scores = None
     with torch.no_grad(), _autocast(config.trainer.precision, device):
-        prediction = torch.cat([model.predict(batch.inputs[i:i + size].to(device)).float().cpu()
-                                for i in range(0, n, size)])
+        if task.scoring == "gap":
+            prediction = torch.cat([model.predict(batch.inputs[i:i + size].to(device)).float()
+                                    .cpu() for i in range(0, n, size)]).double()
+        else:
+            parts = [token_scores(model, batch.select(slice(i, i + size)).to(device),
+                                  task.output_dim) for i in range(0, n, size)]
+            scores = {"loss": torch.cat([p[0].cpu() for p in parts]).double(),
+                      "correct": torch.cat([p[1].cpu() for p in parts])}
     _sync(device)
     times["model"] = time.perf_counter() - start
     start = time.perf_counter()
-    score_predictions(task, batch, prediction.double(), config.trainer.bootstrap, references)
+    score_predictions(task, batch, prediction, config.trainer.bootstrap, references, scores)
     times["scoring"] = time.perf_counter() - start
-    return times
+    return times, n
 
 
 def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions: str = "all",
@@ -172,7 +180,7 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
     result["sampler_tokens_per_s"] = tokens / sample_s
     batch = task.sample(config.trainer.batch_size, make_generator(TRAIN_STREAM, config.seed, 0, 0))
     result["reference_tokens_per_s"] = {
-        name: tokens / _timed(lambda r=ref: r.predict(batch), max(3, steps // 4),
+        name: tokens / _timed(lambda r=ref: (r.predict or r.loss)(batch), max(3, steps // 4),
                               torch.device("cpu"))[1]
         for name, ref in task.references().items()}
     # The share of a run outside training, for the run as configured (its precision, compile
@@ -185,13 +193,13 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
     trained = next((t for t in result["training"]
                     if all(t[k] == v for k, v in run_setting.items())), None) \
         or {**run_setting, **time_training(config, device, steps)}
-    outside = time_outside_training(config, device)
+    outside, sequences = time_outside_training(config, device)
     # a run's step also samples its batch (on the device, before the forward pass)
     training_s = config.trainer.max_steps * (trained["step_s"] + sample_s) + trained["first_step_s"]
     fresh = outside["held_out"] + outside["references"] + outside["model"] + outside["scoring"]
     cached = outside["cache_load"] + outside["model"] + outside["scoring"]
     result["run"] = {**run_setting, "max_steps": config.trainer.max_steps,
-                     "eval_sequences": config.trainer.eval_sequences, "training_s": training_s,
+                     "eval_sequences": sequences, "training_s": training_s,
                      "evaluation_s": outside,
                      "outside_training_s": {"computed": fresh, "cached": cached},
                      "share_outside_training": {"computed": fresh / (training_s + fresh),

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
 from bench import reference_cache
-from bench.evaluate import score_predictions, token_score_chunks
+from bench.evaluate import score_predictions, token_scores
 from bench.records import SCHEMA, RunFailed, new_run_id, provenance, write_record
 from models import build_model
 from models.backbone import Backbone, IOSpec
@@ -210,19 +210,17 @@ class ICLModule(L.LightningModule):
     def test_step(self, batch: tuple[Tensor, Batch], batch_idx: int) -> None:
         index, held_out = batch
         self.gathered["index"].update(index.float())  # float32 counts exactly up to 2^24
+        # predictions under the training precision
         if self.task.scoring == "gap":
-            prediction = self.model.predict(held_out.inputs)  # under the training precision
+            prediction = self.model.predict(held_out.inputs)
             self.gathered["prediction"].update(prediction.float())
+            dtype = prediction.dtype
         else:
-            for rows in token_score_chunks(len(held_out), held_out.inputs.shape[1],
-                                           self.task.output_dim):
-                prediction = self.model.predict(held_out.inputs[rows])
-                targets = held_out.targets[rows]
-                loss = -prediction.float().gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-                self.gathered["loss"].update(loss)
-                self.gathered["correct"].update((prediction.argmax(-1) == targets).float())
-        self.eval_device = str(prediction.device)
-        self.eval_dtype = str(prediction.dtype).removeprefix("torch.")
+            loss, correct, dtype = token_scores(self.model, held_out, self.task.output_dim)
+            self.gathered["loss"].update(loss)
+            self.gathered["correct"].update(correct.float())
+        self.eval_device = str(held_out.inputs.device)
+        self.eval_dtype = str(dtype).removeprefix("torch.")
 
     def on_test_epoch_end(self) -> None:
         computed = {name: metric.compute() for name, metric in self.gathered.items()}

@@ -15,7 +15,7 @@ tokenizing happens once, in `prepare_data` (rank 0) or on first use, into a memo
 under task.cache_dir."""
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,7 @@ _FOUND: dict[tuple, text_corpus.Corpus] = {}
 
 @dataclass
 class TextConfig:
-    corpus: str = "wikitext-103"  # wikitext-103 | wikitext-2 | pg19 | any label for local data
+    corpus: str = "wikitext-103"  # wikitext-103 | wikitext-2 | pg19 | pydoc-topics | a label
     data_dir: str = "data/wikitext-103"  # local files (read first); "" = the hub only
     hub_name: str = ""  # overrides the corpus's hub dataset ("" = its default)
     hub_config: str = ""
@@ -67,7 +67,8 @@ class TextConfig:
             raise ValueError(f"bpe_vocab_size must be in [257, 2^20], got {self.bpe_vocab_size}")
         if not 0 <= self.cache_lambda < 1:
             raise ValueError(f"cache_lambda must be in [0, 1), got {self.cache_lambda}")
-        if not (self.data_dir or self.hub_name or self.corpus in text_corpus.CORPORA):
+        if not (self.data_dir or self.hub_name or self.corpus in text_corpus.CORPORA
+                or self.corpus == PYDOC):
             raise ValueError(f"corpus '{self.corpus}' needs a data_dir (or a hub_name)")
 
 
@@ -108,7 +109,7 @@ class TextTask(Task):
             return Path(self.config.cache_dir)
         if self.config.data_dir and Path(self.config.data_dir).is_dir():
             return Path(self.config.data_dir) / "cache"
-        return Path(os.path.expanduser("~/.cache/icl-bench/text"))
+        return Path(os.path.expanduser("~/.cache/icl-bench/text/cache"))
 
     def tokenizer(self) -> text_corpus.TextTokenizer:
         if self._tokenizer is None:
@@ -190,18 +191,54 @@ class TextTask(Task):
                 "eval_split": self.config.eval_split, "bytes_per_token": self.bytes_per_token()}
 
 
+PYDOC = "pydoc-topics"  # real English text that ships with Python: always available offline
+
+
+def pydoc_corpus_dir() -> Path:
+    """Python's own help texts (`pydoc_data.topics`, ~460 KB of English) written as
+    train/validation/test .txt files under the user's cache, once: topics in key order, every
+    10th (from the 9th) to validation, every 10th (from the 10th) to test, the rest to train."""
+    from pydoc_data.topics import topics
+    import sys
+    folder = Path(os.path.expanduser("~/.cache/icl-bench/text")) / \
+        f"{PYDOC}-py{sys.version_info.major}.{sys.version_info.minor}"
+    if all((folder / f"{split}.txt").is_file() for split in text_corpus.SPLITS):
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = {split: [] for split in text_corpus.SPLITS}
+    for i, key in enumerate(sorted(topics)):
+        parts[{8: "validation", 9: "test"}.get(i % 10, "train")].append(topics[key])
+    for split, texts in parts.items():
+        temporary = folder / f".{split}.txt.tmp"
+        temporary.write_text("\n\n".join(texts), encoding="utf-8")
+        os.replace(temporary, folder / f"{split}.txt")
+    return folder
+
+
+@contextlib.contextmanager
+def quiet_datasets():
+    """Without `datasets`' per-split progress bars: they would print around a one-line error, and
+    reading local files takes seconds at most (the tokenizer's own bar shows the long part)."""
+    import datasets
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
 def find_corpus(config: TextConfig) -> text_corpus.Corpus:
     key = (config.corpus, config.data_dir, config.hub_name, config.hub_config, config.text_field,
            config.sample_by, config.eval_split)
     found = _FOUND.get(key)
     if found is None:
-        found = text_corpus.load_splits(
-            config.corpus, data_dir=config.data_dir or None, hub_name=config.hub_name or None,
-            hub_config=config.hub_config or None, text_field=config.text_field,
-            sample_by=config.sample_by or None, splits=("train", config.eval_split))
+        data_dir = config.data_dir or (str(pydoc_corpus_dir()) if config.corpus == PYDOC else None)
+        with quiet_datasets():
+            found = text_corpus.load_splits(
+                config.corpus, data_dir=data_dir, hub_name=config.hub_name or None,
+                hub_config=config.hub_config or None, text_field=config.text_field,
+                sample_by=config.sample_by or None, splits=("train", config.eval_split))
         _FOUND[key] = found
     return found
-
-
-def nats_to_bits_per_byte(nats_per_token: float, bytes_per_token: float) -> float:
-    return nats_per_token / math.log(2) / bytes_per_token
