@@ -123,3 +123,30 @@ def test_a_ddp_run_evaluates_on_both_ranks(tmp_path):
     assert record["train"]["loss_curve"][0][1] == pytest.approx(sum(losses) / 2, abs=1e-5)
     assert pytest.approx(record["metrics"]["bayes_gap"], abs=1e-12) == (
         record["metrics"]["loss"]["model"] - record["metrics"]["loss"]["bayes"])
+
+
+def test_sharded_text_evaluation_equals_one_process(tmp_path):
+    """A text task gathers per-token losses, not predictions: two gloo ranks score the whole
+    split once and report what one process reports (lr 1e-12: the weights stay as initialised)."""
+    pytest.importorskip("datasets")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    common = ["task=pydoc", "task.seq_len=32", "task.progress=false", "model.d_model=16",
+              "trainer.max_steps=1", "trainer.lr=1e-12", "trainer.warmup_steps=0",
+              "trainer.batch_size=4", "trainer.bootstrap=100", "trainer.progress=false",
+              "trainer.logger=none", "trainer.accelerator=cpu"]
+    metrics = {}
+    for devices in (1, 2):
+        out = tmp_path / str(devices)
+        ranks = ["trainer.devices=2", "trainer.strategy=ddp"] if devices == 2 else []
+        done = subprocess.run([sys.executable, "-m", "bench", "run", *common, *ranks,
+                               f"out_dir={out}"], capture_output=True, text=True, cwd=tmp_path,
+                              env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        record = json.loads(next(out.glob("*.json")).read_text())
+        assert record["eval"]["world_size"] == devices
+        metrics[devices] = record["metrics"]
+    one, two = metrics[1], metrics[2]
+    assert one["sequences"] == two["sequences"] and one["scored_positions"] == two["scored_positions"]
+    assert two["loss"]["model"] == pytest.approx(one["loss"]["model"], abs=1e-6)
+    assert two["accuracy"]["model"] == pytest.approx(one["accuracy"]["model"], abs=1e-9)
+    assert two["loss"]["bigram"] == one["loss"]["bigram"]
