@@ -196,9 +196,9 @@ def cmd_suite(argv: list[str]) -> int:
             continue
         if not path:  # a DDP rank other than 0: rank 0 reports
             continue
-        lo, hi = record["metrics"]["bayes_gap_ci"]
-        print(f"    gap {record['metrics']['bayes_gap']:.4f} [{lo:.4f}, {hi:.4f}] in "
-              f"{record['wall_time_s']:.0f} s -> {path}", flush=True)
+        from bench.report import headline
+        print(f"    {headline(record['metrics'])} in {record['wall_time_s']:.0f} s -> {path}",
+              flush=True)
     if failed:
         print(f"error: {len(failed)} of {len(configs)} runs of suite {name} failed (entries "
               f"{', '.join(map(str, failed))}); their failed records say why", file=sys.stderr)

@@ -65,6 +65,15 @@ def print_task_metrics(extra: dict) -> None:
             print(f"{key}: {_num(value)}")
 
 
+def headline(metrics: dict) -> str:
+    """The run's result in one phrase: its Bayes gap, or (text) its perplexity, with the CI."""
+    if metrics.get("scoring") == "perplexity":
+        lo, hi = metrics["perplexity_ci"]["model"]
+        return f"perplexity {metrics['perplexity']['model']:.2f} [{lo:.2f}, {hi:.2f}]"
+    lo, hi = metrics["bayes_gap_ci"]
+    return f"gap {metrics['bayes_gap']:.4f} [{lo:.4f}, {hi:.4f}]"
+
+
 def print_run(record: dict, path: str) -> None:
     m = record["metrics"]
     print(f"\n{record['model']['name']} on {record['task']['name']}: {record['train']['steps']} "
@@ -72,9 +81,8 @@ def print_run(record: dict, path: str) -> None:
           f"{record['params']} parameters, state {record['state_size']} floats")
     print_metrics(m)
     if m.get("scoring") == "perplexity":
-        lo, hi = m["perplexity_ci"]["model"]
-        print(f"perplexity {m['perplexity']['model']:.2f} [{lo:.2f}, {hi:.2f}] on "
-              f"{m['scored_positions']:,} tokens; total wall {record['wall_time_s']:.1f} s")
+        print(f"{headline(m)} on {m['scored_positions']:,} tokens; total wall "
+              f"{record['wall_time_s']:.1f} s")
         print(f"record: {path}")
         return
     lo, hi = m["bayes_gap_ci"]
