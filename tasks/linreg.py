@@ -2,9 +2,16 @@
 
 Each sequence draws its own weights W ~ N(0, I) of shape (N, f), examples x_k ~ U(-1, 1)^f and
 targets y_k = W x_k + ε_k with ε_k ~ N(0, σ² I). N = 1 is the paper's 1-D regression (A.5);
-N = f its N-D regression (A.6). With n examples, the prediction for example j (j = 0 .. n-1) may
-use the j earlier examples and the query x_j; every example is scored, so the loss curve covers
-every context size 0 .. n-1 (the paper scores only the last one).
+N = f its N-D regression (A.6; each of the N outputs is its own 1-D problem with its own row of
+W, so every reference below acts on each output coordinate separately). With n examples, the
+prediction for example j (j = 0 .. n-1) may use the j earlier examples and the query x_j.
+
+Scored positions (`score`): "all" scores every example, so the loss curve covers every context
+size 0 .. n-1; "last" scores only the final query of each prompt, which is what the paper trains
+on and evaluates ("the model was expected to output the prediction for the query (test) x given
+in the last timestep. The models were trained to minimize the mean squared error between the
+test prediction and target", §4). The mask is the batch's `loss_mask`, so it sets both the
+training loss and the held-out scores.
 
 Prompt formats (`prompt`):
 - "interleaved" (paper §3.2, Eqs. 19-20: x_1, y_1, x_2, y_2, ...). Positions alternate
@@ -52,6 +59,7 @@ X_M4 = 1.0 / 5.0  # E[x_i⁴]
 TUNING_STREAM = 4  # seed tag of the step-size tuning sample; disjoint from train/val/test (1-3)
 TUNING_TASKS = 4096
 PINV_RTOL = 1e-10  # eigenvalues below this fraction of the largest count as zero
+SCORES = ("all", "last")  # values of `score`: every query, or only the final one (paper 002)
 
 
 def gd1_step_size(context: Tensor, n_features: int, noise_std: float) -> Tensor:
@@ -84,6 +92,17 @@ def interleave(x: Tensor, y: Tensor, seq_len: int) -> tuple[Tensor, Tensor, Tens
     loss_mask = torch.zeros(batch, 2 * n, dtype=torch.bool, device=x.device)
     loss_mask[:, 0::2] = True
     return inputs[:, :seq_len], targets[:, :seq_len], loss_mask[:, :seq_len]
+
+
+def last_scored(loss_mask: Tensor) -> Tensor:
+    """loss_mask (B, T) with only the last scored position of each sequence kept (score=last)."""
+    counts = loss_mask.long().cumsum(1)
+    return loss_mask & (counts == counts[:, -1:])
+
+
+def check_score(family: str, score: str) -> None:
+    if score not in SCORES:
+        raise ValueError(f"{family} score must be one of {', '.join(SCORES)}, got '{score}'")
 
 
 def split_interleaved(inputs: Tensor, n_features: int, n_outputs: int) -> tuple[Tensor, Tensor]:
@@ -157,8 +176,10 @@ class LinearRegression(Task):
         noise_std: float = 0.0  # σ; the paper's targets are noiseless
         prompt: str = "interleaved"  # "interleaved" | "tokens"
         gd_steps: list[int] = field(default_factory=lambda: [1, 2, 5])
+        score: str = "all"  # "all": every query is scored; "last": only the final one (paper)
 
         def __post_init__(self):
+            check_score("linreg", self.score)
             if self.prompt not in ("interleaved", "tokens"):
                 raise ValueError(f"prompt must be 'interleaved' or 'tokens', got '{self.prompt}'")
             if self.seq_len < 1 or self.n_features < 1 or self.n_outputs < 1:
@@ -209,6 +230,8 @@ class LinearRegression(Task):
             inputs = torch.cat([previous, x], dim=-1)
             targets = y
             loss_mask = torch.ones(n, c.seq_len, dtype=torch.bool, device=device)
+        if c.score == "last":
+            loss_mask = last_scored(loss_mask)
         return Batch(inputs, targets, loss_mask, {"weights": weights})
 
     # --- what the references see ---------------------------------------------------------

@@ -11,6 +11,7 @@ import yaml
 
 from bench.evaluate import sequence_means
 from tasks import task_families
+from conftest import check_score_last
 from tasks.base import make_generator
 from tasks.linreg import (TUNING_STREAM, TUNING_TASKS, LinearRegression, gd1_step_size,
                           split_interleaved)
@@ -244,3 +245,13 @@ def test_bayes_has_the_lowest_held_out_loss(noise):
         assert diff.mean() > 0, name
         if name != "ols":  # least squares has infinite risk at j = f, f + 1: no z-score
             assert diff.mean() > Z * diff.std() / math.sqrt(len(diff)), name
+
+
+@pytest.mark.parametrize("prompt,seq_len,last", [("interleaved", 16, 14), ("interleaved", 15, 14),
+                                                 ("tokens", 8, 7)])
+def test_score_last_scores_only_the_final_query(prompt, seq_len, last):
+    every = small(prompt=prompt, seq_len=seq_len, n_outputs=2)
+    check_score_last(every, small(prompt=prompt, seq_len=seq_len, n_outputs=2, score="last"),
+                     last)
+    with pytest.raises(ValueError, match="score must be one of all, last"):
+        small(score="first")
