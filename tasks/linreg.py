@@ -29,6 +29,18 @@ Prompt formats (`prompt`):
   example would be seen only through the product x_0 y_0, which hides x_0's scale and the sign of
   y_0, and the Bayes predictor would no longer be a ridge regression.
 
+Out-of-distribution inputs (`eval_x_scale` = α, paper 002 §4.1 and Fig. 1D/2D: "we draw values
+of inputs from U(-α, α)"): the held-out examples are x ~ U(-α, α)^f with y = W x + ε and W still
+from the prior; training is unchanged. The Bayes reference stays exact. The posterior over W is
+    p(W | X, Y) ∝ p(W) p(X) Π_k N(y_k; W x_k, σ²I) ∝ p(W) Π_k N(y_k; W x_k, σ²I):
+the law of the inputs p(X) does not involve W, so it cancels, and the posterior (hence the
+ridge posterior mean with λ = σ²) is the same function of (X, Y) whatever distribution drew X.
+The posterior mean is the minimum-MSE prediction given any X, so it is still optimal on scaled
+inputs, `held_out_from_prior` stays True (the only latent, W, is still drawn from the prior the
+Bayes predictor assumes) and a model beating `bayes` there is still a bug. The GD baselines run
+on the scaled examples with the step sizes tuned on the training distribution, as a model that
+learned gradient descent would (the paper's comparison); `ols` and the oracle need no change.
+
 References. Every one is a function of the prefix statistics S_xx = Σ_{k<j} x_k x_kᵀ,
 S_xy = Σ_{k<j} x_k y_kᵀ and the query x_j, read from the inputs alone (so causal by
 construction). They are "spectral filters": with S_xx = V diag(e) Vᵀ the prediction is
@@ -52,7 +64,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tasks.base import Batch, Reference, Task, make_generator
+from tasks.base import TEST_STREAM, Batch, Reference, Task, make_generator
 
 X_VAR = 1.0 / 3.0  # E[x_i²] for x_i ~ U(-1, 1)
 X_M4 = 1.0 / 5.0  # E[x_i⁴]
@@ -103,6 +115,14 @@ def last_scored(loss_mask: Tensor) -> Tensor:
 def check_score(family: str, score: str) -> None:
     if score not in SCORES:
         raise ValueError(f"{family} score must be one of {', '.join(SCORES)}, got '{score}'")
+
+
+def constructed_tokens(x: Tensor, y: Tensor) -> Tensor:
+    """The paper's constructed tokens (B, n, N·f + f): position t holds [vec(y_{t-1} x_{t-1}ᵀ), x_t]
+    (the outer product flattened row by row), position 0 holds [0, x_0]."""
+    products = (y.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)
+    previous = torch.cat([torch.zeros_like(products[:, :1]), products[:, :-1]], dim=1)
+    return torch.cat([previous, x], dim=-1)
 
 
 def split_interleaved(inputs: Tensor, n_features: int, n_outputs: int) -> tuple[Tensor, Tensor]:
@@ -177,9 +197,12 @@ class LinearRegression(Task):
         prompt: str = "interleaved"  # "interleaved" | "tokens"
         gd_steps: list[int] = field(default_factory=lambda: [1, 2, 5])
         score: str = "all"  # "all": every query is scored; "last": only the final one (paper)
+        eval_x_scale: float = 1.0  # held-out x ~ U(-α, α)^f (paper Fig. 1D/2D); 1: in distribution
 
         def __post_init__(self):
             check_score("linreg", self.score)
+            if not self.eval_x_scale > 0:
+                raise ValueError(f"linreg eval_x_scale must be > 0, got {self.eval_x_scale}")
             if self.prompt not in ("interleaved", "tokens"):
                 raise ValueError(f"prompt must be 'interleaved' or 'tokens', got '{self.prompt}'")
             if self.seq_len < 1 or self.n_features < 1 or self.n_outputs < 1:
@@ -215,24 +238,47 @@ class LinearRegression(Task):
 
     # --- sampling ------------------------------------------------------------------------
     def sample(self, n: int, generator: torch.Generator) -> Batch:
+        return self.sample_given(self.draw_latent(n, generator), generator)
+
+    def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """The regression weights W ~ N(0, I), (n, N, f)."""
         c = self.config
-        device = generator.device
-        weights = torch.randn(n, c.n_outputs, c.n_features, generator=generator, device=device)
+        return {"weights": torch.randn(n, c.n_outputs, c.n_features, generator=generator,
+                                       device=generator.device)}
+
+    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator,
+                     x_scale: float = 1.0) -> Batch:
+        """Prompts for the given weights: x ~ U(-x_scale, x_scale)^f, y = W x + ε."""
+        c = self.config
+        weights = latent["weights"]
+        n, device = weights.shape[0], generator.device
         x = torch.rand(n, self.n_examples, c.n_features, generator=generator, device=device) * 2 - 1
+        x = x * x_scale
         # The noise is drawn even when σ = 0, so every σ sees the same x and W for a given seed.
         noise = torch.randn(n, self.n_examples, c.n_outputs, generator=generator, device=device)
         y = torch.einsum("bof,bkf->bko", weights, x) + c.noise_std * noise
         if c.prompt == "interleaved":
             inputs, targets, loss_mask = interleave(x, y, c.seq_len)
         else:
-            products = (y.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)  # vec(y xᵀ), row by row
-            previous = torch.cat([torch.zeros_like(products[:, :1]), products[:, :-1]], dim=1)
-            inputs = torch.cat([previous, x], dim=-1)
-            targets = y
+            inputs, targets = constructed_tokens(x, y), y
             loss_mask = torch.ones(n, c.seq_len, dtype=torch.bool, device=device)
         if c.score == "last":
             loss_mask = last_scored(loss_mask)
         return Batch(inputs, targets, loss_mask, {"weights": weights})
+
+    def held_out(self, n: int, split: int = TEST_STREAM) -> Batch:
+        """The fixed evaluation set: W from the prior, inputs x ~ U(-α, α)^f with α =
+        eval_x_scale (1: the training distribution). Same draws for every α, so the set at α is
+        the set at 1 with every x multiplied by α (and y recomputed from it)."""
+        generator = make_generator(split, 0)
+        return self.sample_given(self.draw_latent(n, generator), generator,
+                                 self.config.eval_x_scale)
+
+    @property
+    def held_out_from_prior(self) -> bool:
+        """True whatever eval_x_scale: the Bayes reference stays exact on scaled inputs (see the
+        module docstring), so a model beating it is still a bug."""
+        return True
 
     # --- what the references see ---------------------------------------------------------
     def examples(self, batch: Batch) -> tuple[Tensor, Tensor]:
