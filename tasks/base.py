@@ -26,6 +26,7 @@ Role = Literal["bayes", "bound", "baseline"]
 
 # Stream tags keep the training, validation and test streams of random numbers disjoint.
 TRAIN_STREAM, VAL_STREAM, TEST_STREAM = 1, 2, 3
+POOL_STREAM = 5  # the finite pool of training tasks (num_tasks > 0); 4 is linreg's tuning sample
 _MASK64 = (1 << 64) - 1
 
 
@@ -141,6 +142,51 @@ class Task(L.LightningDataModule, abc.ABC):
     def references(self) -> dict[str, Reference]:
         """{name: Reference}, with at least one `bayes` or `bound` reference."""
 
+    # --- a finite pool of training tasks (paper 004 Fig. 2 left) --------------------------
+    # A family whose Config has `num_tasks` implements draw_latent and sample_given, with
+    # sample(n, g) == sample_given(draw_latent(n, g), g). With num_tasks = N > 0 the training
+    # batches (sample_train) draw each sequence's latent uniformly from N tasks drawn once;
+    # `sample`, and so the held-out set, still draws a fresh task per sequence from the prior.
+    def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """The hidden parameters of n tasks drawn from the prior (first axis n)."""
+        raise NotImplementedError(f"task {self.family} has no finite pool of tasks")
+
+    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
+        """One sequence per task of `latent` (as drawn by draw_latent)."""
+        raise NotImplementedError(f"task {self.family} has no finite pool of tasks")
+
+    @property
+    def num_tasks(self) -> int:
+        """Size of the pool of training tasks; 0: a fresh task for every training sequence."""
+        return getattr(self.config, "num_tasks", 0)
+
+    def task_pool(self, device: torch.device | str) -> dict[str, Tensor]:
+        """The num_tasks training tasks: drawn once on the CPU from (POOL_STREAM, run seed), so
+        every device and every DDP rank trains on the same pool, then kept on `device`."""
+        pools = self.__dict__.setdefault("_task_pools", {})
+        key = str(device)
+        if key not in pools:
+            if "cpu" not in pools:
+                pools["cpu"] = self.draw_latent(self.num_tasks, make_generator(POOL_STREAM, self.seed))
+            pools[key] = {name: value.to(device) for name, value in pools["cpu"].items()}
+        return pools[key]
+
+    def pool_bytes(self) -> int:
+        """Bytes the pool of training tasks holds (0 without one), for the memory estimate."""
+        if self.num_tasks == 0:
+            return 0
+        one = self.draw_latent(1, torch.Generator())
+        return self.num_tasks * sum(v.numel() * v.element_size() for v in one.values())
+
+    def sample_train(self, n: int, generator: torch.Generator) -> Batch:
+        """A training batch: `sample`, or with num_tasks > 0 sequences of tasks drawn uniformly
+        (with replacement) from the pool."""
+        if self.num_tasks == 0:
+            return self.sample(n, generator)
+        pool = self.task_pool(generator.device)
+        index = torch.randint(self.num_tasks, (n,), generator=generator, device=generator.device)
+        return self.sample_given({name: value[index] for name, value in pool.items()}, generator)
+
     # --- shared by all tasks -------------------------------------------------------------
     def position_loss(self, prediction: Tensor, targets: Tensor) -> Tensor:
         """Per-position loss (B, T): cross-entropy in nats of log-probabilities, or the squared
@@ -210,4 +256,4 @@ class Task(L.LightningDataModule, abc.ABC):
             return batch, self.held_out_batch.select(batch.cpu()).to(batch.device)
         rank = self.trainer.global_rank if self.trainer is not None else 0
         generator = make_generator(TRAIN_STREAM, self.seed, rank, int(batch), device=batch.device)
-        return self.sample(self.batch_size, generator)
+        return self.sample_train(self.batch_size, generator)

@@ -41,6 +41,12 @@ Bayes predictor assumes) and a model beating `bayes` there is still a bug. The G
 on the scaled examples with the step sizes tuned on the training distribution, as a model that
 learned gradient descent would (the paper's comparison); `ols` and the oracle need no change.
 
+Training tasks (`num_tasks`, the finite number of meta-training tasks of paper 004 §5.1 and
+Fig. 2 left, there for LG-SSMs): N > 0 trains on a pool of N
+weight matrices drawn once from the run seed (tasks/base.py `task_pool`), each training prompt
+using one picked uniformly; the held-out set still draws fresh weights from the prior, so the
+`bayes` reference (the prior's posterior mean) is the one a model must match to generalise.
+
 References. Every one is a function of the prefix statistics S_xx = Σ_{k<j} x_k x_kᵀ,
 S_xy = Σ_{k<j} x_k y_kᵀ and the query x_j, read from the inputs alone (so causal by
 construction). They are "spectral filters": with S_xx = V diag(e) Vᵀ the prediction is
@@ -198,9 +204,13 @@ class LinearRegression(Task):
         gd_steps: list[int] = field(default_factory=lambda: [1, 2, 5])
         score: str = "all"  # "all": every query is scored; "last": only the final one (paper)
         eval_x_scale: float = 1.0  # held-out x ~ U(-α, α)^f (paper Fig. 1D/2D); 1: in distribution
+        num_tasks: int = 0  # training weights: a pool of this many drawn once; 0: fresh per prompt
 
         def __post_init__(self):
             check_score("linreg", self.score)
+            if self.num_tasks < 0:
+                raise ValueError(f"linreg needs num_tasks >= 0 (0: fresh weights per training "
+                                 f"prompt), got {self.num_tasks}")
             if not self.eval_x_scale > 0:
                 raise ValueError(f"linreg eval_x_scale must be > 0, got {self.eval_x_scale}")
             if self.prompt not in ("interleaved", "tokens"):

@@ -5,6 +5,10 @@ first k tokens are uniform; token t+1 ~ P[x_{t-k+1..t}] afterwards. The Bayes-op
 predictor under this prior is the add-β estimator (n_j + β) / (n + Sβ), with n_j the number of
 times j followed the current context so far (paper 000 §2.4); for positions before the first
 full context it is uniform.
+
+Training tasks (`num_tasks`, as in paper 004's finite-task experiments): N > 0 trains on a pool
+of N kernels drawn once from the run seed (tasks/base.py `task_pool`), each training sequence
+following one picked uniformly; the held-out set still draws a fresh kernel per sequence.
 """
 from __future__ import annotations
 
@@ -24,10 +28,14 @@ class MarkovConfig:
     vocab_size: int = 2  # S
     beta: float = 1.0  # Dirichlet concentration of each kernel row
     seq_len: int = 256  # scored positions T (T + 1 tokens are sampled)
+    num_tasks: int = 0  # training kernels: a pool of this many drawn once; 0: fresh per sequence
 
     def __post_init__(self):
         if self.order < 1 or self.vocab_size < 2 or self.beta <= 0 or self.seq_len < 1:
             raise ValueError("markov needs order >= 1, vocab_size >= 2, beta > 0, seq_len >= 1")
+        if self.num_tasks < 0:
+            raise ValueError(f"markov needs num_tasks >= 0 (0: a fresh kernel per training "
+                             f"sequence), got {self.num_tasks}")
 
 
 def context_ids(tokens: Tensor, order: int, vocab_size: int) -> Tensor:
@@ -83,12 +91,23 @@ class MarkovTask(Task):
     output_dim = input_dim
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
-        k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
-        device = generator.device
+        return self.sample_given(self.draw_latent(n, generator), generator)
+
+    def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """n kernels (n, S^k, S), every row ~ Dir(β·1)."""
+        k, S = self.config.order, self.config.vocab_size
         # float64, drawn in log space (tasks/distributions.py): for small beta most of a row's
         # mass sits on one symbol and the rest lies below float32's range.
-        alpha = torch.full((n, S**k, S), self.config.beta, dtype=torch.float64, device=device)
-        kernel = dirichlet(alpha, generator)
+        alpha = torch.full((n, S**k, S), self.config.beta, dtype=torch.float64,
+                           device=generator.device)
+        return {"kernel": dirichlet(alpha, generator)}
+
+    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
+        """One chain per kernel of `latent`: k uniform tokens, then the kernel's transitions."""
+        k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
+        device = generator.device
+        kernel = latent["kernel"].to(device)
+        n = kernel.shape[0]
         cdf = kernel.cumsum(-1)
         tokens = torch.empty(n, T + 1, dtype=torch.long, device=device)
         tokens[:, :k] = torch.randint(S, (n, min(k, T + 1)), generator=generator, device=device)
