@@ -160,7 +160,7 @@ def score_positions(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor
         metrics["relative_gap"] = metrics["bayes_gap"] / abs(metrics["loss"][reference])
         if task.kind == "tokens":
             metrics["l1_to_bayes"] = metrics["l1_to_reference"]["model"]
-    metrics["task"] = task.summarize(batch, {n: l.detach() for n, l in losses.items()})
+    metrics["task"] = task.summarize(batch, {n: l.detach() for n, l in losses.items()}, scores)
     return {"metrics": metrics, "per_position": curves}
 
 
@@ -190,7 +190,7 @@ def score_perplexity(task: Task, batch: Batch, scores: dict[str, dict[str, Tenso
         curves[f"loss.{name}"] = position_means(s["loss"], mask)
         if "correct" in s:
             metrics["accuracy"][name] = float((s["correct"].double() * mask).sum() / counts.sum())
-    metrics["task"] = task.summarize(batch, {n: s["loss"] for n, s in scores.items()})
+    metrics["task"] = task.summarize(batch, {n: s["loss"] for n, s in scores.items()}, scores)
     return {"metrics": metrics, "per_position": curves}
 
 

@@ -195,10 +195,14 @@ class Task(L.LightningDataModule, abc.ABC):
             return -prediction.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         return (prediction - targets).pow(2).mean(-1)
 
-    def summarize(self, batch: Batch, losses: dict[str, Tensor]) -> dict:
+    def summarize(self, batch: Batch, losses: dict[str, Tensor],
+                  scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
         """Task-specific extra metrics for the run record (JSON-serialisable), computed from the
         per-position losses (B, T) of the model ("model") and of every reference on the held-out
-        batch. The runner already records mean losses, gaps with CIs and per-position curves."""
+        batch, and from their other per-position scores (`scores[name]`: "loss", and for tokens
+        "correct", the top-1 hits, and "l1", the L1 distance to the gap reference's
+        distribution; bench/evaluate.py position_scores; None when not known). The runner
+        already records mean losses, gaps with CIs and per-position curves."""
         return {}
 
     def latent_floats(self) -> int:

@@ -17,7 +17,12 @@ posterior of (A, C), which is intractable, so the task offers
   weights add up to roughly a Dir(H·0.05) row (with one hidden state the unigram is then the
   exact Bayes predictor; with H = 50 this β is also near the best one on held-out data, while
   β = 0.05 smooths so little that both baselines lose to the uniform guess).
-The run record's per-position top-1 accuracy gives the paper's accuracy-vs-context-length curve.
+Accuracy against context length (paper 004 Fig. 3, top: "next-character prediction accuracy
+versus context length k"): `summarize` puts into the record's metrics.task the top-1 accuracy of
+the model and of every reference at k = 1, 2, 4, ..., seq_len, where the value "at k" averages
+the positions whose context length lies in (k/2, k] (the bins of tasks/lgssm_colored.py: the
+paper scores only the final prediction of 1000 sequences of each length k; averaging the bin
+uses every held-out position once and is far less noisy), with its standard error over sequences.
 
 The matrices are drawn in float64: about one Dir(0.05) entry in 170 lies below 1e-45, where
 float32 would store an exact zero (tasks/distributions.py draws them in log space, so none is NaN).
@@ -31,6 +36,7 @@ from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
 from tasks.distributions import categorical, dirichlet
+from tasks.lgssm_colored import context_bins
 from tasks.markov import add_beta_log_probs, counts_in_context
 
 
@@ -145,3 +151,43 @@ class HMMTask(Task):
     def bigram(self, batch: Batch) -> Tensor:
         counts = counts_in_context(batch.inputs, batch.targets, self.config.vocab_size)
         return add_beta_log_probs(counts, self.baseline_beta)
+
+    # --- the paper's accuracy-vs-context-length curve (Fig. 3) ---------------------------------
+    def context_lengths(self) -> list[int]:
+        """k = 1, 2, 4, ... up to seq_len: bins (k/2, k] that tile every position."""
+        ks, k = [], 1
+        while k <= self.config.seq_len:
+            ks.append(k)
+            k *= 2
+        return ks
+
+    def summarize(self, batch: Batch, losses: dict[str, Tensor],
+                  scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
+        """Top-1 accuracy of every predictor with top-1 hits in `scores`, per context-length bin
+        (see the module docstring): {"context_lengths": ks, "accuracy_by_context_length":
+        {name: [...]}, "accuracy_by_context_length_stderr": {name: [...]}}; a bin's value is the
+        mean over sequences of each sequence's mean hit rate over its scored positions in the
+        bin (None where no position is scored)."""
+        ks = self.context_lengths()
+        summary: dict = {"context_lengths": ks, "accuracy_by_context_length": {},
+                         "accuracy_by_context_length_stderr": {}}
+        if not scores:
+            return summary
+        mask = batch.loss_mask.cpu().double()
+        bins = context_bins(ks, mask.shape[1])
+        counts = mask @ bins.T  # (B, K): scored positions of each sequence in each bin
+        has = counts > 0
+        sequences = has.sum(0)
+        for name, score in scores.items():
+            if "correct" not in score:
+                continue
+            hits = (score["correct"].cpu().double() * mask) @ bins.T
+            rate = torch.where(has, hits / counts.clamp_min(1), 0.0)
+            mean = rate.sum(0) / sequences.clamp_min(1)
+            spread = ((rate - mean).pow(2) * has).sum(0) / (sequences - 1).clamp_min(1)
+            stderr = (spread / sequences.clamp_min(1)).sqrt()
+            summary["accuracy_by_context_length"][name] = [
+                float(m) if c > 0 else None for m, c in zip(mean, sequences)]
+            summary["accuracy_by_context_length_stderr"][name] = [
+                float(e) if c > 1 else None for e, c in zip(stderr, sequences)]
+        return summary
