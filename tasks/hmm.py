@@ -24,6 +24,12 @@ the positions whose context length lies in (k/2, k] (the bins of tasks/lgssm_col
 paper scores only the final prediction of 1000 sequences of each length k; averaging the bin
 uses every held-out position once and is far less noisy), with its standard error over sequences.
 
+Training tasks (`num_tasks`): 0 draws a fresh HMM for every training sequence; N > 0 trains on a
+pool of N HMMs drawn once from the run seed (tasks/base.py `task_pool`), as B.3 trains on "50,000
+tasks" (conf/task/hmm_paper.yaml); each training sequence is a fresh path of a pooled HMM. The
+held-out set still draws a fresh HMM per sequence. At H = 50, V = 100 a pooled HMM holds 7,500
+float64s: 3 GB for the paper's 50,000.
+
 The matrices are drawn in float64: about one Dir(0.05) entry in 170 lies below 1e-45, where
 float32 would store an exact zero (tasks/distributions.py draws them in log space, so none is NaN).
 """
@@ -47,10 +53,14 @@ class HMMConfig:
     transition_concentration: float = 0.1  # Dirichlet concentration of each row of A
     emission_concentration: float = 0.05  # Dirichlet concentration of each row of C
     seq_len: int = 256  # scored positions T (T + 1 tokens are sampled; the paper uses 512)
+    num_tasks: int = 0  # training HMMs: a pool of this many (the paper: 50,000); 0: fresh
 
     def __post_init__(self):
         if self.num_states < 1 or self.vocab_size < 2 or self.seq_len < 1:
             raise ValueError("hmm needs num_states >= 1, vocab_size >= 2, seq_len >= 1")
+        if self.num_tasks < 0:
+            raise ValueError(f"hmm needs num_tasks >= 0 (0: a fresh HMM per training sequence), "
+                             f"got {self.num_tasks}")
         if self.transition_concentration <= 0 or self.emission_concentration <= 0:
             raise ValueError("hmm needs positive Dirichlet concentrations")
 
@@ -103,12 +113,25 @@ class HMMTask(Task):
     output_dim = input_dim
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
-        H, V, T = self.config.num_states, self.config.vocab_size, self.config.seq_len
+        return self.sample_given(self.draw_latent(n, generator), generator)
+
+    def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """n HMMs: transition (n, H, H) rows ~ Dir(0.1), emission (n, H, V) rows ~ Dir(0.05)."""
+        H, V = self.config.num_states, self.config.vocab_size
         device = generator.device
         transition = dirichlet(torch.full((n, H, H), self.config.transition_concentration,
                                           dtype=torch.float64, device=device), generator)
         emission = dirichlet(torch.full((n, H, V), self.config.emission_concentration,
                                         dtype=torch.float64, device=device), generator)
+        return {"transition": transition, "emission": emission}
+
+    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
+        """One sequence per HMM of `latent` (the hidden path is added to the latent)."""
+        H, T = self.config.num_states, self.config.seq_len
+        device = generator.device
+        transition = latent["transition"].to(device)
+        emission = latent["emission"].to(device)
+        n = transition.shape[0]
         rows = torch.arange(n, device=device)
         states = torch.empty(n, T + 1, dtype=torch.long, device=device)
         tokens = torch.empty(n, T + 1, dtype=torch.long, device=device)

@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 from scipy.stats import chi2, norm
 
+from bench.config import compose
 from bench.evaluate import score
 from tasks import task_families
 from tasks.base import Batch, make_generator
@@ -208,6 +209,20 @@ def test_config_file_and_registry():
     values = OmegaConf.to_container(OmegaConf.load(CONF))
     assert values.pop("family") == "hmm"
     assert values == dataclasses.asdict(HMMConfig())
+
+
+def test_paper_preset_is_appendix_b3():
+    """conf/task/hmm_paper.yaml: hmm.yaml with B.3's training protocol, sequences of 512
+    characters and a pool of 50,000 training HMMs; it composes with transformer_hmm."""
+    paper = OmegaConf.to_container(OmegaConf.load(CONF.with_name("hmm_paper.yaml")))
+    default = OmegaConf.to_container(OmegaConf.load(CONF))
+    assert CONF.with_name("hmm_paper.yaml").read_text().startswith("# ")
+    assert {k: v for k, v in paper.items() if default[k] != v} == {"seq_len": 512,
+                                                                   "num_tasks": 50_000}
+    config = compose(["task=hmm_paper", "model=transformer_hmm"], check=False)
+    task = HMMTask(config.task)
+    assert task.seq_len == 512 and task.num_tasks == 50_000
+    assert task.pool_bytes() == 50_000 * (50 * 50 + 50 * 100) * 8  # 3.0 GB of float64
 
 
 def test_accuracy_by_context_length_on_constructed_hits():
