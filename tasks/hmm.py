@@ -42,7 +42,7 @@ from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
 from tasks.distributions import categorical, dirichlet
-from tasks.lgssm_colored import context_bins
+from tasks.lgssm_colored import binned_means, doubling_lengths
 from tasks.markov import add_beta_log_probs, counts_in_context
 
 
@@ -176,41 +176,19 @@ class HMMTask(Task):
         return add_beta_log_probs(counts, self.baseline_beta)
 
     # --- the paper's accuracy-vs-context-length curve (Fig. 3) ---------------------------------
-    def context_lengths(self) -> list[int]:
-        """k = 1, 2, 4, ... up to seq_len: bins (k/2, k] that tile every position."""
-        ks, k = [], 1
-        while k <= self.config.seq_len:
-            ks.append(k)
-            k *= 2
-        return ks
-
     def summarize(self, batch: Batch, losses: dict[str, Tensor],
                   scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
         """Top-1 accuracy of every predictor with top-1 hits in `scores`, per context-length bin
-        (see the module docstring): {"context_lengths": ks, "accuracy_by_context_length":
-        {name: [...]}, "accuracy_by_context_length_stderr": {name: [...]}}; a bin's value is the
-        mean over sequences of each sequence's mean hit rate over its scored positions in the
-        bin (None where no position is scored)."""
-        ks = self.context_lengths()
+        k = 1, 2, 4, ..., seq_len (see the module docstring): {"context_lengths": ks,
+        "accuracy_by_context_length": {name: [...]}, "accuracy_by_context_length_stderr":
+        {name: [...]}}; a bin's value is the mean over sequences of each sequence's hit rate
+        over its scored positions in the bin (None where no position is scored)."""
+        ks = doubling_lengths(1, self.config.seq_len)
         summary: dict = {"context_lengths": ks, "accuracy_by_context_length": {},
                          "accuracy_by_context_length_stderr": {}}
-        if not scores:
-            return summary
-        mask = batch.loss_mask.cpu().double()
-        bins = context_bins(ks, mask.shape[1])
-        counts = mask @ bins.T  # (B, K): scored positions of each sequence in each bin
-        has = counts > 0
-        sequences = has.sum(0)
-        for name, score in scores.items():
-            if "correct" not in score:
-                continue
-            hits = (score["correct"].cpu().double() * mask) @ bins.T
-            rate = torch.where(has, hits / counts.clamp_min(1), 0.0)
-            mean = rate.sum(0) / sequences.clamp_min(1)
-            spread = ((rate - mean).pow(2) * has).sum(0) / (sequences - 1).clamp_min(1)
-            stderr = (spread / sequences.clamp_min(1)).sqrt()
-            summary["accuracy_by_context_length"][name] = [
-                float(m) if c > 0 else None for m, c in zip(mean, sequences)]
-            summary["accuracy_by_context_length_stderr"][name] = [
-                float(e) if c > 1 else None for e, c in zip(stderr, sequences)]
+        for name, score in (scores or {}).items():
+            if "correct" in score:
+                mean, stderr = binned_means(score["correct"], batch.loss_mask, ks)
+                summary["accuracy_by_context_length"][name] = mean
+                summary["accuracy_by_context_length_stderr"][name] = stderr
         return summary
