@@ -221,6 +221,25 @@ def score_predictions(task: Task, batch: Batch, model: Tensor | None, resamples:
     return result
 
 
+@torch.no_grad()
+def probe_summary(task: Task, model, batch: Batch, batch_size: int) -> dict | None:
+    """The record's metrics.probe: the task's summary (Task.summarize_probes) of the probes it
+    asks for (Task.probes) that the model exposes (Backbone.probe), computed on the held-out
+    inputs in batches where the model is; None when the task asks for none or the model has
+    none of them."""
+    if not task.probes or not hasattr(model, "probe"):
+        return None
+    device = next(model.parameters()).device
+    parts = []
+    for start in range(0, len(batch), batch_size):
+        found = model.probe(batch.inputs[start:start + batch_size].to(device))
+        parts.append({name: found[name].float().cpu() for name in task.probes if name in found})
+    if not parts or not parts[0]:
+        return None
+    probes = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+    return task.summarize_probes(batch, probes)
+
+
 def is_suspicious(metrics: dict) -> bool:
     """A model that beats the exact Bayes predictor beyond its interval signals a bug (unless the
     held-out set is not drawn from the prior the Bayes predictor assumes)."""

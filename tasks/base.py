@@ -111,6 +111,9 @@ class Task(L.LightningDataModule, abc.ABC):
     # "gap": scored against a bayes/bound reference (the Bayes gap); "perplexity": a task with
     # no Bayes predictor (text), scored by perplexity, its references labelled baselines
     scoring: ClassVar[str] = "gap"
+    # names of model probes (per-position internals, models/backbone.py Backbone.probe) the task
+    # summarises in the record's metrics.probe (summarize_probes), when the model has them
+    probes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config=None, *, batch_size: int = 32, seed: int = 0):
         super().__init__()
@@ -214,6 +217,12 @@ class Task(L.LightningDataModule, abc.ABC):
         "correct", the top-1 hits, and "l1", the L1 distance to the gap reference's
         distribution; bench/evaluate.py position_scores; None when not known). The runner
         already records mean losses, gaps with CIs and per-position curves."""
+        return {}
+
+    def summarize_probes(self, batch: Batch, probes: dict[str, Tensor]) -> dict:
+        """The record's metrics.probe from the model's probes on the held-out batch: `probes` holds
+        those of the names in `probes` (the class attribute) that the model has, each (B, T, ...)
+        on the CPU. The task knows what its positions mean, the model what its internals mean."""
         return {}
 
     def latent_floats(self) -> int:

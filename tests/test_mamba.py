@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import models.mamba as mamba_module
-from models import IOSpec, build_model
+from models import IOSpec, build_model, model_families
 from models.ssd import ssd_chunked
 from models.mamba import Mamba, MambaConfig, MambaZero, MambaZeroConfig
 
@@ -296,3 +296,43 @@ def test_mambazero_l1_scores_start_positive_so_none_is_clamped():
     x = core.embedding(tokens)
     scores = core.lm_head(x + core.mixer(x))
     assert (scores > 0).all()
+
+
+# --- the decay probe (paper 000 Fig. 13) ---------------------------------------------------------
+@pytest.mark.parametrize("ablation", ["default", "no_decay", "no_conv"])
+def test_probe_decays_are_the_scan_decays(ablation, monkeypatch):
+    """Core.probe's "decay" is exp(Δ_t A) exactly as the forward pass hands it to the scan, for
+    every layer and head (captured from ssd_scan's arguments); 1 without the decay."""
+    core = small_core(**ABLATIONS[ablation])
+    seen = []
+    scan = mamba_module.ssd_scan
+
+    def spy(x, dt, A, *args, **kwargs):
+        seen.append(torch.exp(dt * A))
+        return scan(x, dt, A, *args, **kwargs)
+
+    monkeypatch.setattr(mamba_module, "ssd_scan", spy)
+    x = torch.randn(2, 13, SMALL["d_model"], generator=torch.Generator().manual_seed(4),
+                    dtype=torch.float64)
+    core(x)
+    assert len(seen) == 2
+    decay = core.probe(x)["decay"]
+    assert decay.shape == (2, 13, 2, 4)
+    for layer in range(2):
+        torch.testing.assert_close(decay[:, :, layer], seen[layer], rtol=0, atol=TOL)
+    if ablation == "no_decay":
+        assert torch.equal(decay, torch.ones_like(decay))
+    else:
+        assert decay.min() > 0 and decay.max() < 1 and decay.std() > 1e-3
+
+
+def test_mambazero_and_backbone_probe():
+    torch.manual_seed(0)
+    model = build_model("mambazero", MambaZeroConfig(), TOKENS)
+    tokens = torch.randint(0, 3, (2, 9))
+    decay = model.probe(tokens)["decay"]
+    mixer = model.core.mixer
+    assert decay.shape == (2, 9, 1, mixer.nheads)
+    torch.testing.assert_close(decay[:, :, 0], mixer.decays(model.core.embedding(tokens)))
+    lstm = build_model("lstm", model_families()["lstm"].Config(), TOKENS)
+    assert lstm.probe(tokens) == {}  # a core without probes
