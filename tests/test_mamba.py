@@ -336,3 +336,46 @@ def test_mambazero_and_backbone_probe():
     torch.testing.assert_close(decay[:, :, 0], mixer.decays(model.core.embedding(tokens)))
     lstm = build_model("lstm", model_families()["lstm"].Config(), TOKENS)
     assert lstm.probe(tokens) == {}  # a core without probes
+
+
+# --- convolution window vs Markov order (paper 000 Fig. 3b: w >= k + 1 needed) ----------------
+@pytest.mark.parametrize("w", [2, 3, 4])
+def test_d_conv_is_the_window_of_the_convolution(w):
+    """model.d_conv is the paper's window w: the convolved x, B, C at step t depend on the
+    mixer inputs at t - w + 1 .. t and on nothing earlier."""
+    mixer = small_core(d_conv=w).layers[0].mixer
+    assert mixer.conv1d.weight.shape == (mixer.conv_dim, 1, w)
+    xBC = torch.randn(1, 10, mixer.conv_dim, generator=torch.Generator().manual_seed(5),
+                      dtype=torch.float64)
+
+    def conv(inputs):
+        return mixer.conv1d(inputs.transpose(1, 2))[..., :10].transpose(1, 2)
+
+    t = 8
+    for lag in range(w + 2):
+        moved = xBC.clone()
+        moved[:, t - lag] += 1.0
+        changed = (conv(moved)[:, t] - conv(xBC)[:, t]).abs().max() > 1e-6
+        assert changed == (lag < w), (w, lag)
+
+
+@pytest.mark.parametrize("model", ["mamba", "mambazero"])
+@pytest.mark.parametrize("w", [2, 3, 4])
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_d_conv_composes_with_every_markov_order(model, w, order):
+    """Paper 000 Fig. 3b's grid (w ∈ {2, 3, 4} × k ∈ {1, 2, 3}; the paper needs w >= k + 1 to
+    learn): each pair composes from the CLI keys and takes a finite training step."""
+    from bench.config import compose
+    from bench.train import build, masked_loss
+    config = compose(["task=markov", f"task.order={order}", "task.seq_len=24", f"model={model}",
+                      f"model.d_conv={w}", "trainer.batch_size=4"])
+    assert config.model.d_conv == w and config.task.order == order
+    task, net = build(config)
+    batch = task.on_after_batch_transfer(torch.tensor(0), 0)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in net.parameters()]
+    loss = masked_loss(task, net(batch.inputs), batch)
+    loss.backward()
+    optimizer.step()
+    assert torch.isfinite(loss) and 0.5 < loss.item() < 2.0  # ~ln 2 for binary chains at init
+    assert any(not torch.equal(a, p) for a, p in zip(before, net.parameters()))
