@@ -8,8 +8,8 @@ output adapter gives next-token logits or a predicted vector. A core maps (B, T,
 number of floats it must carry to continue the sequence (recurrent state, or KV cache at the
 evaluated length). A core may also expose per-position internals for mechanism probes
 (`probe(x) -> {name: (B, T, ...)}`, reached through `Backbone.probe`; a task names the probes it
-summarises, tasks/base.py). A core that needs the raw inputs (e.g. analytically constructed parameters)
-sets `owns_io = True` and then maps inputs to predictions itself.
+summarises, tasks/base.py). A core that needs the raw inputs (e.g. analytically constructed
+parameters) sets `owns_io = True` and then maps inputs to predictions itself.
 
 Options of the adapters are common to every architecture (`BackboneOptions`): each `Core`
 subclass's `Config` gets them appended as fields, so every model YAML and every `model.<field>=`

@@ -166,8 +166,8 @@ class Task(L.LightningDataModule, abc.ABC):
     def task_pool(self, device: torch.device | str) -> dict[str, Tensor]:
         """The num_tasks training tasks, drawn once on `device` from (POOL_STREAM, run seed), as
         the training batches are drawn on the training device: the same pool on every DDP rank
-        (they share a device type), and a 50,000-HMM pool takes seconds on a GPU instead of
-        minutes on one CPU core."""
+        (they share a device type), and a large pool is drawn where the sampler is fastest (on
+        one CPU core 2,000 of paper 004's HMMs take ~14 s, so its 50,000 ~6 minutes)."""
         pools = self.__dict__.setdefault("_task_pools", {})
         key = str(torch.device(device))
         if key not in pools:
