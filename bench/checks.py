@@ -173,14 +173,16 @@ def _footprint(config, model_config, task, budget: int | None) -> tuple[int, int
 def memory_estimate(config, task, params: int, activations: int) -> dict[str, int]:
     """Bytes the run needs at its peak, by phase (a rough upper estimate, not a measurement).
 
-    training: weights, gradients and two AdamW moments in float32, a batch, the activations;
+    training: weights, gradients and two AdamW moments in float32, a batch, the activations,
+    the pool of training tasks (task.num_tasks > 0);
     evaluation: the held-out set, float64 predictions of every reference and of the model
     (and a few same-sized intermediates), and the bootstrap's resampled index."""
     t = config.trainer
     layers = max(1, getattr(config.model, "n_layers", 1))
     per_sequence = task.memory_per_sequence()
     per_rank = t.batch_size // world_size(config)
-    training = 16 * params + activations * per_rank // t.batch_size + per_rank * per_sequence
+    training = (16 * params + activations * per_rank // t.batch_size + per_rank * per_sequence
+                + task.pool_bytes())  # the finite pool of training tasks, if any
     predictors = len(task.references()) + 1
     eval_batch = t.eval_batch_size
     if task.scoring == "perplexity":

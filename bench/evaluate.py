@@ -160,7 +160,7 @@ def score_positions(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor
         metrics["relative_gap"] = metrics["bayes_gap"] / abs(metrics["loss"][reference])
         if task.kind == "tokens":
             metrics["l1_to_bayes"] = metrics["l1_to_reference"]["model"]
-    metrics["task"] = task.summarize(batch, {n: l.detach() for n, l in losses.items()})
+    metrics["task"] = task.summarize(batch, {n: l.detach() for n, l in losses.items()}, scores)
     return {"metrics": metrics, "per_position": curves}
 
 
@@ -190,7 +190,7 @@ def score_perplexity(task: Task, batch: Batch, scores: dict[str, dict[str, Tenso
         curves[f"loss.{name}"] = position_means(s["loss"], mask)
         if "correct" in s:
             metrics["accuracy"][name] = float((s["correct"].double() * mask).sum() / counts.sum())
-    metrics["task"] = task.summarize(batch, {n: s["loss"] for n, s in scores.items()})
+    metrics["task"] = task.summarize(batch, {n: s["loss"] for n, s in scores.items()}, scores)
     return {"metrics": metrics, "per_position": curves}
 
 
@@ -219,6 +219,25 @@ def score_predictions(task: Task, batch: Batch, model: Tensor | None, resamples:
     result["metrics"]["sequences"] = len(batch)
     result["metrics"]["scored_positions"] = int(batch.loss_mask.sum())
     return result
+
+
+@torch.no_grad()
+def probe_summary(task: Task, model, batch: Batch, batch_size: int) -> dict | None:
+    """The record's metrics.probe: the task's summary (Task.summarize_probes) of the probes it
+    asks for (Task.probes) that the model exposes (Backbone.probe), computed on the held-out
+    inputs in batches where the model is; None when the task asks for none or the model has
+    none of them."""
+    if not task.probes or not hasattr(model, "probe"):
+        return None
+    device = next(model.parameters()).device
+    parts = []
+    for start in range(0, len(batch), batch_size):
+        found = model.probe(batch.inputs[start:start + batch_size].to(device))
+        parts.append({name: found[name].float().cpu() for name in task.probes if name in found})
+    if not parts or not parts[0]:
+        return None
+    probes = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+    return task.summarize_probes(batch, probes)
 
 
 def is_suspicious(metrics: dict) -> bool:

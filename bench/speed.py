@@ -172,9 +172,10 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
     tokens = config.trainer.batch_size * task.seq_len
     counter = itertools.count()
 
-    def sample():
-        task.sample(config.trainer.batch_size,
-                    make_generator(TRAIN_STREAM, config.seed, 0, next(counter), device=device))
+    def sample():  # the training sampler (a pool of tasks, if any, is drawn by the warm-up)
+        task.sample_train(config.trainer.batch_size,
+                          make_generator(TRAIN_STREAM, config.seed, 0, next(counter),
+                                         device=device))
 
     sample_s = _timed(sample, max(3, steps // 4), device)[1]
     result["sampler_tokens_per_s"] = tokens / sample_s

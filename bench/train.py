@@ -26,7 +26,7 @@ from torch import Tensor
 
 from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
 from bench import reference_cache
-from bench.evaluate import score_predictions, token_scores
+from bench.evaluate import probe_summary, score_predictions, token_scores
 from bench.records import SCHEMA, RunFailed, new_run_id, provenance, write_record
 from models import build_model
 from models.backbone import Backbone, IOSpec
@@ -585,6 +585,10 @@ def run(config: RunConfig) -> tuple[dict, str]:
                 task, held_out, getattr(module, "test_predictions", None),
                 config.trainer.bootstrap, references, getattr(module, "test_scores", None)))
             times["scoring"] = lap()
+            probe = probe_summary(task, model, held_out, config.trainer.eval_batch_size)
+            if probe is not None:
+                record["metrics"]["probe"] = probe
+                times["probe"] = lap()
             # predicted under the training precision (autocast for *-mixed), as trained
             record["eval"] = {"device": module.eval_device, "world_size": trainer.world_size,
                               "precision": str(trainer.precision),

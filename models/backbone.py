@@ -6,8 +6,10 @@ The input adapter is a token embedding (`tokens`) or a linear map of vectors (`v
 output adapter gives next-token logits or a predicted vector. A core maps (B, T, d_model) to
 (B, T, d_model), is causal, owns its initialisation, and reports `state_size(seq_len)`: the
 number of floats it must carry to continue the sequence (recurrent state, or KV cache at the
-evaluated length). A core that needs the raw inputs (e.g. analytically constructed parameters)
-sets `owns_io = True` and then maps inputs to predictions itself.
+evaluated length). A core may also expose per-position internals for mechanism probes
+(`probe(x) -> {name: (B, T, ...)}`, reached through `Backbone.probe`; a task names the probes it
+summarises, tasks/base.py). A core that needs the raw inputs (e.g. analytically constructed
+parameters) sets `owns_io = True` and then maps inputs to predictions itself.
 
 Options of the adapters are common to every architecture (`BackboneOptions`): each `Core`
 subclass's `Config` gets them appended as fields, so every model YAML and every `model.<field>=`
@@ -139,6 +141,15 @@ class Backbone(nn.Module):
 
     def state_size(self, seq_len: int) -> int:
         return self.core.state_size(seq_len)
+
+    def probe(self, inputs: Tensor) -> dict[str, Tensor]:
+        """Per-position internals the core exposes for mechanism probes, each (B, T, ...), by
+        name (e.g. Mamba's "decay", its a_t per layer and head); {} for a core without a
+        `probe(x)` method, which gets the embedded inputs (the raw ones if it owns its io)."""
+        probe = getattr(self.core, "probe", None)
+        if probe is None:
+            return {}
+        return probe(inputs if self.core.owns_io else self.encoder(inputs))
 
     def num_parameters(self) -> int:
         """Parameters counted once each: a tied embedding/head matrix is one (parameters()

@@ -149,6 +149,19 @@ class Mamba2Mixer(nn.Module):
         # At least float32: exp() of a half-precision A_log overflows.
         return -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))
 
+    def step_sizes(self, dt: Tensor) -> Tensor:
+        """Δ_t = softplus(dt + dt_bias) from in_proj's dt outputs (..., H), in at least float32:
+        it sets the decays exp(Δ A)."""
+        dtype = torch.promote_types(self.dt_bias.dtype, torch.float32)
+        return F.softplus(dt.to(dtype) + self.dt_bias.to(dtype))
+
+    def decays(self, u: Tensor) -> Tensor:
+        """a_t = exp(Δ_t A) per head, (B, T, H): the factor by which the state H_{t-1} is
+        multiplied at step t (paper 000 Fig. 13 plots it on switching Markov data), computed by
+        the same path as `forward`; 1 everywhere without the decay."""
+        dt = self.in_proj(u)[..., -self.nheads:]  # in_proj's outputs are [z, xBC, dt]
+        return torch.exp(self.step_sizes(dt) * self.decay_rate())
+
     def forward(self, u: Tensor) -> Tensor:
         length = u.shape[1]
         z, xBC, dt = torch.split(self.in_proj(u), self.split_sizes, dim=-1)
@@ -157,9 +170,7 @@ class Mamba2Mixer(nn.Module):
         xBC = self.act(xBC)
         x, B, C = torch.split(xBC, [self.d_inner, self.ngroups * self.d_state,
                                     self.ngroups * self.d_state], dim=-1)
-        # Δ = softplus(dt + dt_bias) in at least float32: it sets the decays exp(Δ A).
-        dtype = torch.promote_types(self.dt_bias.dtype, torch.float32)
-        dt = F.softplus(dt.to(dtype) + self.dt_bias.to(dtype))
+        dt = self.step_sizes(dt)
         y, _ = ssd_scan(x.unflatten(-1, (self.nheads, self.headdim)), dt, self.decay_rate(),
                         B.unflatten(-1, (self.ngroups, self.d_state)),
                         C.unflatten(-1, (self.ngroups, self.d_state)),
@@ -266,6 +277,15 @@ class Mamba(Core):
             x = block(x)
         return self.norm_f(x)
 
+    def probe(self, x: Tensor) -> dict[str, Tensor]:
+        """Per-position internals for mechanism probes (Backbone.probe): "decay", the a_t of every
+        mixer, (B, T, n_layers, n_heads), on the embedded inputs x."""
+        decays = []
+        for block in self.layers:
+            decays.append(block.mixer.decays(block.norm(x)))
+            x = block(x)
+        return {"decay": torch.stack(decays, 2)}
+
     def state_size(self, seq_len: int) -> int:
         return sum(block.mixer.state_size() for block in self.layers)
 
@@ -339,6 +359,10 @@ class MambaZero(Core):
             return logits
         scores = logits.to(torch.promote_types(logits.dtype, torch.float32)).clamp(min=L1_FLOOR)
         return scores.log() - scores.sum(-1, keepdim=True).log()
+
+    def probe(self, inputs: Tensor) -> dict[str, Tensor]:
+        """"decay": the mixer's a_t, (B, T, 1, n_heads) (see Mamba.probe)."""
+        return {"decay": self.mixer.decays(self.embedding(inputs)).unsqueeze(2)}
 
     def state_size(self, seq_len: int) -> int:
         return self.mixer.state_size()

@@ -26,6 +26,7 @@ Role = Literal["bayes", "bound", "baseline"]
 
 # Stream tags keep the training, validation and test streams of random numbers disjoint.
 TRAIN_STREAM, VAL_STREAM, TEST_STREAM = 1, 2, 3
+POOL_STREAM = 5  # the finite pool of training tasks (num_tasks > 0); 4 is linreg's tuning sample
 _MASK64 = (1 << 64) - 1
 
 
@@ -110,6 +111,9 @@ class Task(L.LightningDataModule, abc.ABC):
     # "gap": scored against a bayes/bound reference (the Bayes gap); "perplexity": a task with
     # no Bayes predictor (text), scored by perplexity, its references labelled baselines
     scoring: ClassVar[str] = "gap"
+    # names of model probes (per-position internals, models/backbone.py Backbone.probe) the task
+    # summarises in the record's metrics.probe (summarize_probes), when the model has them
+    probes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config=None, *, batch_size: int = 32, seed: int = 0):
         super().__init__()
@@ -141,6 +145,62 @@ class Task(L.LightningDataModule, abc.ABC):
     def references(self) -> dict[str, Reference]:
         """{name: Reference}, with at least one `bayes` or `bound` reference."""
 
+    # --- a finite pool of training tasks (paper 004 Fig. 2 left) --------------------------
+    # A family whose Config has `num_tasks` implements draw_latent and sample_given, with
+    # sample(n, g) == sample_given(draw_latent(n, g), g). With num_tasks = N > 0 the training
+    # batches (sample_train) draw each sequence's latent uniformly from N tasks drawn once;
+    # `sample`, and so the held-out set, still draws a fresh task per sequence from the prior.
+    def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """The hidden parameters of n tasks drawn from the prior (first axis n)."""
+        raise NotImplementedError(f"task {self.family} has no finite pool of tasks")
+
+    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
+        """One sequence per task of `latent` (as drawn by draw_latent)."""
+        raise NotImplementedError(f"task {self.family} has no finite pool of tasks")
+
+    @property
+    def num_tasks(self) -> int:
+        """Size of the pool of training tasks; 0: a fresh task for every training sequence."""
+        return getattr(self.config, "num_tasks", 0)
+
+    def task_pool(self, device: torch.device | str) -> dict[str, Tensor]:
+        """The num_tasks training tasks, drawn once on `device` from (POOL_STREAM, run seed), as
+        the training batches are drawn on the training device: the same pool on every DDP rank
+        (they share a device type), and a large pool is drawn where the sampler is fastest (on
+        one CPU core 2,000 of paper 004's HMMs take ~14 s, so its 50,000 ~6 minutes)."""
+        pools = self.__dict__.setdefault("_task_pools", {})
+        key = str(torch.device(device))
+        if key not in pools:
+            pools[key] = self._draw_pool(torch.device(device))
+        return pools[key]
+
+    def _draw_pool(self, device: torch.device, chunk_floats: int = 1 << 24) -> dict[str, Tensor]:
+        """num_tasks tasks from one generator, in consecutive chunks of ~chunk_floats floats so
+        that a large pool's sampling temporaries stay small (a pool that fits in one chunk is
+        draw_latent(num_tasks) from that generator)."""
+        generator = make_generator(POOL_STREAM, self.seed, device=device)
+        per_task = sum(v.numel() for v in self.draw_latent(1, torch.Generator()).values())
+        chunk = max(1, chunk_floats // max(1, per_task))
+        parts = [self.draw_latent(min(chunk, self.num_tasks - start), generator)
+                 for start in range(0, self.num_tasks, chunk)]
+        return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+
+    def pool_bytes(self) -> int:
+        """Bytes the pool of training tasks holds (0 without one), for the memory estimate."""
+        if self.num_tasks == 0:
+            return 0
+        one = self.draw_latent(1, torch.Generator())
+        return self.num_tasks * sum(v.numel() * v.element_size() for v in one.values())
+
+    def sample_train(self, n: int, generator: torch.Generator) -> Batch:
+        """A training batch: `sample`, or with num_tasks > 0 sequences of tasks drawn uniformly
+        (with replacement) from the pool."""
+        if self.num_tasks == 0:
+            return self.sample(n, generator)
+        pool = self.task_pool(generator.device)
+        index = torch.randint(self.num_tasks, (n,), generator=generator, device=generator.device)
+        return self.sample_given({name: value[index] for name, value in pool.items()}, generator)
+
     # --- shared by all tasks -------------------------------------------------------------
     def position_loss(self, prediction: Tensor, targets: Tensor) -> Tensor:
         """Per-position loss (B, T): cross-entropy in nats of log-probabilities, or the squared
@@ -149,10 +209,20 @@ class Task(L.LightningDataModule, abc.ABC):
             return -prediction.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         return (prediction - targets).pow(2).mean(-1)
 
-    def summarize(self, batch: Batch, losses: dict[str, Tensor]) -> dict:
+    def summarize(self, batch: Batch, losses: dict[str, Tensor],
+                  scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
         """Task-specific extra metrics for the run record (JSON-serialisable), computed from the
         per-position losses (B, T) of the model ("model") and of every reference on the held-out
-        batch. The runner already records mean losses, gaps with CIs and per-position curves."""
+        batch, and from their other per-position scores (`scores[name]`: "loss", and for tokens
+        "correct", the top-1 hits, and "l1", the L1 distance to the gap reference's
+        distribution; bench/evaluate.py position_scores; None when not known). The runner
+        already records mean losses, gaps with CIs and per-position curves."""
+        return {}
+
+    def summarize_probes(self, batch: Batch, probes: dict[str, Tensor]) -> dict:
+        """The record's metrics.probe from the model's probes on the held-out batch: `probes` holds
+        those of the names in `probes` (the class attribute) that the model has, each (B, T, ...)
+        on the CPU. The task knows what its positions mean, the model what its internals mean."""
         return {}
 
     def latent_floats(self) -> int:
@@ -210,4 +280,4 @@ class Task(L.LightningDataModule, abc.ABC):
             return batch, self.held_out_batch.select(batch.cpu()).to(batch.device)
         rank = self.trainer.global_rank if self.trainer is not None else 0
         generator = make_generator(TRAIN_STREAM, self.seed, rank, int(batch), device=batch.device)
-        return self.sample(self.batch_size, generator)
+        return self.sample_train(self.batch_size, generator)

@@ -17,7 +17,18 @@ posterior of (A, C), which is intractable, so the task offers
   weights add up to roughly a Dir(H·0.05) row (with one hidden state the unigram is then the
   exact Bayes predictor; with H = 50 this β is also near the best one on held-out data, while
   β = 0.05 smooths so little that both baselines lose to the uniform guess).
-The run record's per-position top-1 accuracy gives the paper's accuracy-vs-context-length curve.
+Accuracy against context length (paper 004 Fig. 3, top: "next-character prediction accuracy
+versus context length k"): `summarize` puts into the record's metrics.task the top-1 accuracy of
+the model and of every reference at k = 1, 2, 4, ..., seq_len, where the value "at k" averages
+the positions whose context length lies in (k/2, k] (the bins of tasks/lgssm_colored.py: the
+paper scores only the final prediction of 1000 sequences of each length k; averaging the bin
+uses every held-out position once and is far less noisy), with its standard error over sequences.
+
+Training tasks (`num_tasks`): 0 draws a fresh HMM for every training sequence; N > 0 trains on a
+pool of N HMMs drawn once from the run seed (tasks/base.py `task_pool`), as B.3 trains on "50,000
+tasks" (conf/task/hmm_paper.yaml); each training sequence is a fresh path of a pooled HMM. The
+held-out set still draws a fresh HMM per sequence. At H = 50, V = 100 a pooled HMM holds 7,500
+float64s: 3 GB for the paper's 50,000.
 
 The matrices are drawn in float64: about one Dir(0.05) entry in 170 lies below 1e-45, where
 float32 would store an exact zero (tasks/distributions.py draws them in log space, so none is NaN).
@@ -31,6 +42,7 @@ from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
 from tasks.distributions import categorical, dirichlet
+from tasks.lgssm_colored import binned_means, doubling_lengths
 from tasks.markov import add_beta_log_probs, counts_in_context
 
 
@@ -41,10 +53,14 @@ class HMMConfig:
     transition_concentration: float = 0.1  # Dirichlet concentration of each row of A
     emission_concentration: float = 0.05  # Dirichlet concentration of each row of C
     seq_len: int = 256  # scored positions T (T + 1 tokens are sampled; the paper uses 512)
+    num_tasks: int = 0  # training HMMs: a pool of this many (the paper: 50,000); 0: fresh
 
     def __post_init__(self):
         if self.num_states < 1 or self.vocab_size < 2 or self.seq_len < 1:
             raise ValueError("hmm needs num_states >= 1, vocab_size >= 2, seq_len >= 1")
+        if self.num_tasks < 0:
+            raise ValueError(f"hmm needs num_tasks >= 0 (0: a fresh HMM per training sequence), "
+                             f"got {self.num_tasks}")
         if self.transition_concentration <= 0 or self.emission_concentration <= 0:
             raise ValueError("hmm needs positive Dirichlet concentrations")
 
@@ -97,12 +113,25 @@ class HMMTask(Task):
     output_dim = input_dim
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
-        H, V, T = self.config.num_states, self.config.vocab_size, self.config.seq_len
+        return self.sample_given(self.draw_latent(n, generator), generator)
+
+    def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """n HMMs: transition (n, H, H) rows ~ Dir(0.1), emission (n, H, V) rows ~ Dir(0.05)."""
+        H, V = self.config.num_states, self.config.vocab_size
         device = generator.device
         transition = dirichlet(torch.full((n, H, H), self.config.transition_concentration,
                                           dtype=torch.float64, device=device), generator)
         emission = dirichlet(torch.full((n, H, V), self.config.emission_concentration,
                                         dtype=torch.float64, device=device), generator)
+        return {"transition": transition, "emission": emission}
+
+    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
+        """One sequence per HMM of `latent` (the hidden path is added to the latent)."""
+        H, T = self.config.num_states, self.config.seq_len
+        device = generator.device
+        transition = latent["transition"].to(device)
+        emission = latent["emission"].to(device)
+        n = transition.shape[0]
         rows = torch.arange(n, device=device)
         states = torch.empty(n, T + 1, dtype=torch.long, device=device)
         tokens = torch.empty(n, T + 1, dtype=torch.long, device=device)
@@ -145,3 +174,21 @@ class HMMTask(Task):
     def bigram(self, batch: Batch) -> Tensor:
         counts = counts_in_context(batch.inputs, batch.targets, self.config.vocab_size)
         return add_beta_log_probs(counts, self.baseline_beta)
+
+    # --- the paper's accuracy-vs-context-length curve (Fig. 3) ---------------------------------
+    def summarize(self, batch: Batch, losses: dict[str, Tensor],
+                  scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
+        """Top-1 accuracy of every predictor with top-1 hits in `scores`, per context-length bin
+        k = 1, 2, 4, ..., seq_len (see the module docstring): {"context_lengths": ks,
+        "accuracy_by_context_length": {name: [...]}, "accuracy_by_context_length_stderr":
+        {name: [...]}}; a bin's value is the mean over sequences of each sequence's hit rate
+        over its scored positions in the bin (None where no position is scored)."""
+        ks = doubling_lengths(1, self.config.seq_len)
+        summary: dict = {"context_lengths": ks, "accuracy_by_context_length": {},
+                         "accuracy_by_context_length_stderr": {}}
+        for name, score in (scores or {}).items():
+            if "correct" in score:
+                mean, stderr = binned_means(score["correct"], batch.loss_mask, ks)
+                summary["accuracy_by_context_length"][name] = mean
+                summary["accuracy_by_context_length_stderr"][name] = stderr
+        return summary

@@ -13,6 +13,13 @@ how a sequence starts; here z_1 ~ N(0, P∞), the stationary law (P∞ = A P∞ 
 position has the same marginal and the only thing that changes along a sequence is how much
 context there is. A sequence is x_1..x_{T+1}: inputs x_1..x_T, targets x_2..x_{T+1}.
 
+Training tasks (`num_tasks`): 0 draws a fresh system for every training sequence; N > 0 trains
+on a pool of N systems drawn once (from the run seed, tasks/base.py `task_pool`), each training
+sequence simulating one of them picked uniformly, as the paper meta-trains on N_train tasks
+(§5.1.1, Fig. 2 left: excess risk against the number of meta-training tasks). The held-out set
+still draws a fresh system per sequence from the prior, so what it measures is generalisation to
+new tasks.
+
 References: `clairvoyant`, the Kalman filter with the true θ (E[x_{t+1} | x_1..x_t, θ]), a
 bound; `erm`, the paper's Transformer-as-GD predictor argmin_y Σ_i ||y - x_i||² + λ||y||²
 = Σ_i x_i / (t + λ) (λ = 0: the pooled mean). There is no exact `bayes` reference: the posterior
@@ -145,10 +152,14 @@ class LGSSMConfig:
     obs_noise_min: float = 0.05  # eigenvalues of R log-uniform in (min, max)
     obs_noise_max: float = 0.5
     erm_ridge: float = 0.0  # λ of the erm baseline (0: pooled mean)
+    num_tasks: int = 0  # training systems: a pool of this many (paper 004 Fig. 2 left); 0: fresh
 
     def __post_init__(self):
         if self.seq_len < 1 or self.state_dim < 1 or self.obs_dim < 1:
             raise ValueError("lgssm needs seq_len, state_dim, obs_dim >= 1")
+        if self.num_tasks < 0:
+            raise ValueError(f"lgssm needs num_tasks >= 0 (0: a fresh system per training "
+                             f"sequence), got {self.num_tasks}")
         if not 0 <= self.eig_min <= self.eig_max < 1:
             raise ValueError("lgssm needs 0 <= eig_min <= eig_max < 1 (a stable A)")
         if not (0 < self.state_noise_min <= self.state_noise_max
@@ -176,7 +187,11 @@ class LGSSMTask(Task):
     output_dim = input_dim
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
-        c, T = self.config, self.config.seq_len
+        return self.sample_given(self.draw_latent(n, generator), generator)
+
+    def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """n systems θ = (A, C, Q, R) from the prior of appendix B.1, float64."""
+        c = self.config
         device = generator.device
         basis = random_orthogonal(n, c.state_dim, generator)
         eigenvalues = c.eig_min + (c.eig_max - c.eig_min) * torch.rand(
@@ -187,11 +202,17 @@ class LGSSMTask(Task):
         state_noise = log_uniform_spd(n, c.state_dim, c.state_noise_min, c.state_noise_max,
                                       generator)
         obs_noise = log_uniform_spd(n, c.obs_dim, c.obs_noise_min, c.obs_noise_max, generator)
-        x = simulate(transition, emission, state_noise, obs_noise,
-                     stationary_covariance(transition, state_noise), T + 1, generator).float()
+        return {"A": transition, "C": emission, "Q": state_noise, "R": obs_noise}
+
+    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
+        """One sequence per system of `latent`, started from its stationary law."""
+        T = self.config.seq_len
+        theta = {k: v.to(device=generator.device, dtype=torch.float64) for k, v in latent.items()}
+        x = simulate(theta["A"], theta["C"], theta["Q"], theta["R"],
+                     stationary_covariance(theta["A"], theta["Q"]), T + 1, generator).float()
         return Batch(inputs=x[:, :T], targets=x[:, 1:],
-                     loss_mask=torch.ones(n, T, dtype=torch.bool, device=device),
-                     latent={"A": transition, "C": emission, "Q": state_noise, "R": obs_noise})
+                     loss_mask=torch.ones(x.shape[0], T, dtype=torch.bool, device=x.device),
+                     latent=theta)
 
     def references(self) -> dict[str, Reference]:
         return {

@@ -98,6 +98,42 @@ def white_noise_system(signal_decay: float, like: Tensor) -> tuple[Tensor, ...]:
             scalar(1 / (1 - signal_decay**2)))
 
 
+def context_bins(ks: list[int], length: int, device: torch.device | str = "cpu") -> Tensor:
+    """(len(ks), length) float64 indicators: row r marks the positions whose context length
+    (position index + 1: the loss at index i predicts from i + 1 observations) lies in
+    (k_r // 2, k_r]. For k = 1, 2, 4, ... the bins tile the axis on a log scale."""
+    bins = torch.zeros(len(ks), length, dtype=torch.float64, device=device)
+    for row, k in enumerate(ks):
+        bins[row, k // 2:k] = 1.0
+    return bins
+
+
+def doubling_lengths(first: int, last: int) -> list[int]:
+    """first, 2·first, 4·first, ... up to last."""
+    ks, k = [], first
+    while k <= last:
+        ks.append(k)
+        k *= 2
+    return ks
+
+
+def binned_means(values: Tensor, mask: Tensor, ks: list[int]) -> tuple[list, list]:
+    """Per context-length bin (context_bins), the mean over sequences of each sequence's mean of
+    `values` (B, T) over its scored positions (mask) in the bin, and its standard error over
+    sequences; None where no sequence (for the error: fewer than two) has a scored position."""
+    mask = mask.cpu().double()
+    bins = context_bins(ks, mask.shape[1])
+    counts = mask @ bins.T  # (B, K): scored positions of each sequence in each bin
+    has = counts > 0
+    sequences = has.sum(0)
+    rate = torch.where(has, (values.cpu().double() * mask) @ bins.T / counts.clamp_min(1), 0.0)
+    mean = rate.sum(0) / sequences.clamp_min(1)
+    spread = ((rate - mean).pow(2) * has).sum(0) / (sequences - 1).clamp_min(1)
+    stderr = (spread / sequences.clamp_min(1)).sqrt()
+    return ([float(m) if c > 0 else None for m, c in zip(mean, sequences)],
+            [float(e) if c > 1 else None for e, c in zip(stderr, sequences)])
+
+
 def loglog_slope(context_lengths: list[int], excess: list[float]) -> float | None:
     """Least-squares slope β of log(excess) = β log(k) + c over k >= SLOPE_MIN_CONTEXT; None
     when fewer than two such k exist or an excess there is not positive (log undefined)."""
@@ -207,13 +243,10 @@ class LGSSMColoredTask(Task):
     # --- the paper's excess-risk-vs-context-length analysis -----------------------------------
     def context_lengths(self) -> list[int]:
         """k ∈ {8, 16, 32, ...} up to seq_len (paper B.2 uses up to 512)."""
-        ks, k = [], 8
-        while k <= self.config.seq_len:
-            ks.append(k)
-            k *= 2
-        return ks
+        return doubling_lengths(8, self.config.seq_len)
 
-    def summarize(self, batch: Batch, losses: dict[str, Tensor]) -> dict:
+    def summarize(self, batch: Batch, losses: dict[str, Tensor],
+                  scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
         """Excess risk against context length k, over `bayes` and over `clairvoyant` (the
         irreducible error at a fixed ρ), with the log-log slope fitted over k >= 32 (paper B.2)
         and the standard error over sequences. The paper scores the single position k on 100
@@ -222,10 +255,8 @@ class LGSSMColoredTask(Task):
         so a power law keeps its exponent, and the estimate is far less noisy."""
         ks = self.context_lengths()
         some_loss = next(iter(losses.values()))
-        bins = torch.zeros(len(ks), some_loss.shape[1], dtype=torch.float64,
-                           device=some_loss.device)
-        for row, k in enumerate(ks):
-            bins[row, k // 2:k] = 1.0 / (k - k // 2)  # positions t = k//2 + 1 .. k
+        bins = context_bins(ks, some_loss.shape[1], some_loss.device)
+        bins = bins / bins.sum(1, keepdim=True)  # positions t = k//2 + 1 .. k, equal weights
         summary: dict = {"context_lengths": ks, "eval_rho": self.config.eval_rho}
         for base in ("bayes", "clairvoyant"):
             if base not in losses:

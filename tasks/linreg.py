@@ -2,9 +2,16 @@
 
 Each sequence draws its own weights W ~ N(0, I) of shape (N, f), examples x_k ~ U(-1, 1)^f and
 targets y_k = W x_k + ε_k with ε_k ~ N(0, σ² I). N = 1 is the paper's 1-D regression (A.5);
-N = f its N-D regression (A.6). With n examples, the prediction for example j (j = 0 .. n-1) may
-use the j earlier examples and the query x_j; every example is scored, so the loss curve covers
-every context size 0 .. n-1 (the paper scores only the last one).
+N = f its N-D regression (A.6; each of the N outputs is its own 1-D problem with its own row of
+W, so every reference below acts on each output coordinate separately). With n examples, the
+prediction for example j (j = 0 .. n-1) may use the j earlier examples and the query x_j.
+
+Scored positions (`score`): "all" scores every example, so the loss curve covers every context
+size 0 .. n-1; "last" scores only the final query of each prompt, which is what the paper trains
+on and evaluates ("the model was expected to output the prediction for the query (test) x given
+in the last timestep. The models were trained to minimize the mean squared error between the
+test prediction and target", §4). The mask is the batch's `loss_mask`, so it sets both the
+training loss and the held-out scores.
 
 Prompt formats (`prompt`):
 - "interleaved" (paper §3.2, Eqs. 19-20: x_1, y_1, x_2, y_2, ...). Positions alternate
@@ -21,6 +28,24 @@ Prompt formats (`prompt`):
   predicted from an empty context as in the interleaved format. Without this token the first
   example would be seen only through the product x_0 y_0, which hides x_0's scale and the sign of
   y_0, and the Bayes predictor would no longer be a ridge regression.
+
+Out-of-distribution inputs (`eval_x_scale` = α, paper 002 §4.1 and Fig. 1D/2D: "we draw values
+of inputs from U(-α, α)"): the held-out examples are x ~ U(-α, α)^f with y = W x + ε and W still
+from the prior; training is unchanged. The Bayes reference stays exact. The posterior over W is
+    p(W | X, Y) ∝ p(W) p(X) Π_k N(y_k; W x_k, σ²I) ∝ p(W) Π_k N(y_k; W x_k, σ²I):
+the law of the inputs p(X) does not involve W, so it cancels, and the posterior (hence the
+ridge posterior mean with λ = σ²) is the same function of (X, Y) whatever distribution drew X.
+The posterior mean is the minimum-MSE prediction given any X, so it is still optimal on scaled
+inputs, `held_out_from_prior` stays True (the only latent, W, is still drawn from the prior the
+Bayes predictor assumes) and a model beating `bayes` there is still a bug. The GD baselines run
+on the scaled examples with the step sizes tuned on the training distribution, as a model that
+learned gradient descent would (the paper's comparison); `ols` and the oracle need no change.
+
+Training tasks (`num_tasks`, the finite number of meta-training tasks of paper 004 §5.1 and
+Fig. 2 left, there for LG-SSMs): N > 0 trains on a pool of N
+weight matrices drawn once from the run seed (tasks/base.py `task_pool`), each training prompt
+using one picked uniformly; the held-out set still draws fresh weights from the prior, so the
+`bayes` reference (the prior's posterior mean) is the one a model must match to generalise.
 
 References. Every one is a function of the prefix statistics S_xx = Σ_{k<j} x_k x_kᵀ,
 S_xy = Σ_{k<j} x_k y_kᵀ and the query x_j, read from the inputs alone (so causal by
@@ -45,13 +70,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tasks.base import Batch, Reference, Task, make_generator
+from tasks.base import TEST_STREAM, Batch, Reference, Task, make_generator
 
 X_VAR = 1.0 / 3.0  # E[x_i²] for x_i ~ U(-1, 1)
 X_M4 = 1.0 / 5.0  # E[x_i⁴]
 TUNING_STREAM = 4  # seed tag of the step-size tuning sample; disjoint from train/val/test (1-3)
 TUNING_TASKS = 4096
 PINV_RTOL = 1e-10  # eigenvalues below this fraction of the largest count as zero
+SCORES = ("all", "last")  # values of `score`: every query, or only the final one (paper 002)
 
 
 def gd1_step_size(context: Tensor, n_features: int, noise_std: float) -> Tensor:
@@ -84,6 +110,25 @@ def interleave(x: Tensor, y: Tensor, seq_len: int) -> tuple[Tensor, Tensor, Tens
     loss_mask = torch.zeros(batch, 2 * n, dtype=torch.bool, device=x.device)
     loss_mask[:, 0::2] = True
     return inputs[:, :seq_len], targets[:, :seq_len], loss_mask[:, :seq_len]
+
+
+def last_scored(loss_mask: Tensor) -> Tensor:
+    """loss_mask (B, T) with only the last scored position of each sequence kept (score=last)."""
+    counts = loss_mask.long().cumsum(1)
+    return loss_mask & (counts == counts[:, -1:])
+
+
+def check_score(family: str, score: str) -> None:
+    if score not in SCORES:
+        raise ValueError(f"{family} score must be one of {', '.join(SCORES)}, got '{score}'")
+
+
+def constructed_tokens(x: Tensor, y: Tensor) -> Tensor:
+    """The paper's constructed tokens (B, n, N·f + f): position t holds [vec(y_{t-1} x_{t-1}ᵀ), x_t]
+    (the outer product flattened row by row), position 0 holds [0, x_0]."""
+    products = (y.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)
+    previous = torch.cat([torch.zeros_like(products[:, :1]), products[:, :-1]], dim=1)
+    return torch.cat([previous, x], dim=-1)
 
 
 def split_interleaved(inputs: Tensor, n_features: int, n_outputs: int) -> tuple[Tensor, Tensor]:
@@ -157,8 +202,17 @@ class LinearRegression(Task):
         noise_std: float = 0.0  # σ; the paper's targets are noiseless
         prompt: str = "interleaved"  # "interleaved" | "tokens"
         gd_steps: list[int] = field(default_factory=lambda: [1, 2, 5])
+        score: str = "all"  # "all": every query is scored; "last": only the final one (paper)
+        eval_x_scale: float = 1.0  # held-out x ~ U(-α, α)^f (paper Fig. 1D/2D); 1: in distribution
+        num_tasks: int = 0  # training weights: a pool of this many drawn once; 0: fresh per prompt
 
         def __post_init__(self):
+            check_score("linreg", self.score)
+            if self.num_tasks < 0:
+                raise ValueError(f"linreg needs num_tasks >= 0 (0: fresh weights per training "
+                                 f"prompt), got {self.num_tasks}")
+            if not self.eval_x_scale > 0:
+                raise ValueError(f"linreg eval_x_scale must be > 0, got {self.eval_x_scale}")
             if self.prompt not in ("interleaved", "tokens"):
                 raise ValueError(f"prompt must be 'interleaved' or 'tokens', got '{self.prompt}'")
             if self.seq_len < 1 or self.n_features < 1 or self.n_outputs < 1:
@@ -194,22 +248,47 @@ class LinearRegression(Task):
 
     # --- sampling ------------------------------------------------------------------------
     def sample(self, n: int, generator: torch.Generator) -> Batch:
+        return self.sample_given(self.draw_latent(n, generator), generator)
+
+    def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """The regression weights W ~ N(0, I), (n, N, f)."""
         c = self.config
-        device = generator.device
-        weights = torch.randn(n, c.n_outputs, c.n_features, generator=generator, device=device)
+        return {"weights": torch.randn(n, c.n_outputs, c.n_features, generator=generator,
+                                       device=generator.device)}
+
+    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator,
+                     x_scale: float = 1.0) -> Batch:
+        """Prompts for the given weights: x ~ U(-x_scale, x_scale)^f, y = W x + ε."""
+        c = self.config
+        weights = latent["weights"]
+        n, device = weights.shape[0], generator.device
         x = torch.rand(n, self.n_examples, c.n_features, generator=generator, device=device) * 2 - 1
+        x = x * x_scale
         # The noise is drawn even when σ = 0, so every σ sees the same x and W for a given seed.
         noise = torch.randn(n, self.n_examples, c.n_outputs, generator=generator, device=device)
         y = torch.einsum("bof,bkf->bko", weights, x) + c.noise_std * noise
         if c.prompt == "interleaved":
             inputs, targets, loss_mask = interleave(x, y, c.seq_len)
         else:
-            products = (y.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)  # vec(y xᵀ), row by row
-            previous = torch.cat([torch.zeros_like(products[:, :1]), products[:, :-1]], dim=1)
-            inputs = torch.cat([previous, x], dim=-1)
-            targets = y
+            inputs, targets = constructed_tokens(x, y), y
             loss_mask = torch.ones(n, c.seq_len, dtype=torch.bool, device=device)
+        if c.score == "last":
+            loss_mask = last_scored(loss_mask)
         return Batch(inputs, targets, loss_mask, {"weights": weights})
+
+    def held_out(self, n: int, split: int = TEST_STREAM) -> Batch:
+        """The fixed evaluation set: W from the prior, inputs x ~ U(-α, α)^f with α =
+        eval_x_scale (1: the training distribution). Same draws for every α, so the set at α is
+        the set at 1 with every x multiplied by α (and y recomputed from it)."""
+        generator = make_generator(split, 0)
+        return self.sample_given(self.draw_latent(n, generator), generator,
+                                 self.config.eval_x_scale)
+
+    @property
+    def held_out_from_prior(self) -> bool:
+        """True whatever eval_x_scale: the Bayes reference stays exact on scaled inputs (see the
+        module docstring), so a model beating it is still a bug."""
+        return True
 
     # --- what the references see ---------------------------------------------------------
     def examples(self, batch: Batch) -> tuple[Tensor, Tensor]:

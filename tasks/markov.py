@@ -5,6 +5,25 @@ first k tokens are uniform; token t+1 ~ P[x_{t-k+1..t}] afterwards. The Bayes-op
 predictor under this prior is the add-β estimator (n_j + β) / (n + Sβ), with n_j the number of
 times j followed the current context so far (paper 000 §2.4); for positions before the first
 full context it is uniform.
+
+Hold-out region of the simplex (`simplex_split` = s, paper 000 App. E.5 and Table 2: "we trained
+Mamba only on sequences from a subset of the Markov simplex, specifically the interval [0, 0.5],
+and we tested it on sequences from its complement [0.5, 1]"). A binary kernel row is the point
+(1 - p, p) of the 1-simplex, p = P(next = 1 | context) (the reference code draws p ~ U[0, 1] per
+row, and Table 2 reports P(x_t = 1 | x_1^{t-1})); so with s > 0 every training row is drawn from
+Dir(β·1) conditioned on p ≤ s, every held-out row conditioned on p > s (for S > 2, p is still
+the probability of symbol 1). Both by rejection, row by row; each region must hold at least
+MIN_REGION_MASS of the prior (checked when the config is built). The held-out set then leaves
+the training prior, `held_out_from_prior` is False, and `bayes` (add-β, the posterior predictive
+of the unrestricted prior, the paper's "optimal Laplacian smoothing") is exact for neither the
+training nor the held-out distribution; it is asymptotically minimax, which is what the paper
+tests. `summarize` reports, per context-length bin (tasks/lgssm_colored.py), the mean total
+variation distance of each predictor to add-β, which for S = 2 is Table 2's
+|P_θ(x_t = 1 | x_1^{t-1}) - P*(x_t = 1 | x_1^{t-1})|.
+
+Training tasks (`num_tasks`, as in paper 004's finite-task experiments): N > 0 trains on a pool
+of N kernels drawn once from the run seed (tasks/base.py `task_pool`), each training sequence
+following one picked uniformly; the held-out set still draws a fresh kernel per sequence.
 """
 from __future__ import annotations
 
@@ -14,8 +33,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tasks.base import Batch, Reference, Task
-from tasks.distributions import dirichlet, inverse_cdf
+from tasks.base import TEST_STREAM, Batch, Reference, Task, make_generator
+from tasks.distributions import dirichlet, gamma, inverse_cdf
+from tasks.lgssm_colored import binned_means, doubling_lengths
+
+MIN_REGION_MASS = 0.01  # prior mass each side of simplex_split must hold (rejection sampling)
+MAX_REJECTION_ROUNDS = 10_000  # a row still rejected after this many rounds is a bug (p < 1e-43)
 
 
 @dataclass
@@ -24,10 +47,58 @@ class MarkovConfig:
     vocab_size: int = 2  # S
     beta: float = 1.0  # Dirichlet concentration of each kernel row
     seq_len: int = 256  # scored positions T (T + 1 tokens are sampled)
+    num_tasks: int = 0  # training kernels: a pool of this many drawn once; 0: fresh per sequence
+    simplex_split: float = 0.0  # > 0: train on rows with P(1 | ctx) <= it, evaluate on > it (E.5)
 
     def __post_init__(self):
         if self.order < 1 or self.vocab_size < 2 or self.beta <= 0 or self.seq_len < 1:
             raise ValueError("markov needs order >= 1, vocab_size >= 2, beta > 0, seq_len >= 1")
+        if self.num_tasks < 0:
+            raise ValueError(f"markov needs num_tasks >= 0 (0: a fresh kernel per training "
+                             f"sequence), got {self.num_tasks}")
+        if self.simplex_split != 0 and not 0 < self.simplex_split < 1:
+            raise ValueError(f"markov simplex_split must be 0 (off) or in (0, 1), got "
+                             f"{self.simplex_split}")
+        if self.simplex_split:
+            below = region_mass(self.vocab_size, self.beta, self.simplex_split)
+            if min(below, 1 - below) < MIN_REGION_MASS:
+                raise ValueError(
+                    f"markov simplex_split={self.simplex_split} leaves "
+                    f"{min(below, 1 - below):.2g} of the Dir({self.beta}) prior on one side "
+                    f"(P(1 | context) <= split: {below:.3g}); each side needs >= {MIN_REGION_MASS}")
+
+
+def region_mass(vocab_size: int, beta: float, split: float, draws: int = 1 << 15) -> float:
+    """Prior probability that a Dir(β·1) row has P(symbol 1) <= split: the marginal is
+    Beta(β, (S-1)β), estimated from `draws` fixed draws (standard error <= 0.003), enough to
+    gate the rejection sampler's acceptance rate."""
+    generator = torch.Generator().manual_seed(0)
+    first = gamma(torch.full((draws,), beta), generator)
+    rest = gamma(torch.full((draws,), (vocab_size - 1) * beta), generator)
+    return float((first / (first + rest) <= split).double().mean())
+
+
+def restricted_dirichlet(shape: tuple[int, ...], beta: float, split: float, above: bool,
+                         generator: torch.Generator) -> Tensor:
+    """Rows (*shape, S) ~ Dir(β·1) conditioned on row[1] <= split (above=False) or row[1] > split
+    (above=True): each rejected row is redrawn until it falls in the region (exact rejection
+    sampling: an accepted row has the conditional law), float64."""
+    rows = dirichlet(torch.full(shape, beta, dtype=torch.float64, device=generator.device),
+                     generator).reshape(-1, shape[-1])
+
+    def rejected(r: Tensor) -> Tensor:
+        return (r[:, 1] <= split) if above else (r[:, 1] > split)
+
+    pending = rejected(rows).nonzero().squeeze(1)
+    for _ in range(MAX_REJECTION_ROUNDS):
+        if len(pending) == 0:
+            return rows.reshape(shape)
+        fresh = dirichlet(torch.full((len(pending), shape[-1]), beta, dtype=torch.float64,
+                                     device=generator.device), generator)
+        rows[pending] = fresh
+        pending = pending[rejected(fresh)]
+    raise RuntimeError(f"markov simplex_split: {len(pending)} kernel rows still outside the "
+                       f"region after {MAX_REJECTION_ROUNDS} rounds")
 
 
 def context_ids(tokens: Tensor, order: int, vocab_size: int) -> Tensor:
@@ -83,12 +154,36 @@ class MarkovTask(Task):
     output_dim = input_dim
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
-        k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
-        device = generator.device
+        return self.sample_given(self.draw_latent(n, generator), generator)
+
+    def draw_latent(self, n: int, generator: torch.Generator,
+                    held_out: bool = False) -> dict[str, Tensor]:
+        """n kernels (n, S^k, S), every row ~ Dir(β·1); with simplex_split, conditioned on the
+        training region (P(1 | context) <= split) or, for held_out, on its complement."""
+        k, S, c = self.config.order, self.config.vocab_size, self.config
+        if c.simplex_split:
+            return {"kernel": restricted_dirichlet((n, S**k, S), c.beta, c.simplex_split,
+                                                   held_out, generator)}
         # float64, drawn in log space (tasks/distributions.py): for small beta most of a row's
         # mass sits on one symbol and the rest lies below float32's range.
-        alpha = torch.full((n, S**k, S), self.config.beta, dtype=torch.float64, device=device)
-        kernel = dirichlet(alpha, generator)
+        alpha = torch.full((n, S**k, S), c.beta, dtype=torch.float64, device=generator.device)
+        return {"kernel": dirichlet(alpha, generator)}
+
+    def held_out(self, n: int, split: int = TEST_STREAM) -> Batch:
+        """The fixed evaluation set; with simplex_split, kernels from the held-out region."""
+        generator = make_generator(split, 0)
+        return self.sample_given(self.draw_latent(n, generator, held_out=True), generator)
+
+    @property
+    def held_out_from_prior(self) -> bool:
+        return self.config.simplex_split == 0
+
+    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
+        """One chain per kernel of `latent`: k uniform tokens, then the kernel's transitions."""
+        k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
+        device = generator.device
+        kernel = latent["kernel"].to(device)
+        n = kernel.shape[0]
         cdf = kernel.cumsum(-1)
         tokens = torch.empty(n, T + 1, dtype=torch.long, device=device)
         tokens[:, :k] = torch.randint(S, (n, min(k, T + 1)), generator=generator, device=device)
@@ -107,7 +202,10 @@ class MarkovTask(Task):
     def references(self) -> dict[str, Reference]:
         return {
             "bayes": Reference("bayes", "bayes", "add-beta smoothing: the exact posterior "
-                               "predictive under the Dirichlet prior", self.add_beta),
+                               "predictive under the Dirichlet prior" + (
+                                   " (the unrestricted one: with simplex_split, exact for "
+                                   "neither the training nor the held-out region)"
+                                   if self.config.simplex_split else ""), self.add_beta),
             "clairvoyant": Reference("clairvoyant", "bound", "the true kernel of each "
                                      "sequence (knows the latent)", self.clairvoyant),
             "unigram": Reference("unigram", "baseline", "in-context add-beta on symbol "
@@ -137,3 +235,24 @@ class MarkovTask(Task):
     def unigram(self, batch: Batch) -> Tensor:
         counts = torch.nn.functional.one_hot(batch.inputs, self.config.vocab_size).double()
         return add_beta_log_probs(counts.cumsum(1), self.config.beta)
+
+    # --- the hold-out experiment's distance to add-β by context length (paper 000 Table 2) -----
+    def summarize(self, batch: Batch, losses: dict[str, Tensor],
+                  scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
+        """With simplex_split: the mean total variation distance (L1 / 2) of every predictor's
+        next-token distribution to add-β's, per context-length bin k = 1, 2, 4, ..., seq_len
+        (tasks/lgssm_colored.py binned_means), with its standard error over sequences; for
+        S = 2 it is paper 000 Table 2's |P_θ(x_t = 1 | ·) - P*(x_t = 1 | ·)|. Nothing without
+        simplex_split."""
+        if not self.config.simplex_split:
+            return {}
+        ks = doubling_lengths(1, self.config.seq_len)
+        summary: dict = {"simplex_split": self.config.simplex_split, "context_lengths": ks,
+                         "tv_to_bayes_by_context_length": {},
+                         "tv_to_bayes_by_context_length_stderr": {}}
+        for name, score in (scores or {}).items():
+            if "l1" in score:
+                mean, stderr = binned_means(score["l1"] / 2, batch.loss_mask, ks)
+                summary["tv_to_bayes_by_context_length"][name] = mean
+                summary["tv_to_bayes_by_context_length_stderr"][name] = stderr
+        return summary

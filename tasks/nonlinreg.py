@@ -8,6 +8,9 @@ and the Bayes predictor is a well-defined integral.
 Prompt: the interleaved format of tasks/linreg.py with f = N = 1: x-token [x_k, 0, 1], y-token
 [0, y_k, 0]; the target y_k sits at the x_k position, the only scored positions, so the causal
 prediction at x_k is of y_k from the k earlier examples and the query. seq_len = 2n for n examples.
+`score`: "all" scores every query (the loss curve over context sizes), "last" only the final one,
+as the paper trains and evaluates (tasks/linreg.py); the mask sets the training loss and the
+held-out scores alike.
 
 Writing a sin(x + φ) = θᵀψ(x) with θ = (a cos φ, a sin φ) and features ψ(x) = (sin x, cos x), the
 log-likelihood of the j examples before a query is θᵀb/σ² - θᵀSθ/(2σ²) + const with the prefix
@@ -38,7 +41,8 @@ import torch
 from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
-from tasks.linreg import exclusive_cumsum, interleave, split_interleaved, to_positions
+from tasks.linreg import (check_score, exclusive_cumsum, interleave, last_scored,
+                          split_interleaved, to_positions)
 
 RAY_CHUNK = 1 << 18  # (query, φ-node) pairs evaluated at once: the temporaries stay in cache
 SMOOTH_SPAN = 10.0  # below this variation of the log-weight along a ray, use Gauss–Legendre
@@ -133,8 +137,10 @@ class SineRegression(Task):
         x_max: float = 5.0  # x ~ U[-x_max, x_max]
         grid_phase: int = 512  # midpoint nodes in φ (the integral over a is exact)
         knn_k: int = 1  # 1 beats 2 and 3 at 10 examples (sparse x)
+        score: str = "all"  # "all": every query is scored; "last": only the final one (paper)
 
         def __post_init__(self):
+            check_score("nonlinreg", self.score)
             if self.seq_len < 1 or self.grid_phase < 1 or self.knn_k < 1:
                 raise ValueError("nonlinreg needs seq_len, grid_phase and knn_k >= 1")
             if self.noise_std <= 0:
@@ -165,6 +171,8 @@ class SineRegression(Task):
         noise = torch.randn(n, self.n_examples, generator=generator, device=device)
         y = amplitude[:, None] * torch.sin(x + phase[:, None]) + c.noise_std * noise
         inputs, targets, loss_mask = interleave(x.unsqueeze(-1), y.unsqueeze(-1), c.seq_len)
+        if c.score == "last":
+            loss_mask = last_scored(loss_mask)
         return Batch(inputs, targets, loss_mask, {"amplitude": amplitude, "phase": phase})
 
     # --- what the references see ---------------------------------------------------------

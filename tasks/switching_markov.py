@@ -19,6 +19,12 @@ with n_j the number of times j followed the current context within the current s
 fewer than k symbols have followed the last switch the next symbol is uniform, P(j) =
 (1 − p_switch) / S. This is exact: the add-β estimator reset at every switch (§5.1).
 
+Mechanism probe (paper 000 §5.1, Fig. 13: one-layer Mamba "sets a_t to be zero at every switch,
+and a_t = 1 otherwise"): the task asks for the model probe "decay" (a model's per-position
+multiplicative state decay, e.g. Mamba's a_t = exp(Δ_t A) per layer and head; models/mamba.py),
+and `summarize_probes` records, per layer and head, its mean over the held-out input positions
+holding the switch token and over all other positions (metrics.probe in the run record).
+
 Latent, memory-sane: only segments that generate a scored target need a kernel, and a sequence
 of T + 1 tokens rarely has more than a few, so `kernels` has shape (n, M, S^k, S) with M one more
 than the largest number of switches among x_0..x_{T-1} in the batch (at most T + 1); `segment`
@@ -69,6 +75,8 @@ class SwitchingMarkovTask(Task):
     Config = SwitchingMarkovConfig
     description = ("order-k Markov chains restarted with a new Dir(beta) kernel at switch tokens "
                    "(prob p_switch); Bayes = add-beta reset at every switch")
+
+    probes = ("decay",)
 
     def latent_floats(self) -> int:
         c = self.config  # one kernel per segment; segments ~ 1 + Binomial(T, p), 4 sd above
@@ -171,3 +179,21 @@ class SwitchingMarkovTask(Task):
         row = segment * S**k + ids.clamp_max(S**k - 1)  # invalid contexts: any row, unused
         rows = flat.gather(1, row.unsqueeze(-1).expand(-1, -1, S))
         return self._with_switch(rows.log(), valid)
+
+    def summarize_probes(self, batch: Batch, probes: dict[str, Tensor]) -> dict:
+        """Mean decay a_t at the input positions that hold the switch token and elsewhere, per
+        layer and head ([layer][head]), with the number of positions of each kind; {} when the
+        model has no "decay" probe. Fig. 13's mechanism: ≈ 0 at switches, ≈ 1 elsewhere."""
+        if "decay" not in probes:
+            return {}
+        decay = probes["decay"].double().cpu()  # (B, T, layers, heads)
+        switch = (batch.inputs.cpu() == self.switch_token)[..., None, None].double()
+        positions = float(switch.sum())
+        others = switch.shape[0] * switch.shape[1] - positions
+
+        def mean(weight: Tensor, count: float) -> list | None:
+            return ((decay * weight).sum((0, 1)) / count).tolist() if count else None
+
+        return {"decay_at_switch": mean(switch, positions),
+                "decay_elsewhere": mean(1 - switch, others),
+                "switch_positions": int(positions), "other_positions": int(others)}

@@ -186,7 +186,7 @@ class TextTask(Task):
                 cache_lambda=self.config.cache_lambda)
         return self._baselines
 
-    def summarize(self, batch: Batch, losses: dict) -> dict:
+    def summarize(self, batch: Batch, losses: dict, scores: dict | None = None) -> dict:
         return {"corpus": self.corpus.description, "tokenizer": self.config.tokenizer,
                 "eval_split": self.config.eval_split, "bytes_per_token": self.bytes_per_token()}
 

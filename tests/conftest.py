@@ -81,3 +81,33 @@ def assert_causal(core: torch.nn.Module, x: torch.Tensor, t: int) -> None:
     before, after = core(x), core(changed)
     assert torch.equal(before[:, :t + 1], after[:, :t + 1])
     assert (before[:, t + 1:] - after[:, t + 1:]).abs().max() > 1e-6
+
+
+def check_score_last(every, final, last: int, sequences: int = 200) -> None:
+    """`final` is `every` with score=last (paper 002: only the final query is trained on and
+    scored): the same held-out sequences with exactly one scored position per sequence, at
+    `last`; the training loss is the squared error there alone; the held-out loss of every
+    reference is the `all` run's per-position curve at that position."""
+    from bench.evaluate import score
+    from bench.train import masked_loss
+    a, b = every.held_out(sequences), final.held_out(sequences)
+    assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+    expected = torch.zeros_like(b.loss_mask)
+    expected[:, last] = True
+    assert torch.equal(b.loss_mask, expected) and a.loss_mask[:, last].all()
+    assert int(a.loss_mask[0].sum()) > 1  # the `all` mask scores more than the last query
+    # the training batch, as the Lightning path draws it (step 0, rank 0)
+    train = final.on_after_batch_transfer(torch.tensor(0), 0)
+    assert torch.equal(train.loss_mask, expected[:1].expand_as(train.loss_mask))
+    output = torch.randn(train.targets.shape, generator=torch.Generator().manual_seed(0))
+    direct = (output[:, last] - train.targets[:, last]).pow(2).mean()
+    assert float(masked_loss(final, output, train)) == pytest.approx(float(direct), rel=1e-6)
+    predictions = {name: ref.predict(a) for name, ref in every.references().items()}
+    curves = score(every, a, predictions, resamples=10)["per_position"]
+    scored = score(final, b, predictions, resamples=10)
+    for name in predictions:
+        point = curves[f"loss.{name}"][last]
+        assert scored["metrics"]["loss"][name] == pytest.approx(point, rel=1e-12, abs=1e-15)
+        curve = scored["per_position"][f"loss.{name}"]
+        assert curve[last] == pytest.approx(point, rel=1e-12, abs=1e-15)
+        assert all(v is None for i, v in enumerate(curve) if i != last)

@@ -14,12 +14,15 @@ import itertools
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 from scipy.stats import chi2, norm
 
+from bench.config import compose
+from bench.evaluate import score
 from tasks import task_families
-from tasks.base import make_generator
+from tasks.base import Batch, make_generator
 from tasks.hmm import HMMConfig, HMMTask
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "task" / "hmm.yaml"
@@ -206,3 +209,72 @@ def test_config_file_and_registry():
     values = OmegaConf.to_container(OmegaConf.load(CONF))
     assert values.pop("family") == "hmm"
     assert values == dataclasses.asdict(HMMConfig())
+
+
+def test_paper_preset_is_appendix_b3():
+    """conf/task/hmm_paper.yaml: hmm.yaml with B.3's training protocol, sequences of 512
+    characters and a pool of 50,000 training HMMs; it composes with transformer_hmm."""
+    paper = OmegaConf.to_container(OmegaConf.load(CONF.with_name("hmm_paper.yaml")))
+    default = OmegaConf.to_container(OmegaConf.load(CONF))
+    assert CONF.with_name("hmm_paper.yaml").read_text().startswith("# ")
+    assert {k: v for k, v in paper.items() if default[k] != v} == {"seq_len": 512,
+                                                                   "num_tasks": 50_000}
+    config = compose(["task=hmm_paper", "model=transformer_hmm"], check=False)
+    task = HMMTask(config.task)
+    assert task.seq_len == 512 and task.num_tasks == 50_000
+    assert task.pool_bytes() == 50_000 * (50 * 50 + 50 * 100) * 8  # 3.0 GB of float64
+
+
+def test_accuracy_by_context_length_on_constructed_hits():
+    """Paper 004 Fig. 3: top-1 accuracy binned by context length k ∈ {1, 2, 4, 8}, bin k holding
+    the positions with context length in (k/2, k] (indices 0 | 1 | 2-3 | 4-7)."""
+    task = make_task(num_states=2, vocab_size=3, seq_len=8)
+    hits = torch.tensor([[1, 0, 1, 0, 1, 0, 1, 0], [1] * 8, [0] * 8], dtype=torch.bool)
+    mask = torch.ones(3, 8, dtype=torch.bool)
+    batch = Batch(torch.zeros(3, 8, dtype=torch.long), torch.zeros(3, 8, dtype=torch.long), mask)
+    scores = {"model": {"loss": torch.zeros(3, 8), "correct": hits},
+              "other": {"loss": torch.zeros(3, 8), "correct": ~hits},
+              "no_hits": {"loss": torch.zeros(3, 8)}}
+    summary = task.summarize(batch, {n: s["loss"] for n, s in scores.items()}, scores)
+    assert summary["context_lengths"] == [1, 2, 4, 8]
+    accuracy = summary["accuracy_by_context_length"]
+    assert set(accuracy) == {"model", "other"}
+    # per sequence: [1, 0, .5, .5], [1, 1, 1, 1], [0, 0, 0, 0]
+    assert accuracy["model"] == pytest.approx([2 / 3, 1 / 3, 1 / 2, 1 / 2], abs=1e-15)
+    assert accuracy["other"] == pytest.approx([1 / 3, 2 / 3, 1 / 2, 1 / 2], abs=1e-15)
+    third = math.sqrt(1 / 3) / math.sqrt(3)  # sd of {1, 1, 0} (and of {0, 1, 0}) over √3
+    assert summary["accuracy_by_context_length_stderr"]["model"] == pytest.approx(
+        [third, third, 0.5 / math.sqrt(3), 0.5 / math.sqrt(3)], abs=1e-15)
+    # an unscored position leaves its bin: sequence 0 keeps only index 2 of bin 4 (a hit)
+    mask[0, 3] = False
+    batch = Batch(batch.inputs, batch.targets, mask)
+    accuracy = task.summarize(batch, {}, scores)["accuracy_by_context_length"]
+    assert accuracy["model"][2] == pytest.approx(2 / 3, abs=1e-15)
+    assert task.summarize(batch, {}, None)["accuracy_by_context_length"] == {}
+
+
+def test_accuracy_by_context_length_in_the_scored_record():
+    """Through bench.evaluate.score: the record's metrics.task curve is the per-position top-1
+    curve averaged over each bin (every position scored), for the model and each reference."""
+    task = make_task(seq_len=64)
+    batch = task.held_out(200)
+    predictions = {name: ref.predict(batch) for name, ref in task.references().items()}
+    predictions["model"] = predictions["bigram"]
+    result = score(task, batch, predictions, resamples=10)
+    summary = result["metrics"]["task"]
+    assert summary["context_lengths"] == [1, 2, 4, 8, 16, 32, 64]
+    accuracy = summary["accuracy_by_context_length"]
+    assert set(accuracy) == set(predictions)
+    for name, curve in accuracy.items():
+        per_position = result["per_position"][f"accuracy.{name}"]
+        for k, value in zip(summary["context_lengths"], curve):
+            expected = sum(per_position[k // 2:k]) / (k - k // 2)
+            assert value == pytest.approx(expected, rel=1e-12), (name, k)
+    assert accuracy["model"] == accuracy["bigram"]
+    # from k = 8 on, the filter that knows (A, C) beats both n-gram baselines by > 5 standard
+    # errors (its accuracy is ~0.08 with H = 50, V = 100: the topic moves at every step)
+    stderr = summary["accuracy_by_context_length_stderr"]
+    for base in ("unigram", "bigram"):
+        for i in range(3, 7):
+            gap = accuracy["clairvoyant"][i] - accuracy[base][i]
+            assert gap > 5 * math.hypot(stderr["clairvoyant"][i], stderr[base][i]), (base, i)

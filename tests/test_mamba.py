@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import models.mamba as mamba_module
-from models import IOSpec, build_model
+from models import IOSpec, build_model, model_families
 from models.ssd import ssd_chunked
 from models.mamba import Mamba, MambaConfig, MambaZero, MambaZeroConfig
 
@@ -296,3 +296,86 @@ def test_mambazero_l1_scores_start_positive_so_none_is_clamped():
     x = core.embedding(tokens)
     scores = core.lm_head(x + core.mixer(x))
     assert (scores > 0).all()
+
+
+# --- the decay probe (paper 000 Fig. 13) ---------------------------------------------------------
+@pytest.mark.parametrize("ablation", ["default", "no_decay", "no_conv"])
+def test_probe_decays_are_the_scan_decays(ablation, monkeypatch):
+    """Core.probe's "decay" is exp(Δ_t A) exactly as the forward pass hands it to the scan, for
+    every layer and head (captured from ssd_scan's arguments); 1 without the decay."""
+    core = small_core(**ABLATIONS[ablation])
+    seen = []
+    scan = mamba_module.ssd_scan
+
+    def spy(x, dt, A, *args, **kwargs):
+        seen.append(torch.exp(dt * A))
+        return scan(x, dt, A, *args, **kwargs)
+
+    monkeypatch.setattr(mamba_module, "ssd_scan", spy)
+    x = torch.randn(2, 13, SMALL["d_model"], generator=torch.Generator().manual_seed(4),
+                    dtype=torch.float64)
+    core(x)
+    assert len(seen) == 2
+    decay = core.probe(x)["decay"]
+    assert decay.shape == (2, 13, 2, 4)
+    for layer in range(2):
+        torch.testing.assert_close(decay[:, :, layer], seen[layer], rtol=0, atol=TOL)
+    if ablation == "no_decay":
+        assert torch.equal(decay, torch.ones_like(decay))
+    else:
+        assert decay.min() > 0 and decay.max() < 1 and decay.std() > 1e-3
+
+
+def test_mambazero_and_backbone_probe():
+    torch.manual_seed(0)
+    model = build_model("mambazero", MambaZeroConfig(), TOKENS)
+    tokens = torch.randint(0, 3, (2, 9))
+    decay = model.probe(tokens)["decay"]
+    mixer = model.core.mixer
+    assert decay.shape == (2, 9, 1, mixer.nheads)
+    torch.testing.assert_close(decay[:, :, 0], mixer.decays(model.core.embedding(tokens)))
+    lstm = build_model("lstm", model_families()["lstm"].Config(), TOKENS)
+    assert lstm.probe(tokens) == {}  # a core without probes
+
+
+# --- convolution window vs Markov order (paper 000 Fig. 3b: w >= k + 1 needed) ----------------
+@pytest.mark.parametrize("w", [2, 3, 4])
+def test_d_conv_is_the_window_of_the_convolution(w):
+    """model.d_conv is the paper's window w: the convolved x, B, C at step t depend on the
+    mixer inputs at t - w + 1 .. t and on nothing earlier."""
+    mixer = small_core(d_conv=w).layers[0].mixer
+    assert mixer.conv1d.weight.shape == (mixer.conv_dim, 1, w)
+    xBC = torch.randn(1, 10, mixer.conv_dim, generator=torch.Generator().manual_seed(5),
+                      dtype=torch.float64)
+
+    def conv(inputs):
+        return mixer.conv1d(inputs.transpose(1, 2))[..., :10].transpose(1, 2)
+
+    t = 8
+    for lag in range(w + 2):
+        moved = xBC.clone()
+        moved[:, t - lag] += 1.0
+        changed = (conv(moved)[:, t] - conv(xBC)[:, t]).abs().max() > 1e-6
+        assert changed == (lag < w), (w, lag)
+
+
+@pytest.mark.parametrize("model", ["mamba", "mambazero"])
+@pytest.mark.parametrize("w", [2, 3, 4])
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_d_conv_composes_with_every_markov_order(model, w, order):
+    """Paper 000 Fig. 3b's grid (w ∈ {2, 3, 4} × k ∈ {1, 2, 3}; the paper needs w >= k + 1 to
+    learn): each pair composes from the CLI keys and takes a finite training step."""
+    from bench.config import compose
+    from bench.train import build, masked_loss
+    config = compose(["task=markov", f"task.order={order}", "task.seq_len=24", f"model={model}",
+                      f"model.d_conv={w}", "trainer.batch_size=4"])
+    assert config.model.d_conv == w and config.task.order == order
+    task, net = build(config)
+    batch = task.on_after_batch_transfer(torch.tensor(0), 0)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in net.parameters()]
+    loss = masked_loss(task, net(batch.inputs), batch)
+    loss.backward()
+    optimizer.step()
+    assert torch.isfinite(loss) and 0.5 < loss.item() < 2.0  # ~ln 2 for binary chains at init
+    assert any(not torch.equal(a, p) for a, p in zip(before, net.parameters()))

@@ -136,3 +136,76 @@ def test_bayes_beats_unigram_and_clairvoyant_bounds_bayes():
     for worse, better in (("unigram", "bayes"), ("bayes", "clairvoyant")):
         diff = loss[worse] - loss[better]
         assert diff.mean() > 4 * diff.std() / math.sqrt(len(diff))
+
+
+# --- the hold-out experiment (paper 000 App. E.5, Table 2) --------------------------------------
+def split_task(S=2, split=0.5, order=2, T=32, **kw):
+    return MarkovTask(MarkovConfig(order=order, vocab_size=S, seq_len=T, simplex_split=split,
+                                   **kw), batch_size=500)
+
+
+def within(samples: torch.Tensor, expected: float, z: float = 5.0) -> bool:
+    return abs(samples.mean().item() - expected) <= z * samples.std().item() / math.sqrt(
+        samples.numel())
+
+
+def test_hold_out_split_trains_below_and_evaluates_above():
+    """Binary chains, β = 1, split 0.5: every training row has p = P(1 | context) ~ U[0, 0.5]
+    (mean 1/4, variance 1/48), every held-out row p ~ U(0.5, 1] (mean 3/4); the training batch
+    drawn by the Lightning path obeys it too, and the held-out set leaves the prior."""
+    t = split_task()
+    train = t.on_after_batch_transfer(torch.tensor(0), 0).latent["kernel"].reshape(-1, 2)
+    held = t.held_out(500).latent["kernel"].reshape(-1, 2)
+    assert len(train) == len(held) == 2000
+    p, q = train[:, 1], held[:, 1]
+    assert p.max() <= 0.5 and q.min() > 0.5
+    assert within(p, 0.25) and within((p - 0.25) ** 2, 1 / 48)
+    assert within(q, 0.75) and within((q - 0.75) ** 2, 1 / 48)
+    assert not t.held_out_from_prior and split_task(split=0.0).held_out_from_prior
+    # the training batches' tokens follow the restricted kernels (z-scores of transitions)
+    batch = t.on_after_batch_transfer(torch.tensor(0), 0)
+    assert transition_z_scores(batch, 2, 2, slice(1, None)).abs().max() < 4.5
+    # the held-out set without a split is the one every other markov config gets
+    plain = task(order=2, S=2, T=32).held_out(50)
+    assert torch.equal(split_task(split=0.0).held_out(50).inputs, plain.inputs)
+
+
+def test_hold_out_split_with_three_symbols_conditions_only_p1():
+    """S = 3, β = 1: P(1) ~ Beta(1, 2) restricted to [0, 0.5], density 2(1 - p)/0.75, mean
+    (1/2 - 1/12)·2/0.75 = 2/9; given P(1), the other two split the rest uniformly."""
+    t = split_task(S=3, order=1)
+    rows = t.draw_latent(6000, make_generator(4))["kernel"].reshape(-1, 3)
+    assert rows[:, 1].max() <= 0.5 and within(rows[:, 1], 2 / 9)
+    share = rows[:, 0] / (rows[:, 0] + rows[:, 2])
+    assert within(share, 0.5) and within((share - 0.5) ** 2, 1 / 12)
+    torch.testing.assert_close(rows.sum(-1), torch.ones(len(rows), dtype=torch.float64))
+
+
+def test_hold_out_split_validation_and_pool():
+    with pytest.raises(ValueError, match="simplex_split must be 0"):
+        MarkovConfig(simplex_split=1.0)
+    # S = 10, β = 1: P(p_1 > 0.9) = 0.1^9, far below MIN_REGION_MASS
+    with pytest.raises(ValueError, match=r"each side needs >= 0.01"):
+        MarkovConfig(vocab_size=10, simplex_split=0.9)
+    pooled = split_task(num_tasks=4)
+    pool = pooled.task_pool("cpu")["kernel"]
+    assert pool.shape == (4, 4, 2) and pool[..., 1].max() <= 0.5  # the pool is in the region
+
+
+def test_hold_out_summary_is_table_2_distance_by_context_length():
+    """Through bench.evaluate.score: the distance of each predictor to add-β per bin is the mean
+    over the bin's positions of |P(1) - P_add-β(1)| (binary: TV = |Δ P(1)|), 0 for add-β."""
+    from bench.evaluate import score
+    t = split_task(T=16)
+    batch = t.held_out(300)
+    predictions = {name: ref.predict(batch) for name, ref in t.references().items()}
+    predictions["model"] = predictions["unigram"]
+    summary = score(t, batch, predictions, resamples=10)["metrics"]["task"]
+    assert summary["context_lengths"] == [1, 2, 4, 8, 16] and summary["simplex_split"] == 0.5
+    distance = summary["tv_to_bayes_by_context_length"]
+    assert distance["bayes"] == [0.0] * 5
+    direct = (predictions["unigram"][..., 1].exp() - predictions["bayes"][..., 1].exp()).abs()
+    for k, value in zip(summary["context_lengths"], distance["model"]):
+        assert value == pytest.approx(float(direct[:, k // 2:k].mean()), rel=1e-9)
+    assert distance["model"] == distance["unigram"]
+    assert task().summarize(batch, {}, None) == {}  # nothing without a split

@@ -12,6 +12,7 @@ import yaml
 
 from bench.evaluate import sequence_means
 from tasks import task_families
+from conftest import check_score_last
 from tasks.base import make_generator
 from tasks.nonlinreg import SineRegression, features, gd1_step_size, ray_integral
 
@@ -192,3 +193,9 @@ def test_bayes_beats_every_reference_on_held_out_data():
     for name, loss in losses.items():
         diff = loss - bayes
         assert diff.mean() > Z * diff.std() / math.sqrt(len(diff)), name
+
+
+def test_score_last_scores_only_the_final_query():
+    config = dict(seq_len=12, grid_phase=64)
+    check_score_last(SineRegression(SineRegression.Config(**config)),
+                     SineRegression(SineRegression.Config(**config, score="last")), 10)

@@ -16,9 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 from scipy.stats import norm
 
+from bench.config import compose
+from bench.evaluate import probe_summary
+from bench.train import run
+from models import IOSpec, build_model, model_families
 from tasks import task_families
 from tasks.base import make_generator
 from tasks.markov import context_ids
@@ -233,3 +238,62 @@ def test_config_file_and_registry():
     assert values == dataclasses.asdict(SwitchingMarkovConfig())
     with pytest.raises(ValueError):
         SwitchingMarkovConfig(p_switch=1.0)
+
+
+def constructed_mamba(switch: int):
+    """A one-layer Mamba whose decays are known in closed form: token j embeds as e_j, so the
+    mixer sees e_j / sqrt(1/4 + eps) (RMSNorm of a one-hot in 4 dimensions); head 0's dt reads
+    coordinate `switch` with weight 10 and has bias -5, A = 1; head 1's dt is 0 with bias 0,
+    A = 1/2. Then a_t = exp(-softplus(10 s - 5)) ≈ e^-15 = 3.1e-7 on the switch token and
+    exp(-softplus(-5)) = 0.99331 elsewhere for head 0, and 2^-1/2 everywhere for head 1."""
+    torch.manual_seed(0)
+    config = model_families()["mamba"].Config(d_model=4, expand=2, headdim=4, n_layers=1,
+                                              d_state=2, d_conv=2)
+    model = build_model("mamba", config, IOSpec("tokens", switch + 1, switch + 1, 64))
+    mixer = model.core.layers[0].mixer
+    assert mixer.nheads == 2
+    with torch.no_grad():
+        model.encoder.weight.copy_(torch.eye(switch + 1, 4))
+        mixer.in_proj.weight[-2:] = 0.0
+        mixer.in_proj.weight[-2, switch] = 10.0
+        mixer.dt_bias.copy_(torch.tensor([-5.0, 0.0]))
+        mixer.A_log.copy_(torch.log(torch.tensor([1.0, 0.5])))
+    scale = 1 / math.sqrt(1 / 4 + model.core.layers[0].norm.eps)
+    at_switch = [math.exp(-F.softplus(torch.tensor(10 * scale - 5, dtype=torch.float64)).item()),
+                 2 ** -0.5]
+    elsewhere = [math.exp(-math.log1p(math.exp(-5.0))), 2 ** -0.5]
+    return model, at_switch, elsewhere
+
+
+def test_decay_probe_at_switch_tokens_on_a_constructed_mamba():
+    """metrics.probe (bench.evaluate.probe_summary → SwitchingMarkovTask.summarize_probes) on a
+    Mamba whose a_t is known: mean a_t over switch positions and elsewhere, per head."""
+    task = make_task(vocab_size=2, order=1, p_switch=0.05, seq_len=64)
+    batch = task.held_out(24)
+    model, at_switch, elsewhere = constructed_mamba(task.switch_token)
+    summary = probe_summary(task, model, batch, batch_size=5)  # 5 batches, the last partial
+    switches = int((batch.inputs == task.switch_token).sum())
+    assert switches > 30  # ~0.05 · 24 · 64 = 77 expected
+    assert summary["switch_positions"] == switches
+    assert summary["other_positions"] == 24 * 64 - switches
+    assert summary["decay_at_switch"] == [pytest.approx(at_switch, rel=1e-5)]
+    assert summary["decay_elsewhere"] == [pytest.approx(elsewhere, rel=1e-6)]
+    assert at_switch[0] < 4e-7 and elsewhere[0] == pytest.approx(0.993307, abs=1e-6)
+    # no probe for a task that asks for none, or a model that has none
+    from tasks.markov import MarkovConfig, MarkovTask
+    assert probe_summary(MarkovTask(MarkovConfig()), model, batch, 8) is None
+    lstm = build_model("lstm", model_families()["lstm"].Config(), IOSpec("tokens", 3, 3, 64))
+    assert probe_summary(task, lstm, batch, 8) is None
+
+
+def test_decay_probe_reaches_the_run_record(tmp_path):
+    """A switching_markov run with a Mamba writes metrics.probe (one layer, one head here)."""
+    record, _ = run(compose(["task=switching_markov", "task.seq_len=32", "task.p_switch=0.05",
+                             "model=mamba", "trainer.max_steps=2", "trainer.eval_sequences=16",
+                             "trainer.bootstrap=20", "trainer.progress=false",
+                             "trainer.logger=none", f"out_dir={tmp_path}"]))
+    probe = record["metrics"]["probe"]
+    assert probe["switch_positions"] + probe["other_positions"] == 16 * 32
+    assert probe["switch_positions"] > 0
+    assert len(probe["decay_at_switch"]) == 1 and len(probe["decay_at_switch"][0]) == 1
+    assert 0 < probe["decay_elsewhere"][0][0] < 1
