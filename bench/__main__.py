@@ -131,14 +131,14 @@ def cmd_claims(argv: list[str]) -> int:
         raise ConfigError(f"unknown argument '{argv[0]}'; claims takes out_dir=<dir>, "
                           "out=<file>, include=suite|all, rules=<file or folder>")
     from bench.claims import VERDICTS, load_claims, write_claims
-    from bench.leaderboard import select_runs
+    from bench.leaderboard import plural, select_runs
     claims = load_claims(rules or None)  # bad rules are reported before the records are read
     selection = select_runs(out_dir, include)
     for path, reason in selection.bad:
         print(f"warning: skipped {path}: {reason}", file=sys.stderr)
     path, decisions = write_claims(selection, out, rules or None, claims)
     counts = ", ".join(f"{sum(d.verdict == v for d in decisions)} {v}" for v in VERDICTS)
-    print(f"{path}: {len(decisions)} claims ({counts}) from {selection.summary()}")
+    print(f"{path}: {plural(len(decisions), 'claim')} ({counts}) from {selection.summary()}")
     return 0
 
 

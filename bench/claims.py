@@ -621,7 +621,7 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
         note = "needs a GPU" if claim.gpu else ""
         return Decision(claim, "not measured", missing=missing, note=note,
                         values={k: v for k, v in values.items() if v is not None})
-    bad = [name for name, m in values.items() if not math.isfinite(m.value)]
+    bad = [name for name in claim.rule.used if not math.isfinite(values[name].value)]
     if bad:
         return Decision(claim, "fails", scale, values,
                         note=f"not a finite number: {', '.join(bad)}")
