@@ -53,7 +53,8 @@ CLAIM_KEYS = {"id", "section", "claim", "paper_number", "measure", "where", "rul
 REQUIRED = ("id", "section", "claim", "paper_number", "measure", "rule", "scale", "command")
 QUANTITY_KEYS = {"where", "metric", "suite"}
 DEFAULT_METRIC = "metrics.bayes_gap"
-PATH = re.compile(r"^(?P<path>[A-Za-z_][\w]*(?:\.[\w-]+)*)(?:\[(?P<index>-?\d+|-?\d*:-?\d*|last)\])?$")
+PATH = re.compile(r"^(?P<path>[A-Za-z_]\w*(?:\.[\w-]+)*)"  # dotted keys, then [i], [a:b] or [last]
+                  r"(?:\[(?P<index>-?\d+|-?\d*:-?\d*|last)\])?$")
 FUNCTIONS = {"abs": (1, 1), "min": (2, None), "max": (2, None)}
 ALLOWED = ("quantity names, numbers, comparisons (< <= > >= == !=), and/or/not, + - * /, "
            "abs/min/max")
@@ -87,7 +88,8 @@ class Rule:
         try:
             self.tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as error:
-            raise ConfigError(f"{where}: rule '{text}' is not an expression ({error.msg})") from None
+            raise ConfigError(f"{where}: rule '{text}' is not an expression "
+                              f"({error.msg})") from None
         if self._kind(self.tree.body) != "bool":
             raise ConfigError(f"{where}: rule '{text}' must be a comparison or an and/or/not of "
                               "comparisons, not a number")
