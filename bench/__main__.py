@@ -3,6 +3,7 @@
   run          train one model on one task, evaluate it against the task's references
   references   evaluate only the references on the held-out set (n=<sequences>)
   leaderboard  rewrite leaderboard.md from the run records in out_dir
+  claims       write claims.md: every claim of the three papers, decided from the run records
   speed        training throughput of a model and throughput of the task's oracle
   suite        run every entry of conf/suite/<name>.yaml in turn (name=<suite> [key=value ...])
   list         the tasks and models, one line each
@@ -16,7 +17,7 @@ import sys
 
 from bench.config import ConfigError, choices, compose, describe_choice, first_line
 
-COMMANDS = ("run", "references", "leaderboard", "speed", "suite", "list")
+COMMANDS = ("run", "references", "leaderboard", "claims", "speed", "suite", "list")
 OVERRIDES = ("  task=<name> model=<name> trainer=<name>   a file of conf/task, conf/model, conf/trainer\n"
              "  task.<field>=v model.<field>=v trainer.<field>=v   one field of it\n"
              "  seed=<int> out_dir=<dir> name=<tag> resume=<checkpoint>")
@@ -28,6 +29,11 @@ USAGE = {
                   "no training.\n" + OVERRIDES,
     "leaderboard": "python -m bench leaderboard [out_dir=results] [out=leaderboard.md] "
                    "[include=suite|all]\n  Rewrite the leaderboard from the run records in out_dir.",
+    "claims": "python -m bench claims [out_dir=results] [out=claims.md] [include=suite|all] "
+              "[rules=conf/claims]\n  Decide every claim of the rules (conf/claims/*.yaml: each "
+              "claim's quantities, record selectors and metric paths, and its rule) from the run "
+              "records in out_dir and write claims.md: holds, holds at CPU scale only, fails or "
+              "not measured.",
     "speed": "python -m bench speed [steps=20] [kernels=all|<kernel>] [precisions=all|<precision>] "
              "[compile=all|on|off] [out=<file.json>] [key=value ...]\n  Training-step time of the "
              "configured model for every SSD kernel, precision and compile setting that applies "
@@ -113,6 +119,26 @@ def cmd_leaderboard(argv: list[str]) -> int:
         print(f"warning: skipped {path}: {reason}", file=sys.stderr)
     path = write_leaderboard(selection, out)
     print(f"{path}: {selection.summary()}")
+    return 0
+
+
+def cmd_claims(argv: list[str]) -> int:
+    argv, out = take_option(argv, "out", "claims.md")
+    argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, include = take_option(argv, "include", "suite")
+    argv, rules = take_option(argv, "rules", "")
+    if argv:
+        raise ConfigError(f"unknown argument '{argv[0]}'; claims takes out_dir=<dir>, "
+                          "out=<file>, include=suite|all, rules=<file or folder>")
+    from bench.claims import VERDICTS, load_claims, write_claims
+    from bench.leaderboard import plural, select_runs
+    claims = load_claims(rules or None)  # bad rules are reported before the records are read
+    selection = select_runs(out_dir, include)
+    for path, reason in selection.bad:
+        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    path, decisions = write_claims(selection, out, rules or None, claims)
+    counts = ", ".join(f"{sum(d.verdict == v for d in decisions)} {v}" for v in VERDICTS)
+    print(f"{path}: {plural(len(decisions), 'claim')} ({counts}) from {selection.summary()}")
     return 0
 
 
@@ -224,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.records import RunFailed
     try:
         return {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
-                "speed": cmd_speed, "suite": cmd_suite, "list": cmd_list}[command](rest)
+                "claims": cmd_claims, "speed": cmd_speed, "suite": cmd_suite,
+                "list": cmd_list}[command](rest)
     except ConfigError as error:
         return fail(str(error))
     except RunFailed as error:  # the run started: its `failed` record says the rest

@@ -1,0 +1,473 @@
+"""claims.md: every claim decided by its rule from run records. Synthetic records (no training)
+check each verdict, the pooling of seeds, metric paths and intervals, the safe rule evaluator,
+bad rules files and arguments (one line, exit 2, nothing written), and the shipped
+conf/claims/*.yaml against the committed records."""
+import itertools
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import claims as claims_mod
+from bench.__main__ import main
+from bench.claims import Rule, decide_all, load_claims, write_claims
+from bench.config import ConfigError, choices, compose, load_suite
+from bench.leaderboard import across_seeds, select_runs
+from bench.records import SCHEMA
+
+REPO = Path(__file__).resolve().parents[1]
+_ids = itertools.count()
+
+CONV = ["task=markov", "trainer.max_steps=1000", "trainer.lr=0.01"]
+MAMBA = [*CONV, "model=mamba"]
+NOCONV = [*CONV, "model=mamba", "model.conv=false"]
+
+
+def record(selector: list[str], seed: int = 0, gap: float = 0.001, stamp="20260101-120000",
+           origin="suite:leaderboard", commit="a" * 40, **extra) -> dict:
+    """An `ok` record of the run `selector` composes to, with everything the leaderboard reads;
+    its task/model/trainer configs are the composed ones, so selectors match it exactly."""
+    config = compose(selector, check=False)
+    loss = {"bayes": 0.5, "unigram": 0.58, "model": 0.5 + gap}
+    rec = {"schema": SCHEMA,
+           "run_id": f"{config.task_name}--{config.model_name}--s{seed}--{stamp}-{next(_ids):06x}",
+           **config.describe(), "seed": seed, "origin": origin,
+           "provenance": {"commit": commit, "dirty": False}, "status": "ok",
+           "params": 100, "state_size": 16,
+           "train": {"steps": config.trainer.max_steps, "wall_time_s": 1.0},
+           "metrics": {"gap_reference": "bayes", "gap_reference_role": "bayes", "loss": loss,
+                       "gap": {k: v - 0.5 for k, v in loss.items()},
+                       "gap_ci": {k: [v - 0.51, v - 0.49] for k, v in loss.items()},
+                       "loss_ci": {k: [v - 0.01, v + 0.01] for k, v in loss.items()},
+                       "roles": {"bayes": "bayes", "unigram": "baseline"},
+                       "accuracy": {"model": 0.7, "bayes": 0.71},
+                       "bayes_gap": gap, "bayes_gap_ci": [gap * 0.8, gap * 1.2],
+                       "relative_gap": gap / 0.5, "sequences": 64,
+                       "task": {"excess": {"model": [0.4, 0.2, 0.1]},
+                                "excess_stderr": {"model": [0.1, 0.05, 0.01]},
+                                "slope": {"model": None}}},
+           "per_position": {"gap.model": [gap] * 4,
+                            "accuracy.model": [0.1, None, 0.3, 0.5, None]}}
+    for key, value in extra.items():
+        rec[key] = value
+    return rec
+
+
+def put(directory: Path, *recs: dict) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for rec in recs:
+        (directory / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+
+
+RULES = """\
+paper: "000"
+title: A test paper
+claims:
+  - id: t-conv
+    section: "Fig. 3a"
+    claim: Convolution is the key.
+    paper_number: fails without it
+    where: [task=markov, trainer.max_steps=1000, trainer.lr=0.01]
+    measure:
+      mamba: {{where: [model=mamba]}}
+      noconv: {{where: [model=mamba, model.conv=false]}}
+    rule: "{rule}"
+    scale: {scale}
+{extra}    command: python -m bench suite name=leaderboard
+"""
+
+
+def rules_file(tmp_path: Path, rule="mamba <= 0.01 and noconv >= 5 * mamba", scale="paper",
+               extra="") -> Path:
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES.format(rule=rule, scale=scale, extra=extra))
+    return path
+
+
+def decide(out_dir: Path, rules: Path, include="suite"):
+    return decide_all(load_claims(rules), select_runs(str(out_dir), include))
+
+
+# ------------------------------------------------------------------------ verdicts
+
+def test_a_claim_that_holds_and_one_that_fails(tmp_path):
+    put(tmp_path / "ok", record(MAMBA, gap=0.001), record(NOCONV, gap=0.06))
+    [d] = decide(tmp_path / "ok", rules_file(tmp_path))
+    assert d.verdict == "holds" and d.values["mamba"].value == pytest.approx(0.001)
+    # a record set that should fail the claim does: without convolution it learned as well
+    put(tmp_path / "bad", record(MAMBA, gap=0.001), record(NOCONV, gap=0.002))
+    [d] = decide(tmp_path / "bad", rules_file(tmp_path))
+    assert d.verdict == "fails"
+    assert d.values["noconv"].value == pytest.approx(0.002)
+
+
+def test_missing_records_are_not_measured_and_say_which(tmp_path):
+    put(tmp_path / "r", record(MAMBA, gap=0.001))
+    [d] = decide(tmp_path / "r", rules_file(tmp_path))
+    assert d.verdict == "not measured" and d.missing == ["noconv"]
+    assert "no record of `noconv`" in claims_mod.ours_cell(d)
+    # a record of another config (another budget) does not stand in for it
+    put(tmp_path / "r", record(["task=markov", "trainer.max_steps=999", "trainer.lr=0.01",
+                                "model=mamba", "model.conv=false"]))
+    [d] = decide(tmp_path / "r", rules_file(tmp_path))
+    assert d.verdict == "not measured"
+
+
+def test_cpu_scale_records_of_a_gpu_scale_claim(tmp_path):
+    """scale: cpu -> `holds at CPU scale only`; paper_scale selectors prefer paper-scale
+    records (trainer=paper replaces the CPU budget) once they exist for every quantity."""
+    out = tmp_path / "r"
+    put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.06))
+    rules = rules_file(tmp_path, scale="cpu", extra="    paper_scale: [trainer=paper]\n")
+    [d] = decide(out, rules)
+    assert d.verdict == "holds at CPU scale only" and d.scale == "cpu"
+    put(out, record(["task=markov", "model=mamba", "trainer=paper"], gap=0.0005))
+    [d] = decide(out, rules)  # only one quantity at paper scale: still the CPU records
+    assert d.verdict == "holds at CPU scale only"
+    put(out, record(["task=markov", "model=mamba", "model.conv=false", "trainer=paper"],
+                    gap=0.0006))
+    [d] = decide(out, rules)  # paper scale, and there the rule fails
+    assert d.scale == "paper" and d.verdict == "fails"
+    assert d.values["noconv"].value == pytest.approx(0.0006)
+
+
+def test_seeds_are_pooled_each_once_with_a_t_interval(tmp_path):
+    out = tmp_path / "r"
+    gaps = {0: 0.001, 1: 0.003, 2: 0.002}
+    put(out, *(record(MAMBA, seed=s, gap=g, stamp="20260101-120000") for s, g in gaps.items()),
+        record(MAMBA, seed=1, gap=0.5, stamp="20250101-120000"),  # an older copy of seed 1
+        record(NOCONV, gap=0.06))
+    [d] = decide(out, rules_file(tmp_path))
+    m = d.values["mamba"]
+    assert m.seeds == [0, 1, 2] and m.across_seeds
+    mean, half = across_seeds(list(gaps.values()))
+    assert m.value == pytest.approx(mean)
+    assert m.interval == pytest.approx((mean - half, mean + half))
+    assert d.verdict == "holds"
+    # one seed: the record's own bootstrap interval
+    assert d.values["noconv"].interval == pytest.approx((0.048, 0.072))
+    assert not d.values["noconv"].across_seeds
+
+
+def test_the_newest_code_version_is_used_and_origin_filters(tmp_path):
+    out = tmp_path / "r"
+    put(out, record(MAMBA, gap=0.001, commit="a" * 40, stamp="20260101-120000"),
+        record(MAMBA, gap=0.009, commit="b" * 40, stamp="20260201-120000"),
+        record(NOCONV, gap=0.06),
+        record(NOCONV, gap=0.5, origin="adhoc", stamp="20260301-120000"))
+    [d] = decide(out, rules_file(tmp_path))
+    assert d.values["mamba"].value == pytest.approx(0.009) and d.values["mamba"].code == "bbbbbbb"
+    assert d.values["noconv"].value == pytest.approx(0.06)  # the ad-hoc run is left out
+    [d] = decide(out, rules_file(tmp_path), include="all")
+    assert d.values["noconv"].value == pytest.approx(0.5)  # now the newest record of seed 0
+
+
+def test_a_record_that_predates_a_config_field_matches_its_default(tmp_path):
+    old = record(MAMBA, gap=0.001)
+    del old["model"]["config"]["tie_embeddings"]  # the field did not exist when it ran
+    del old["trainer"]["config"]["compile"]
+    put(tmp_path / "r", old, record(NOCONV, gap=0.06))
+    [d] = decide(tmp_path / "r", rules_file(tmp_path))
+    assert d.verdict == "holds"
+
+
+def test_metric_paths_indices_slices_and_intervals(tmp_path):
+    out = tmp_path / "r"
+    put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.06))
+    extra = "\n".join([
+        "  - id: t-paths", "    section: s", "    claim: c", "    paper_number: p",
+        "    where: [task=markov, model=mamba, trainer.max_steps=1000, trainer.lr=0.01]",
+        "    measure:",
+        "      loss: {metric: metrics.loss.model}",
+        "      acc: {metric: metrics.accuracy.model}",
+        "      last: {metric: 'per_position.accuracy.model[last]'}",
+        "      window: {metric: 'per_position.accuracy.model[0:3]'}",
+        "      second: {metric: 'metrics.task.excess.model[1]'}",
+        "      slope: {metric: metrics.task.slope.model}",
+        "    rule: \"loss > 0 and acc > 0 and last > 0 and window > 0 and second > 0\"",
+        "    scale: paper", "    command: python -m bench suite name=leaderboard", ""])
+    rules = rules_file(tmp_path)
+    rules.write_text(rules.read_text() + extra)
+    _, d = decide(out, rules)
+    v = d.values
+    assert v["loss"].value == pytest.approx(0.501) and v["loss"].interval == pytest.approx(
+        (0.491, 0.511))  # metrics.loss_ci.model
+    assert v["acc"].value == 0.7 and v["acc"].interval is None
+    assert v["last"].value == 0.5  # the last number, None entries skipped
+    assert v["window"].value == pytest.approx(0.2)  # mean of 0.1 and 0.3
+    assert v["second"].value == 0.2 and v["second"].interval == pytest.approx(
+        (0.2 - 1.96 * 0.05, 0.2 + 1.96 * 0.05))  # ±1.96 x excess_stderr
+    assert math.isnan(v["slope"].value) and d.verdict == "holds"  # slope is not in the rule
+
+
+def test_undefined_or_non_finite_numbers_fail_with_a_note(tmp_path):
+    out = tmp_path / "r"
+    put(out, record(MAMBA, gap=0.0), record(NOCONV, gap=0.06))
+    [d] = decide(out, rules_file(tmp_path, rule="noconv / mamba >= 5"))
+    assert d.verdict == "fails" and "division by zero" in d.note
+    nan = record(MAMBA, gap=0.001)
+    nan["metrics"]["accuracy"]["model"] = "NaN"  # how records store a non-finite number
+    put(tmp_path / "n", nan, record(NOCONV, gap=0.06))
+    rules = rules_file(tmp_path, rule="mamba <= 1 and noconv > 0")
+    rules.write_text(rules.read_text().replace(
+        "{where: [model=mamba]}", "{where: [model=mamba], metric: metrics.accuracy.model}"))
+    [d] = decide(tmp_path / "n", rules)
+    assert d.verdict == "fails" and "not a finite number: mamba" in d.note
+
+
+def test_a_claim_that_needs_a_protocol_stays_not_measured(tmp_path):
+    put(tmp_path / "r", record(MAMBA, gap=0.001), record(NOCONV, gap=0.06))
+    rules = rules_file(tmp_path, extra="    needs: a probe of a_t\n")
+    [d] = decide(tmp_path / "r", rules)
+    assert d.verdict == "not measured" and d.note == "needs a probe of a_t"
+
+
+# ------------------------------------------------------------------------ the rule language
+
+@pytest.mark.parametrize("rule, needle", [
+    ("__import__('os')", "calls other than abs, min, max"),
+    ("__import__('os').system == 0", "attribute access"),
+    ("__import__('os').system('true') == 0", "calls other than abs, min, max"),
+    ("mamba.real > 0", "attribute access"),
+    ("open('x') == 1", "calls other than abs, min, max"),
+    ("abs(x=mamba) > 0", "plain positional"),
+    ("min(mamba) > 0", "2 or more"),
+    ("mamba ** 2 > 0", "Pow"),
+    ("mamba // 2 > 0", "FloorDiv"),
+    ("[mamba][0] > 0", "not allowed"),
+    ("(lambda: 1)() > 0", "calls other than"),
+    ("mamba if noconv else 0", "not allowed"),
+    ("mamba in [1]", "only the comparisons"),
+    ("'a' < 'b'", "not a number"),
+    ("True", "not a number"),
+    ("mamba + 1", "must be a comparison"),
+    ("(mamba < 1) + 1 > 0", "arithmetic needs a number"),
+    ("not mamba", "not needs a comparison"),
+    ("gd7 < 1", "names 'gd7', which is not one of its quantities"),
+    ("mamba <", "not an expression"),
+    ("abs > 1", "must be called"),
+])
+def test_the_evaluator_refuses_anything_outside_the_language(rule, needle):
+    with pytest.raises(ConfigError) as error:
+        Rule(rule, ["mamba", "noconv"], "claim t")
+    message = str(error.value)
+    assert message.startswith("claim t: ") and needle in message and "\n" not in message
+
+
+@pytest.mark.parametrize("rule, expected", [
+    ("mamba <= 0.01 and noconv >= 5 * mamba", True),
+    ("0 < mamba < noconv < 1", True),
+    ("0 < mamba < 0.0001", False),
+    ("not (mamba > noconv) or noconv < 0", True),
+    ("abs(mamba - noconv) <= 0.06 and min(mamba, noconv, 1) == mamba", True),
+    ("max(mamba, noconv) / -mamba < -50", True),
+    ("mamba != mamba", False),
+])
+def test_the_evaluator_computes_what_it_allows(rule, expected):
+    assert Rule(rule, ["mamba", "noconv"], "t").evaluate({"mamba": 0.001, "noconv": 0.06}) \
+        is expected
+
+
+# ------------------------------------------------------------------------ the command
+
+def test_claims_md_is_written_with_rows_rules_and_evidence(tmp_path, capsys):
+    out = tmp_path / "r"
+    put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.002))
+    rules = rules_file(tmp_path, extra="    contradicts_paper: Without convolution it learns.\n")
+    target = tmp_path / "claims.md"
+    assert main(["claims", f"out_dir={out}", f"out={target}", f"rules={rules}"]) == 0
+    text = target.read_text()
+    assert "1 claim** — 0 holds, 0 holds at CPU scale only, 1 fails, 0 not measured" in text
+    assert "## 000 — A test paper" in text
+    row = next(line for line in text.splitlines() if line.startswith("| t-conv"))
+    cells = [c.strip() for c in row.strip("|").split(" | ")]
+    assert cells[5] == "**fails**" and cells[6] == "`mamba <= 0.01 and noconv >= 5 * mamba`"
+    assert "`mamba` = 0.001000 [0.000800, 0.001200] (seed 0)" in cells[4]
+    assert cells[7] == "`python -m bench suite name=leaderboard`"
+    assert "- **t-conv** (Fig. 3a): Without convolution it learns. Measured (fails" in text
+    assert "1 claim (0 holds, 0 holds at CPU scale only, 1 fails" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["claims.md", "r", "rules.yaml"]
+
+
+def bad_rules(tmp_path: Path, name: str) -> str:
+    """A rules file with one problem, by name."""
+    good = rules_file(tmp_path).read_text()
+    bad = tmp_path / f"{name}.yaml"
+    bad.write_text({
+        "yaml": good.replace("    measure:", "    measure: [unclosed"),
+        "path": good.replace("{where: [model=mamba]}", "{where: [model=mamba], metric: gaps.x}"),
+        "key": good.replace("model=mamba]", "model.nope=1]"),
+        "rule": good.replace("mamba <= 0.01", "__import__('os') or mamba <= 0.01"),
+        "scale": good.replace("scale: paper", "scale: huge"),
+        "command": good.replace("name=leaderboard", "name=nope"),
+        "seed": good.replace("[model=mamba]", "[model=mamba, seed=1]"),
+        "field": good.replace("    scale:", "    colour: red\n    scale:"),
+        "paper": good.replace('paper: "000"', 'paper: "007"'),
+        "duplicate": good + good.split("claims:\n")[1],
+    }[name])
+    return str(bad)
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("yaml", "not valid YAML"), ("path", "unknown metric path 'gaps.x'"),
+    ("key", "unknown key 'model.nope'"), ("rule", "calls other than abs, min, max"),
+    ("scale", "scale must be one of paper, cpu"), ("command", "names no existing suite"),
+    ("seed", "task, model and trainer keys only"), ("field", "unknown key 'colour'"),
+    ("paper", "paper must be one of 000, 002, 004"), ("duplicate", "claim id 't-conv' also in"),
+])
+def test_a_bad_rules_file_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, name,
+                                                                 needle):
+    out = tmp_path / "r"
+    put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.06))
+    target = tmp_path / "claims.md"
+    target.write_text("the previous claims.md")
+    code = main(["claims", f"out_dir={out}", f"out={target}", f"rules={bad_rules(tmp_path, name)}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert target.read_text() == "the previous claims.md"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".claims")]
+
+
+def test_a_metric_path_missing_from_the_records_is_one_line_exit_2(tmp_path, capsys):
+    out = tmp_path / "r"
+    put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.06))
+    good = rules_file(tmp_path)
+    good.write_text(good.read_text().replace("{where: [model=mamba]}",
+                                             "{where: [model=mamba], metric: metrics.gap.gd7}"))
+    target = tmp_path / "claims.md"
+    code = main(["claims", f"out_dir={out}", f"out={target}", f"rules={good}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "claim t-conv, quantity mamba: unknown metric path: 'metrics.gap.gd7'" in err[0]
+    assert "metrics.gap has: bayes, model, unigram" in err[0]
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["bogus=1"], "unknown argument 'bogus=1'"),
+    (["out_dir={tmp}/missing"], "does not exist"),
+    (["out_dir={tmp}/empty"], "no usable run record"),
+    (["include=maybe"], "include must be one of suite|all"),
+    (["out={tmp}"], "is a directory"),
+    (["out={tmp}/nowhere/claims.md"], "does not exist"),
+    (["rules={tmp}/none.yaml"], "does not exist"),
+    (["out=a", "out=b"], "given twice"),
+])
+def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, args, needle):
+    (tmp_path / "empty").mkdir()
+    put(tmp_path / "r", record(MAMBA), record(NOCONV))
+    argv = ["claims", *(a.format(tmp=tmp_path) for a in args)]
+    if not any(a.startswith("out_dir=") for a in argv):
+        argv.append(f"out_dir={tmp_path / 'r'}")
+    if not any(a.startswith("rules=") for a in argv):
+        argv.append(f"rules={rules_file(tmp_path)}")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and needle in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_claims_md_is_replaced_atomically(tmp_path, monkeypatch):
+    """The old file stays whole when writing fails half-way, and no temporary file is left."""
+    out = tmp_path / "r"
+    put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.06))
+    target = tmp_path / "claims.md"
+    target.write_text("old")
+    rules = rules_file(tmp_path)
+
+    def half_then_fail(self, text):
+        Path.write_bytes(self, text[:10].encode())
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(OSError):
+        write_claims(select_runs(str(out)), str(target), rules)
+    monkeypatch.undo()
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["claims.md", "r", "rules.yaml"]
+    write_claims(select_runs(str(out)), str(target), rules)
+    assert target.read_text().startswith("# Claims")
+
+
+def test_from_the_shell_help_and_a_one_line_error(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "bench", "claims", "--help"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("python -m bench claims")
+    done = subprocess.run([sys.executable, "-m", "bench", "claims", "out_dir=missing"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+    assert "Traceback" not in done.stderr and list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------ the shipped claims
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_claims()
+
+
+def test_the_shipped_claims_parse_and_cover_the_three_papers(shipped):
+    assert len(shipped) >= 25
+    assert {c.paper for c in shipped} == {"000", "002", "004"}
+    assert len({c.id for c in shipped}) == len(shipped)
+    for claim in shipped:
+        assert set(claim.rule.used) <= set(claim.quantities), claim.id  # its own quantities
+        assert claim.rule.used, claim.id
+        assert claim.text and claim.paper_number and claim.section, claim.id
+
+
+def test_every_shipped_command_is_a_valid_bench_command(shipped):
+    """Each names an existing suite whose every entry composes, or a run that composes."""
+    suites = set()
+    for claim in shipped:
+        for command in claim.commands:
+            words = shlex.split(command)
+            assert words[:3] == ["python", "-m", "bench"], command
+            if words[3] == "suite":
+                [name] = [w.split("=", 1)[1] for w in words[4:] if w.startswith("name=")]
+                assert name in choices("suite"), command
+                suites.add(name)
+            else:
+                assert words[3] in ("run", "references"), command
+                compose([w for w in words[4:] if not w.startswith("n=")], check=False)
+    for name in suites:
+        for entry in load_suite(name):
+            compose(entry, check=False)
+
+
+def test_the_committed_records_decide_at_least_25_claims(shipped):
+    decisions = {d.claim.id: d for d in decide_all(shipped, select_runs(str(REPO / "results")))}
+    decided = [d for d in decisions.values() if d.verdict != "not measured"]
+    assert len(decided) >= 25
+    # claims that need a GPU or a missing protocol say so instead of a verdict
+    for d in decisions.values():
+        if d.claim.gpu and d.verdict == "not measured":
+            assert d.note == "needs a GPU"
+    # what the committed records say about the papers (README, "Measured numbers")
+    assert decisions["000-fig3a-conv-is-key"].verdict == "holds at CPU scale only"
+    assert decisions["004-s5.2-hmm-high-accuracy"].verdict == "fails"
+    assert decisions["004-thm2-transformer-stuck-at-erm"].verdict == "fails"
+    assert decisions["002-t3-no-window"].verdict == "holds at CPU scale only"
+
+
+def test_the_paper_suites_produce_the_records_their_claims_select(shipped):
+    """Every quantity of a claim whose command is a paper suite is made by an entry of one of
+    its suites (or already by the leaderboard's): running the suites decides the claims."""
+    unmatched = []
+    for claim in shipped:
+        if claim.needs:
+            continue
+        for name, quantity in claim.quantities.items():
+            if not any(claims_mod.producing(c, quantity) for c in claim.commands):
+                unmatched.append(f"{claim.id}.{name}")
+    assert unmatched == []
