@@ -194,6 +194,12 @@ class SwitchingMarkovTask(Task):
         def mean(weight: Tensor, count: float) -> list | None:
             return ((decay * weight).sum((0, 1)) / count).tolist() if count else None
 
-        return {"decay_at_switch": mean(switch, positions),
-                "decay_elsewhere": mean(1 - switch, others),
+        at_switch, elsewhere = mean(switch, positions), mean(1 - switch, others)
+
+        def overall(per_head: list | None) -> float | None:  # mean over layers and heads
+            return float(torch.tensor(per_head).mean()) if per_head is not None else None
+
+        return {"decay_at_switch": at_switch, "decay_elsewhere": elsewhere,
+                "decay_at_switch_mean": overall(at_switch),
+                "decay_elsewhere_mean": overall(elsewhere),
                 "switch_positions": int(positions), "other_positions": int(others)}

@@ -278,6 +278,8 @@ def test_decay_probe_at_switch_tokens_on_a_constructed_mamba():
     assert summary["other_positions"] == 24 * 64 - switches
     assert summary["decay_at_switch"] == [pytest.approx(at_switch, rel=1e-5)]
     assert summary["decay_elsewhere"] == [pytest.approx(elsewhere, rel=1e-6)]
+    assert summary["decay_at_switch_mean"] == pytest.approx(float(torch.tensor(at_switch).mean()),
+                                                            rel=1e-5)
     assert at_switch[0] < 4e-7 and elsewhere[0] == pytest.approx(0.993307, abs=1e-6)
     # no probe for a task that asks for none, or a model that has none
     from tasks.markov import MarkovConfig, MarkovTask
