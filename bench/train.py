@@ -271,6 +271,7 @@ def build(config: RunConfig) -> tuple[Task, Backbone]:
     # (validated to divide evenly when the config was composed)
     task = task_families()[config.task_family](
         config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
+    task.progress = config.trainer.progress  # for tasks with long preparation (text: tokenizing)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     torch.manual_seed(config.seed)  # parameter initialisation
     model = build_model(config.model_family, config.model, io)

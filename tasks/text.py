@@ -49,7 +49,6 @@ class TextConfig:
     eval_stride: int = 0  # 0 = seq_len: non-overlapping windows; smaller: strided perplexity
     eval_windows: int = 0  # 0 = the whole split; else that many windows evenly spaced over it
     cache_lambda: float = 0.1  # weight of the in-context counts in the unigram-cache baseline
-    progress: bool = True  # progress bars while tokenizing
 
     def __post_init__(self):
         if self.tokenizer not in ("gpt2", "byte", "bpe"):
@@ -85,6 +84,7 @@ class TextTask(Task):
         self._tokenizer = None
         self._tokens: dict[str, text_corpus.TokenSplit] = {}
         self._baselines = None
+        self.progress = True  # progress bars while tokenizing (the runner sets trainer.progress)
         if self.config.tokenizer != "bpe":  # cheap to load: a missing file is found now, not
             self.tokenizer()                 # after the run has started (bpe trains, later)
 
@@ -116,7 +116,7 @@ class TextTask(Task):
             c = self.config
             self._tokenizer = text_corpus.make_tokenizer(
                 c.tokenizer, path=c.tokenizer_file or None, vocab_size=c.bpe_vocab_size,
-                corpus=self.corpus, cache_dir=self.cache_dir(), progress=c.progress)
+                corpus=self.corpus, cache_dir=self.cache_dir(), progress=self.progress)
             if self._tokenizer.vocab_size > self.input_dim:
                 raise ValueError(f"the {c.tokenizer} tokenizer has {self._tokenizer.vocab_size} "
                                  f"ids, more than the model's vocabulary {self.input_dim}")
@@ -127,7 +127,7 @@ class TextTask(Task):
         if split not in self._tokens:
             self._tokens[split] = text_corpus.cached_tokens(
                 self.corpus, split, self.tokenizer(), self.cache_dir(),
-                progress=self.config.progress)
+                progress=self.progress)
         return self._tokens[split]
 
     def prepare_data(self) -> None:

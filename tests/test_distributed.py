@@ -130,7 +130,7 @@ def test_sharded_text_evaluation_equals_one_process(tmp_path):
     split once and report what one process reports (lr 1e-12: the weights stay as initialised)."""
     pytest.importorskip("datasets")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    common = ["task=pydoc", "task.seq_len=32", "task.progress=false", "model.d_model=16",
+    common = ["task=pydoc", "task.seq_len=32", "model.d_model=16",
               "trainer.max_steps=1", "trainer.lr=1e-12", "trainer.warmup_steps=0",
               "trainer.batch_size=4", "trainer.bootstrap=100", "trainer.progress=false",
               "trainer.logger=none", "trainer.accelerator=cpu"]

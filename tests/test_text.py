@@ -33,7 +33,7 @@ def corpus_dir(tmp_path_factory):
 
 def text_config(corpus_dir, *extra):
     return compose(["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=byte",
-                    "task.seq_len=32", "task.progress=false", "model.d_model=16",
+                    "task.seq_len=32", "model.d_model=16",
                     "trainer.batch_size=8", *extra])
 
 
@@ -85,8 +85,7 @@ def test_perplexity_is_exp_of_the_mean_nll_per_token(corpus_dir):
 
 def test_a_run_reports_perplexity_and_reuses_both_caches(corpus_dir, tmp_path, capsys):
     overrides = ["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=bpe",
-                 "task.bpe_vocab_size=300", "task.seq_len=32", "task.progress=false",
-                 "model.d_model=16", "trainer.batch_size=8", "trainer.max_steps=3",
+                 "task.bpe_vocab_size=300", "task.seq_len=32",                  "model.d_model=16", "trainer.batch_size=8", "trainer.max_steps=3",
                  "trainer.warmup_steps=1", "trainer.progress=false", "trainer.logger=none",
                  "trainer.bootstrap=100", f"out_dir={tmp_path}"]
     assert main(["run", *overrides]) == 0
@@ -129,7 +128,7 @@ def test_the_gpt2_path_loads_a_local_tokenizer_file(tmp_path, corpus_dir, capsys
                         ("test", "wiki.test.raw")):
         (data / name).write_text((corpus_dir / f"{split}.txt").read_text())
     config = compose(["task=wikitext103", f"task.data_dir={data}", f"task.tokenizer_file={path}",
-                      "task.progress=false", "model.d_model=16"])
+                      "model.d_model=16"])
     task, model = build(config)
     assert task.tokenizer().name == "gpt2" and task.tokenizer().vocab_size == 300
     assert task.input_dim == 50257  # the model is GPT-2 sized whatever file stands in
@@ -145,7 +144,7 @@ def test_the_gpt2_path_loads_a_local_tokenizer_file(tmp_path, corpus_dir, capsys
 def test_a_suite_of_text_runs_reports_perplexity(corpus_dir, tmp_path, monkeypatch, capsys):
     import bench.config
     entry = ["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=byte",
-             "task.seq_len=32", "task.progress=false", "model.d_model=16",
+             "task.seq_len=32", "model.d_model=16",
              "trainer.batch_size=8", "trainer.max_steps=2", "trainer.warmup_steps=1",
              "trainer.progress=false", "trainer.logger=none", "trainer.bootstrap=50"]
     monkeypatch.setattr(bench.config, "load_suite", lambda name: [entry, ["seed=1", *entry]])
