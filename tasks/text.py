@@ -19,7 +19,6 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 

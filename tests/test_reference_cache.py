@@ -8,7 +8,7 @@ import torch
 from bench import reference_cache
 from bench.__main__ import main
 from bench.config import compose
-from bench.evaluate import reference_scores, score_predictions
+from bench.evaluate import score_predictions
 from bench.train import build
 
 TINY = ["task.seq_len=16", "trainer.max_steps=3", "trainer.warmup_steps=1",
