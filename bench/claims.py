@@ -41,7 +41,7 @@ import yaml
 
 from bench.config import (CONF_DIR, GROUPS, ConfigError, RunConfig, choices, compose,
                           load_suite)
-from bench.leaderboard import (RESULT_NEUTRAL, Selection, across_seeds, code_label, code_version,
+from bench.leaderboard import (RESULT_NEUTRAL, Selection, across_seeds, code_label, commit_of,
                                plural, write_atomic)
 
 VERDICTS = ("holds", "holds at CPU scale only", "fails", "not measured")
@@ -590,7 +590,7 @@ def measure(quantity: Quantity, rows: list[list[dict]], claim: str) -> Measured 
     else:
         interval = read[0][1]
     return Measured(mean, interval, sorted(r["seed"] for r in row),
-                    code_label(*code_version(row[-1])), half is not None)
+                    code_label(*commit_of(row[-1])), half is not None)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import colorsys
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from bench.config import ConfigError
 from bench.evaluate import fmt
-from bench.records import read_records
+from bench.records import code_digest, read_records
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # Student t quantiles (two-sided 95%) by degrees of freedom
@@ -85,12 +86,29 @@ def label_of(record: dict) -> str:
     return record["model"]["name"] + (f" ({', '.join(shown)})" if shown else "")
 
 
-def code_version(record: dict) -> tuple[str | None, bool | None]:
+def commit_of(record: dict) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the code that made the record; None where it was not recorded."""
     prov = record.get("provenance")
     prov = prov if isinstance(prov, dict) else {}
     commit, dirty = prov.get("commit"), prov.get("dirty")
     return (str(commit) if commit else None), (dirty if isinstance(dirty, bool) else None)
+
+
+@functools.lru_cache(maxsize=None)
+def _digest_of_commit(commit: str) -> str | None:
+    return code_digest(commit)
+
+
+def code_version(record: dict) -> tuple[str | None, bool | None]:
+    """(code, dirty): what rows pool by. `code` is the digest of the result-shaping code
+    (records.code_digest: recorded, or worked out from the commit for older records), so runs of
+    commits that changed only README, results or tests pool; the commit where git cannot tell."""
+    commit, dirty = commit_of(record)
+    prov = record.get("provenance")
+    code = prov.get("code") if isinstance(prov, dict) else None
+    if not code and commit:
+        code = _digest_of_commit(commit)
+    return (str(code) if code else commit), dirty
 
 
 def code_label(commit: str | None, dirty: bool | None) -> str:
@@ -333,7 +351,7 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
                   else tuple(group[0]["metrics"]["perplexity_ci"]["model"]))
         bpb = sum(r["metrics"]["bits_per_byte"]["model"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
-        rows.append((nats, label_of(group[0]), code_label(*code_version(group[0])), group,
+        rows.append((nats, label_of(group[0]), code_label(*commit_of(group[0])), group,
                      f"{math.exp(nats):.2f} | [{lo:.2f}, {hi:.2f}]"
                      f"{'' if half is None else ' (seeds)'} | {fmt(nats)} | {fmt(bpb, 3)} | "
                      f"{group[0]['params']:,} | {group[0]['train']['steps']} | {len(group)} | "
@@ -372,7 +390,7 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
         lines += [f"{plural(section.duplicates, 'duplicate record')} (re-runs or resumed copies "
                   "of a seed already counted) left out; the newest record of each seed is used.",
                   ""]
-    losses = {code_label(*code_version(r)): r["metrics"]["loss"][reference] for r in runs}
+    losses = {code_label(*commit_of(r)): r["metrics"]["loss"][reference] for r in runs}
     if max(losses.values()) - min(losses.values()) > 1e-9 * (1 + abs(max(losses.values()))):
         # same held-out set, different reference loss: the code versions disagree on the task
         lines += [f"Note: the loss of `{reference}` differs between code versions ("
@@ -388,7 +406,7 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
                   else tuple(group[0]["metrics"]["bayes_gap_ci"]))
         rel = sum(r["metrics"]["relative_gap"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
-        code = code_label(*code_version(group[0]))
+        code = code_label(*commit_of(group[0]))
         rows.append((mean, label_of(group[0]), code, group,
                      f"{fmt(mean)} | [{fmt(lo)}, {fmt(hi)}]{'' if half is None else ' (seeds)'} | "
                      f"{rel:.2%} | {group[0]['params']} | {group[0]['state_size']} | "
@@ -403,7 +421,7 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
         if name in models:
             name = f"{name} #{digest([group[0]['model'], group[0]['trainer']])}"
         models[name] = mean_curve([r["per_position"]["gap.model"] for r in group])
-    lines += ["", f"Reference losses from the newest record ({code_label(*code_version(newest))}).",
+    lines += ["", f"Reference losses from the newest record ({code_label(*commit_of(newest))}).",
               "", "| reference | role | loss | gap | 95% CI |", "|---|---|---|---|---|"]
     references = {}
     for name in sorted(metrics["roles"], key=lambda n: metrics["loss"][n]):
@@ -443,8 +461,9 @@ def header(selection: Selection) -> list[str]:
             "A section is one task config on one held-out set (task name + config + number of "
             "held-out sequences): gaps on different held-out sets are never pooled. A row pools "
             "distinct seeds of one model config and training budget run with one code version "
-            "(`code`: commit; `+dirty`: bench/, tasks/, models/, conf/ or pyproject.toml "
-            "differed from it; `?`: not recorded). Each seed counts once: its newest record is "
+            "(the code of bench/, tasks/, models/, conf/ and pyproject.toml: commits that changed "
+            "only other files pool; `code`: the commit of the row's first record; `+dirty`: that "
+            "code differed from the commit; `?`: not recorded). Each seed counts once: its newest record is "
             "used and re-runs or resumed copies are left out. Several seeds: mean gap and 95% "
             "t-interval across seeds (marked `(seeds)`); one seed: bootstrap interval over "
             "held-out sequences.", ""]

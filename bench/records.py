@@ -1,6 +1,7 @@
 """Run records: one JSON file per run, written atomically, never overwritten."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -25,39 +26,57 @@ class RunFailed(RuntimeError):
 REPO = Path(__file__).resolve().parents[1]
 
 
+# The code that shapes results: a commit that changed only other files (README, results, tests)
+# runs the same code, and its records pool with the previous commit's (bench/leaderboard.py).
+CODE_PATHS = ("bench", "tasks", "models", "conf", "pyproject.toml")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                              timeout=5, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def code_digest(commit: str | None) -> str | None:
+    """A digest of the trees of CODE_PATHS at commit (git's own hashes of their contents): equal
+    for two commits exactly when that code is equal. None when git cannot tell (not a checkout,
+    an unknown commit)."""
+    if not commit:
+        return None
+    trees = _git("rev-parse", *(f"{commit}^{{commit}}:{path}" for path in CODE_PATHS))
+    if not trees or len(trees.split()) != len(CODE_PATHS):
+        return None
+    return hashlib.sha1(trees.encode()).hexdigest()[:12]
+
+
 def provenance() -> dict:
     """The code version a run used: `commit` (HEAD of this checkout) and `dirty` (whether the
     code that shapes results, bench/ tasks/ models/ conf/ pyproject.toml, differed from it,
     untracked files included); both None when this is not a git checkout or git cannot tell.
     Never raises and never waits long: each git call has a timeout, any failure means unknown."""
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
-                                  timeout=5, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.SubprocessError, ValueError):
-            return None
-        return done.stdout if done.returncode == 0 else None
-
     # An installed copy (site-packages inside some other repository) must not report that
     # repository's commit: REPO has to be the top of the checkout.
-    top = git("rev-parse", "--show-toplevel")
+    top = _git("rev-parse", "--show-toplevel")
     try:
         ours = top is not None and Path(top.strip()).resolve() == REPO.resolve()
     except OSError:
         ours = False
     commit = dirty = None
     if ours:
-        commit = (git("rev-parse", "--verify", "HEAD") or "").strip() or None
+        commit = (_git("rev-parse", "--verify", "HEAD") or "").strip() or None
         # --no-optional-locks: parallel runs must not fight over (or leave) .git/index.lock
-        status = git("--no-optional-locks", "status", "--porcelain", "--",
-                     "bench", "tasks", "models", "conf", "pyproject.toml")
+        status = _git("--no-optional-locks", "status", "--porcelain", "--", *CODE_PATHS)
         dirty = None if commit is None or status is None else bool(status.strip())
     try:
         version = metadata.version("icl-bench")
     except Exception:  # a broken installation leaves the version unknown, not the run failed
         version = None
     import torch
-    return {"commit": commit, "dirty": dirty, "version": version, "torch": torch.__version__}
+    return {"commit": commit, "code": code_digest(commit) if ours else None, "dirty": dirty,
+            "version": version, "torch": torch.__version__}
 
 
 def new_run_id(task: str, model: str, seed: int) -> str:

@@ -115,6 +115,47 @@ def test_rows_pool_only_one_code_version_and_show_it(tmp_path):
     assert select_runs(str(tmp_path / "results")).duplicates == 0  # seed 0 once per version
 
 
+def test_commits_with_the_same_code_pool_into_one_row(tmp_path):
+    """A commit that changed only README, tests or results runs the same code: its records pool
+    with the previous commit's (provenance.code: the digest of bench/ tasks/ models/ conf/
+    pyproject.toml), shown with the newest record's commit; different code, different rows."""
+    same = {"provenance": {"commit": "d" * 40, "code": "c0de", "dirty": False}}
+    put(tmp_path / "results",
+        record(seed=0, gap=0.1, stamp="20260101-120000", **same),
+        record(seed=1, gap=0.3, stamp="20260101-130000",
+               provenance={"commit": "e" * 40, "code": "c0de", "dirty": False}),
+        record(seed=2, gap=0.5, provenance={"commit": "f" * 40, "code": "0the", "dirty": False}))
+    rows = model_rows(build(tmp_path / "results", tmp_path / "lb.md"))
+    assert sorted((r["seeds"], r["gap"]) for r in rows) == [(1, 0.5), (2, pytest.approx(0.2))]
+
+
+def test_the_code_digest_follows_the_code_not_the_commit(tmp_path, monkeypatch):
+    import bench.records as records
+    repo = tmp_path / "repo"
+    for path in records.CODE_PATHS[:-1]:
+        (repo / path).mkdir(parents=True)
+        (repo / path / "x.py").write_text("x = 1\n")
+    (repo / "pyproject.toml").write_text("[project]\n")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "code")
+    monkeypatch.setattr(records, "REPO", repo)
+    head = lambda: subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"],  # noqa: E731
+                                  capture_output=True, text=True).stdout.strip()
+    first = head()
+    (repo / "README.md").write_text("words\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "docs only")
+    docs = head()
+    (repo / "tasks" / "x.py").write_text("x = 2\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "code change")
+    changed = head()
+    assert records.code_digest(first) == records.code_digest(docs) is not None
+    assert records.code_digest(changed) != records.code_digest(first)
+    assert records.code_digest("0" * 40) is None
+
+
 def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
                    check=True, capture_output=True, timeout=30)
