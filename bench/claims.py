@@ -42,7 +42,7 @@ import yaml
 from bench.config import (CONF_DIR, GROUPS, ConfigError, RunConfig, choices, compose,
                           load_suite)
 from bench.leaderboard import (RESULT_NEUTRAL, Selection, across_seeds, code_label, commit_of,
-                               plural, write_atomic)
+                               output_path, plural, write_atomic)
 
 VERDICTS = ("holds", "holds at CPU scale only", "fails", "not measured")
 SCALES = ("paper", "cpu")
@@ -841,13 +841,7 @@ def write_claims(selection: Selection, out: str = "claims.md", rules: str | Path
                  claims: list[Claim] | None = None) -> tuple[Path, list[Decision]]:
     """Decide every claim from selection's records and write out atomically; refuse, leaving
     out as it was, when the rules are bad, no record is usable or out cannot be written."""
-    if not out:
-        raise ConfigError("out= needs a file name")
-    out_path = Path(out)
-    if out_path.is_dir():
-        raise ConfigError(f"out '{out}' is a directory; give a file name")
-    if not out_path.resolve().parent.is_dir():
-        raise ConfigError(f"out '{out}': directory {out_path.parent} does not exist")
+    out_path = output_path(out)
     rules_path = Path(rules) if rules else default_rules()
     claims = load_claims(rules_path) if claims is None else claims
     if not selection.runs:

@@ -469,9 +469,8 @@ def header(selection: Selection) -> list[str]:
             "held-out sequences.", ""]
 
 
-def write_leaderboard(selection: Selection, out: str = "leaderboard.md") -> Path:
-    """Write the board (and its figures) for selection to out; refuse, leaving out as it was,
-    when there is nothing to show or out cannot be written."""
+def output_path(out: str) -> Path:
+    """out= of a generated report (leaderboard, claims): a file name in an existing directory."""
     if not out:
         raise ConfigError("out= needs a file name")
     out_path = Path(out)
@@ -479,6 +478,13 @@ def write_leaderboard(selection: Selection, out: str = "leaderboard.md") -> Path
         raise ConfigError(f"out '{out}' is a directory; give a file name")
     if not out_path.resolve().parent.is_dir():
         raise ConfigError(f"out '{out}': directory {out_path.parent} does not exist")
+    return out_path
+
+
+def write_leaderboard(selection: Selection, out: str = "leaderboard.md") -> Path:
+    """Write the board (and its figures) for selection to out; refuse, leaving out as it was,
+    when there is nothing to show or out cannot be written."""
+    out_path = output_path(out)
     if not selection.runs:
         notes = selection.notes()
         why = f" ({'; '.join(notes)})" if notes else f" in {selection.out_dir.rstrip('/')}/"
