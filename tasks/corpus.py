@@ -18,6 +18,7 @@ importing this module is cheap and works without the `text` extra.
 """
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import json
@@ -470,7 +471,7 @@ def _chunked(items: Iterable[str], size: int) -> Iterator[list[str]]:
 # Tokenizers
 # --------------------------------------------------------------------------------------------
 
-class TextTokenizer:
+class TextTokenizer(abc.ABC):
     """What the cache and the task need from a tokenizer. Counters: texts_encoded and
     bytes_encoded (UTF-8 bytes of all text encoded so far; bits per byte divides by it)."""
 
@@ -491,11 +492,13 @@ class TextTokenizer:
         self.bytes_encoded += sum(len(t.encode("utf-8")) for t in texts)
         return self._encode_batch(texts)
 
+    @abc.abstractmethod
     def _encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        raise NotImplementedError
+        """The ids of each text (the counters are encode_batch's)."""
 
+    @abc.abstractmethod
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        raise NotImplementedError
+        """The text of ids."""
 
     @property
     def key(self) -> str:
@@ -512,11 +515,8 @@ class ByteTokenizer(TextTokenizer):
     eod_id = None
     identity = "byte-utf8"
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        encoded = [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
-        self.texts_encoded += len(texts)
-        self.bytes_encoded += sum(len(e) for e in encoded)
-        return encoded
+    def _encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
 
     def decode(self, ids) -> str:
         return bytes(np.asarray(ids, dtype=np.uint8).tobytes()).decode("utf-8", errors="replace")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,7 +199,6 @@ def pydoc_corpus_dir() -> Path:
     train/validation/test .txt files under the user's cache, once: topics in key order, every
     10th (from the 9th) to validation, every 10th (from the 10th) to test, the rest to train."""
     from pydoc_data.topics import topics
-    import sys
     folder = Path(os.path.expanduser("~/.cache/icl-bench/text")) / \
         f"{PYDOC}-py{sys.version_info.major}.{sys.version_info.minor}"
     if all((folder / f"{split}.txt").is_file() for split in text_corpus.SPLITS):
