@@ -39,9 +39,12 @@ USAGE = {
              "configured model for every SSD kernel, precision and compile setting that applies "
              "here, the throughput of the task's sampler and references, and the share of a run "
              "spent outside training.\n" + OVERRIDES,
-    "suite": "python -m bench suite name=<suite> [shard=i/n] [key=value ...]\n  Every run of "
-             "conf/suite/<suite>.yaml in turn; key=value overrides apply to every run.\n  suites: "
-             + ", ".join(choices("suite")),
+    "suite": "python -m bench suite name=<suite> [entries=1,4-6] [shard=i/n] [rerun=false] "
+             "[key=value ...]\n  Every run of conf/suite/<suite>.yaml in turn, or the entries "
+             "given (numbered from 1 as the suite prints them); key=value overrides apply to every "
+             "run. A run whose `ok` record (same config and seed, made by the current code, not "
+             "dirty) is in out_dir already is skipped, so an interrupted suite goes on where it "
+             "stopped; rerun=true runs it again.\n  suites: " + ", ".join(choices("suite")),
     "list": "python -m bench list\n  The tasks, models and trainer presets, one line each.",
 }
 
@@ -180,12 +183,61 @@ def cmd_speed(argv: list[str]) -> int:
     return 0
 
 
+def entry_numbers(text: str, size: int) -> list[int]:
+    """The suite entries named by `1,4-6` (1-based, as `suite` prints them), in suite order."""
+    chosen = set()
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high or low)
+        except ValueError:
+            raise ConfigError(f"entries must be numbers and ranges like 1,4-6, got '{text}'")
+        if not 1 <= first <= last <= size:
+            raise ConfigError(f"entries: '{part.strip()}' is not within 1-{size}, the suite's "
+                              "entries")
+        chosen.update(range(first, last + 1))
+    return sorted(chosen)
+
+
+def finished_runs(configs: list) -> dict[int, str]:
+    """{index in configs: record path} of the configs that have an `ok` record in their out_dir
+    with the same seed, made by the current code version (records.code_digest) from a clean
+    checkout. Nothing counts as finished when the code version is unknown or dirty: then
+    nobody can tell that the record's code is the code about to run."""
+    from bench.leaderboard import code_version
+    from bench.records import provenance, read_records, record_matches
+    here = provenance()
+    if not here["code"] or here["dirty"] is not False:
+        return {}
+    by_dir: dict[str, list[dict]] = {}
+    done = {}
+    for i, config in enumerate(configs):
+        if config.out_dir not in by_dir:
+            found = read_records(config.out_dir)[0] if os.path.isdir(config.out_dir) else []
+            by_dir[config.out_dir] = [r for r in found if r.get("status") == "ok"]
+        for record in by_dir[config.out_dir]:
+            try:
+                same = (record.get("seed") == config.seed
+                        and code_version(record) == (here["code"], False)
+                        and record_matches(record, config))
+            except (KeyError, TypeError):  # a malformed record proves nothing
+                same = False
+            if same:
+                done[i] = record["_path"]
+                break
+    return done
+
+
 def cmd_suite(argv: list[str]) -> int:
     """Each suite entry is a list of overrides; `argv` (e.g. out_dir=DIR) is added to every one.
     All entries are validated before the first one runs."""
     argv, name = take_option(argv, "name", "")
     argv, shard = take_option(argv, "shard", "0/1")  # i/n: entries i, i+n, ... (parallel workers)
+    argv, rerun = take_option(argv, "rerun", "false")
+    argv, entries = take_option(argv, "entries", "")
     from bench.config import load_suite
+    if rerun not in ("true", "false"):
+        return fail(f"rerun must be true or false, got '{rerun}'")
     if not name:
         return fail(f"suite needs name=<suite>; suites: {', '.join(choices('suite'))}")
     try:
@@ -193,9 +245,14 @@ def cmd_suite(argv: list[str]) -> int:
         assert 0 <= index < count
     except (ValueError, AssertionError):
         return fail(f"shard must be i/n with 0 <= i < n, got '{shard}'")
-    suite = load_suite(name)[index::count]
-    if not suite:
+    suite = load_suite(name)
+    numbers = list(range(1, len(suite) + 1))
+    if entries:
+        numbers = entry_numbers(entries, len(suite))
+    numbers = numbers[index::count]
+    if not numbers:
         return fail(f"shard {shard} of suite {name} holds no run")
+    suite = [suite[n - 1] for n in numbers]
 
     def merged(entry: list[str]) -> list[str]:  # a command-line key replaces the entry's own
         keys = {arg.split("=", 1)[0] for arg in argv}
@@ -207,9 +264,14 @@ def cmd_suite(argv: list[str]) -> int:
         config.origin = f"suite:{name}"
     from bench.records import RunFailed
     from bench.train import run
+    done = {} if rerun == "true" else finished_runs(configs)
     failed = []
-    for i, (entry, config) in enumerate(zip(suite, configs), 1):
-        print(f"[{i}/{len(configs)}] {' '.join(entry) or '(defaults)'}", flush=True)
+    total = len(load_suite(name))
+    for i, (number, entry, config) in enumerate(zip(numbers, suite, configs)):
+        print(f"[{number}/{total}] {' '.join(entry) or '(defaults)'}", flush=True)
+        if i in done:
+            print(f"    done already -> {done[i]}", flush=True)
+            continue
         try:
             record, path = run(config)
         except RunFailed as error:
@@ -218,7 +280,7 @@ def cmd_suite(argv: list[str]) -> int:
             # one run's failure (its record says why) does not cost the rest of the suite
             print(f"    failed: {error.reason}" + (f" -> {error.path}" if error.path else ""),
                   flush=True)
-            failed.append(i)
+            failed.append(number)
             continue
         if not path:  # a DDP rank other than 0: rank 0 reports
             continue

@@ -41,8 +41,9 @@ import yaml
 
 from bench.config import (CONF_DIR, GROUPS, ConfigError, RunConfig, choices, compose,
                           load_suite)
-from bench.leaderboard import (RESULT_NEUTRAL, Selection, across_seeds, code_label, commit_of,
-                               output_path, plural, write_atomic)
+from bench.leaderboard import (Selection, across_seeds, code_label, commit_of, output_path,
+                               plural, write_atomic)
+from bench.records import RESULT_NEUTRAL, record_matches
 
 VERDICTS = ("holds", "holds at CPU scale only", "fails", "not measured")
 SCALES = ("paper", "cpu")
@@ -417,45 +418,6 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
 
 
 # ---------------------------------------------------------------- records → quantities
-
-def _same(have, want) -> bool:
-    if isinstance(want, bool) or isinstance(have, bool):
-        return type(want) is type(have) and want == have
-    if isinstance(want, (int, float)) and isinstance(have, (int, float)):
-        return math.isclose(float(have), float(want), rel_tol=1e-9, abs_tol=1e-12)
-    if isinstance(want, (list, tuple)) and isinstance(have, (list, tuple)):
-        return len(want) == len(have) and all(_same(h, w) for h, w in zip(have, want))
-    return have == want
-
-
-def config_matches(recorded, obj, skip=()) -> bool:
-    """recorded (a record's resolved config) equals the dataclass obj field by field; a field the
-    record lacks (it predates the field) counts as the field's default."""
-    if not isinstance(recorded, dict):
-        return False
-    for f in dataclasses.fields(obj):
-        if f.name in skip:
-            continue
-        if f.name in recorded:
-            have = recorded[f.name]
-        elif f.default is not dataclasses.MISSING:
-            have = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            have = f.default_factory()
-        else:
-            return False
-        if not _same(have, getattr(obj, f.name)):
-            return False
-    return True
-
-
-def record_matches(record: dict, config: RunConfig) -> bool:
-    return (record["task"]["name"] == config.task_name
-            and record["model"]["name"] == config.model_name
-            and config_matches(record["task"]["config"], config.task)
-            and config_matches(record["model"]["config"], config.model)
-            and config_matches(record["trainer"]["config"], config.trainer, RESULT_NEUTRAL))
-
 
 def number(value) -> float | None:
     """A metric value as a float (records store non-finite numbers as strings); None if it is no

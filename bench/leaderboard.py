@@ -32,15 +32,12 @@ from pathlib import Path
 
 from bench.config import ConfigError
 from bench.evaluate import fmt
-from bench.records import code_digest, read_records
+from bench.records import RESULT_NEUTRAL, code_digest, read_records
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # Student t quantiles (two-sided 95%) by degrees of freedom
 
 INCLUDE = ("suite", "all")
-# Trainer keys that change neither training nor evaluation: runs differing only in them pool.
-RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every",
-                  "logger")
 IGNORED_IN_LABELS = tuple(f"trainer.{key}" for key in RESULT_NEUTRAL)
 
 # What the leaderboard reads from an `ok` record; one lacking any of it is reported, not used.

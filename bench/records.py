@@ -1,6 +1,7 @@
 """Run records: one JSON file per run, written atomically, never overwritten."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -13,6 +14,9 @@ from importlib import metadata
 from pathlib import Path
 
 SCHEMA = "icl-bench/run/1"
+# Trainer keys that change neither training nor evaluation: runs differing only in them pool.
+RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every",
+                  "logger")
 
 
 class RunFailed(RuntimeError):
@@ -29,6 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 # The code that shapes results: a commit that changed only other files (README, results, tests)
 # runs the same code, and its records pool with the previous commit's (bench/leaderboard.py).
 CODE_PATHS = ("bench", "tasks", "models", "conf", "pyproject.toml")
+# ...less what only reads records or lists runs: editing a claim's rule, a suite's list or the
+# leaderboard's layout changes no result, so a suite run over several sessions stays one version.
+DOWNSTREAM_PATHS = ("conf/claims", "conf/suite", "bench/claims.py", "bench/leaderboard.py",
+                    "bench/report.py")
 
 
 def _git(*args: str) -> str | None:
@@ -40,22 +48,29 @@ def _git(*args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+def _shapes_results(path: str) -> bool:
+    return not any(path == d or path.startswith(d + "/") for d in DOWNSTREAM_PATHS)
+
+
 def code_digest(commit: str | None) -> str | None:
-    """A digest of the trees of CODE_PATHS at commit (git's own hashes of their contents): equal
-    for two commits exactly when that code is equal. None when git cannot tell (not a checkout,
-    an unknown commit)."""
-    if not commit:
+    """A digest of the files of CODE_PATHS but DOWNSTREAM_PATHS at commit (git's own hashes of
+    their contents): equal for two commits exactly when that code is equal. None when git cannot
+    tell (not a checkout, an unknown commit)."""
+    if not commit or not _git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"):
         return None
-    trees = _git("rev-parse", *(f"{commit}^{{commit}}:{path}" for path in CODE_PATHS))
-    if not trees or len(trees.split()) != len(CODE_PATHS):
+    listing = _git("ls-tree", "-r", "--full-tree", commit, "--", *CODE_PATHS)
+    if listing is None:
         return None
-    return hashlib.sha1(trees.encode()).hexdigest()[:12]
+    files = [line for line in listing.splitlines() if _shapes_results(line.split("\t", 1)[-1])]
+    if not files:
+        return None
+    return hashlib.sha1("\n".join(files).encode()).hexdigest()[:12]
 
 
 def provenance() -> dict:
-    """The code version a run used: `commit` (HEAD of this checkout) and `dirty` (whether the
-    code that shapes results, bench/ tasks/ models/ conf/ pyproject.toml, differed from it,
-    untracked files included); both None when this is not a git checkout or git cannot tell.
+    """The code version a run used: `commit` (HEAD of this checkout), `code` (its code_digest)
+    and `dirty` (whether the code that shapes results, CODE_PATHS but DOWNSTREAM_PATHS, differed
+    from it, untracked files included); both None when this is not a git checkout or git cannot tell.
     Never raises and never waits long: each git call has a timeout, any failure means unknown."""
     # An installed copy (site-packages inside some other repository) must not report that
     # repository's commit: REPO has to be the top of the checkout.
@@ -68,7 +83,8 @@ def provenance() -> dict:
     if ours:
         commit = (_git("rev-parse", "--verify", "HEAD") or "").strip() or None
         # --no-optional-locks: parallel runs must not fight over (or leave) .git/index.lock
-        status = _git("--no-optional-locks", "status", "--porcelain", "--", *CODE_PATHS)
+        status = _git("--no-optional-locks", "status", "--porcelain", "--", *CODE_PATHS,
+                      *(f":(exclude){path}" for path in DOWNSTREAM_PATHS))
         dirty = None if commit is None or status is None else bool(status.strip())
     try:
         version = metadata.version("icl-bench")
@@ -168,3 +184,46 @@ def read_records(out_dir: str | Path) -> tuple[list[dict], list[tuple[str, str]]
             record["_path"] = str(path)
             records.append(record)
     return records, bad
+
+
+def _same(have, want) -> bool:
+    if isinstance(want, bool) or isinstance(have, bool):
+        return type(want) is type(have) and want == have
+    if isinstance(want, (int, float)) and isinstance(have, (int, float)):
+        return math.isclose(float(have), float(want), rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(want, (list, tuple)) and isinstance(have, (list, tuple)):
+        return len(want) == len(have) and all(_same(h, w) for h, w in zip(have, want))
+    return have == want
+
+
+def config_matches(recorded, obj, skip=()) -> bool:
+    """recorded (a record's resolved config) equals the dataclass obj field by field; a field the
+    record lacks (it predates the field) counts as the field's default."""
+    if not isinstance(recorded, dict):
+        return False
+    for f in dataclasses.fields(obj):
+        if f.name in skip:
+            continue
+        if f.name in recorded:
+            have = recorded[f.name]
+        elif f.default is not dataclasses.MISSING:
+            have = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            have = f.default_factory()
+        else:
+            return False
+        if not _same(have, getattr(obj, f.name)):
+            return False
+    return True
+
+
+def record_matches(record: dict, config) -> bool:
+    """The record ran config (a bench.config.RunConfig): same task, model and trainer settings,
+    the result-neutral trainer keys aside. Seeds and held-out sizes are the caller's to compare."""
+    return (record["task"]["name"] == config.task_name
+            and record["model"]["name"] == config.model_name
+            and config_matches(record["task"]["config"], config.task)
+            and config_matches(record["model"]["config"], config.model)
+            and config_matches(record["trainer"]["config"], config.trainer, RESULT_NEUTRAL))
+
+

@@ -407,6 +407,9 @@ class LinearRegression(Task):
         refs["oracle"] = Reference(
             "oracle", "bound", "the true W applied to the query (noise floor σ²)",
             self._oracle)
+        refs["zero"] = Reference(
+            "zero", "baseline", "predicts 0, the prior mean of y: no in-context learning",
+            lambda batch: torch.zeros(batch.targets.shape, dtype=torch.float64))
         return refs
 
     def _oracle(self, batch: Batch) -> Tensor:

@@ -143,6 +143,7 @@ class MarkovTask(Task):
     kind = "tokens"
     Config = MarkovConfig
     description = "random order-k Markov chains, rows ~ Dir(beta); Bayes = add-beta smoothing"
+    probes = ("decay",)
 
     def latent_floats(self) -> int:
         return self.config.vocab_size ** self.config.order * self.config.vocab_size  # the kernel
@@ -235,6 +236,21 @@ class MarkovTask(Task):
     def unigram(self, batch: Batch) -> Tensor:
         counts = torch.nn.functional.one_hot(batch.inputs, self.config.vocab_size).double()
         return add_beta_log_probs(counts.cumsum(1), self.config.beta)
+
+    # --- mechanism probe (paper 000 §4.2.1 (i), Fig. 4: a_t ≈ 1 at every position) ----------
+    def summarize_probes(self, batch: Batch, probes: dict[str, Tensor]) -> dict:
+        """Mamba's decay a_t on the held-out inputs: its mean per position over sequences, layers
+        and heads (`decay_by_position`), the smallest of those means (`decay_min`: Fig. 4's
+        "a_t ≈ 1 for all t" asks it to be near 1), the overall mean and the 5th percentile of
+        all a_t values, and per [layer][head] means; {} when the model has no "decay" probe."""
+        if "decay" not in probes:
+            return {}
+        decay = probes["decay"].double().cpu()  # (B, T, layers, heads)
+        by_position, flat = decay.mean((0, 2, 3)), decay.flatten()
+        return {"decay_by_position": by_position.tolist(),
+                "decay_min": float(by_position.min()), "decay_mean": float(decay.mean()),
+                "decay_p05": float(flat.kthvalue(max(1, math.ceil(0.05 * flat.numel())))[0]),
+                "decay_per_head": decay.mean((0, 1)).tolist()}
 
     # --- the hold-out experiment's distance to add-β by context length (paper 000 Table 2) -----
     def summarize(self, batch: Batch, losses: dict[str, Tensor],

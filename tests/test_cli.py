@@ -89,6 +89,19 @@ def test_suite_entries_are_valid_and_a_bad_shard_exits_2(capsys):
         compose(entry)
     assert main(["suite", "name=leaderboard", "shard=2/2"]) == 2
     assert "shard must be i/n" in capsys.readouterr().err
+    size = len(load_suite("leaderboard"))
+    for bad, needle in ((f"1-{size + 1}", f"not within 1-{size}"), ("0", "not within"),
+                        ("3,x", "entries must be numbers and ranges")):
+        assert main(["suite", "name=leaderboard", f"entries={bad}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+    assert main(["suite", "name=leaderboard", "entries=2", "shard=1/2"]) == 2  # one entry only
+    assert "holds no run" in capsys.readouterr().err
+
+
+def test_entry_numbers_are_sorted_and_unique():
+    from bench.__main__ import entry_numbers
+    assert entry_numbers("5,1-3,2", 6) == [1, 2, 3, 5]
 
 
 def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(tmp_path):

@@ -288,3 +288,38 @@ def test_a_failed_suite_entry_does_not_stop_the_suite(tmp_path, monkeypatch, cap
     assert statuses == ["failed", "ok"]
     origins = {json.loads(p.read_text())["origin"] for p in tmp_path.glob("*.json")}
     assert origins == {"suite:leaderboard"}
+
+
+def test_a_suite_run_again_skips_the_runs_it_finished(tmp_path, monkeypatch, capsys):
+    """An interrupted suite goes on where it stopped: an entry with an `ok` record of the same
+    config and seed made by the current, clean code is skipped; other code, a dirty checkout or
+    rerun=true run it again."""
+    import bench.config
+    import bench.records
+    import bench.train
+    tiny = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=32",
+            "trainer.bootstrap=200", "trainer.progress=false", "trainer.max_steps=3"]
+    monkeypatch.setattr(bench.config, "load_suite", lambda name: [["seed=0", *tiny],
+                                                                  ["seed=1", *tiny]])
+    version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
+    for module in (bench.records, bench.train):
+        monkeypatch.setattr(module, "provenance", lambda: dict(version))
+    suite = ["suite", "name=leaderboard", f"out_dir={tmp_path}"]
+    assert main([*suite, "entries=1"]) == 0  # "interrupted" after seed 0
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    assert capsys.readouterr().out.startswith("[1/2] seed=0")
+    assert main(suite) == 0
+    out = capsys.readouterr().out
+    assert out.count("done already") == 1 and len(list(tmp_path.glob("*.json"))) == 2
+    assert "[2/2] seed=1" in out
+    assert main(suite) == 0
+    assert capsys.readouterr().out.count("done already") == 2
+    assert len(list(tmp_path.glob("*.json"))) == 2
+    assert main([*suite, "rerun=true"]) == 0
+    assert len(list(tmp_path.glob("*.json"))) == 4
+    for change in ({"code": "0the"}, {"dirty": True}):
+        version.update({"code": "c0de", "dirty": False, **change})
+        assert main(suite) == 0
+        assert "done already" not in capsys.readouterr().out
+    assert main([*suite, "rerun=maybe"]) == 2
+    assert "rerun must be true or false" in capsys.readouterr().err

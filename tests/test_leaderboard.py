@@ -147,11 +147,18 @@ def test_the_code_digest_follows_the_code_not_the_commit(tmp_path, monkeypatch):
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "docs only")
     docs = head()
+    (repo / "conf" / "suite").mkdir()  # a suite's list and a claim's rule shape no result
+    (repo / "conf" / "suite" / "s.yaml").write_text("runs: []\n")
+    (repo / "bench" / "claims.py").write_text("rule = 1\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "downstream only")
+    downstream = head()
     (repo / "tasks" / "x.py").write_text("x = 2\n")
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "code change")
     changed = head()
     assert records.code_digest(first) == records.code_digest(docs) is not None
+    assert records.code_digest(downstream) == records.code_digest(first)
     assert records.code_digest(changed) != records.code_digest(first)
     assert records.code_digest("0" * 40) is None
 
@@ -173,6 +180,8 @@ def test_provenance_commit_and_dirty_code(tmp_path, monkeypatch):
     clean = provenance()
     assert len(clean["commit"]) == 40 and clean["dirty"] is False
     (repo / "README.md").write_text("other text\n")  # not code: still clean
+    assert provenance()["dirty"] is False
+    (repo / "bench" / "claims.py").write_text("rule = 2\n")  # reads records only: still clean
     assert provenance()["dirty"] is False
     (repo / "bench" / "x.py").write_text("a = 2\n")
     assert provenance() == {**clean, "dirty": True}

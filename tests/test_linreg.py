@@ -351,3 +351,22 @@ def test_n_d_references_are_the_1_d_references_per_output(prompt):
             got = nd_refs[name].predict(batch)[..., o]
             assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12), (name, o)
     assert {"gd1", "gd3", "bayes", "ols", "oracle"} <= set(nd_refs)
+
+
+@pytest.mark.parametrize("prompt,score", [("interleaved", "all"), ("tokens", "last")])
+def test_zero_baseline_is_the_loss_of_no_in_context_learning(prompt, score):
+    """The `zero` reference predicts 0 at every query: its loss is the mean of y² over the
+    scored positions (its definition), whose expectation is f/3 + σ² per output coordinate
+    (x ~ U(-1, 1)^f, W ~ N(0, I)); with score=last it is the trivial loss of the final query."""
+    f, noise = 4, 0.5
+    task = LinearRegression(LinearRegression.Config(n_features=f, noise_std=noise, prompt=prompt,
+                                                    seq_len=12, n_outputs=2, score=score))
+    batch = task.held_out(3000)
+    prediction = task.references()["zero"].predict(batch)
+    assert prediction.shape == batch.targets.shape and not prediction.any()
+    loss = task.position_loss(prediction, batch.targets.double())
+    squares = batch.targets.double().pow(2).mean(-1)
+    assert torch.equal(loss[batch.loss_mask], squares[batch.loss_mask])
+    per_sequence = sequence_means(loss, batch.loss_mask)
+    assert within(per_sequence, f / 3 + noise ** 2)
+

@@ -76,7 +76,8 @@ def test_runs_reuse_the_cache_and_report_it(tmp_path, capsys):
     first, second = sorted((json.loads(p.read_text()) for p in tmp_path.glob("*.json")),
                            key=lambda r: r["eval"]["references_cached"])
     assert not first["eval"]["references_cached"] and second["eval"]["references_cached"]
-    assert set(second["eval"]["time_s"]) == {"held_out", "model", "references", "scoring"}
+    # the default task and model: markov with a Mamba, whose decay probe is timed too
+    assert set(second["eval"]["time_s"]) == {"held_out", "model", "references", "scoring", "probe"}
     assert second["metrics"] == first["metrics"] and second["per_position"] == first["per_position"]
     assert len(list((tmp_path / "cache" / "references").iterdir())) == 1
     # off: nothing read, nothing written

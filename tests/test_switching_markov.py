@@ -281,9 +281,7 @@ def test_decay_probe_at_switch_tokens_on_a_constructed_mamba():
     assert summary["decay_at_switch_mean"] == pytest.approx(float(torch.tensor(at_switch).mean()),
                                                             rel=1e-5)
     assert at_switch[0] < 4e-7 and elsewhere[0] == pytest.approx(0.993307, abs=1e-6)
-    # no probe for a task that asks for none, or a model that has none
-    from tasks.markov import MarkovConfig, MarkovTask
-    assert probe_summary(MarkovTask(MarkovConfig()), model, batch, 8) is None
+    # no probe for a model that has none
     lstm = build_model("lstm", model_families()["lstm"].Config(), IOSpec("tokens", 3, 3, 64))
     assert probe_summary(task, lstm, batch, 8) is None
 
@@ -299,3 +297,28 @@ def test_decay_probe_reaches_the_run_record(tmp_path):
     assert probe["switch_positions"] > 0
     assert len(probe["decay_at_switch"]) == 1 and len(probe["decay_at_switch"][0]) == 1
     assert 0 < probe["decay_elsewhere"][0][0] < 1
+
+
+def test_markov_decay_probe_per_position_on_a_constructed_mamba():
+    """MarkovTask.summarize_probes (paper 000 Fig. 4) on the constructed Mamba over a 3-state
+    chain: a_t depends only on whether input t is token 2, so the mean per position is the
+    mean over sequences of the two known head-averaged values; min, mean, 5th percentile and
+    per-head means from their definitions."""
+    from tasks.markov import MarkovConfig, MarkovTask
+    task = MarkovTask(MarkovConfig(vocab_size=3, seq_len=40))
+    batch = task.held_out(12)
+    model, at_two, elsewhere = constructed_mamba(switch=2)
+    summary = probe_summary(task, model, batch, batch_size=5)
+    is_two = (batch.inputs == 2).double()  # (B, T)
+    heads = torch.tensor([at_two, elsewhere], dtype=torch.float64)  # [kind][head]
+    values = is_two[..., None] * heads[0] + (1 - is_two[..., None]) * heads[1]  # (B, T, heads)
+    expected = values.mean((0, 2))
+    assert summary["decay_by_position"] == pytest.approx(expected.tolist(), rel=1e-5)
+    assert summary["decay_min"] == pytest.approx(float(expected.min()), rel=1e-5)
+    assert summary["decay_mean"] == pytest.approx(float(values.mean()), rel=1e-5)
+    assert summary["decay_per_head"] == [pytest.approx(values.mean((0, 1)).tolist(), rel=1e-5)]
+    ordered = values.flatten().sort().values  # the 5th percentile as the ceil(5%)-th smallest
+    assert summary["decay_p05"] == pytest.approx(float(ordered[math.ceil(0.05 * len(ordered)) - 1]),
+                                                 rel=1e-5)
+    assert 0 < summary["decay_min"] < summary["decay_mean"] < 1
+
