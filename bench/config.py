@@ -48,6 +48,8 @@ class TrainerConfig:
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays from lr to lr * min_lr_ratio
     weight_decay: float = 1e-3
+    adam_beta2: float = 0.95  # AdamW's β2 (β1 = 0.9); paper 004 B.1 trains with 0.999
+    recurrent_lr_ratio: float = 1.0  # lr of the state-transition parameters (models tag them) / lr; paper 002 A.5: 0.5
     warmup_steps: int = 50
     grad_clip: float = 1.0  # 0 = no clipping
     accelerator: str = "auto"  # auto | cpu | gpu (= cuda)
@@ -76,6 +78,11 @@ class TrainerConfig:
                 raise ValueError(f"trainer.{name} must be >= {low}, got {getattr(self, name)}")
         if not self.lr > 0:
             raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
+        if not 0 < self.adam_beta2 < 1:
+            raise ConfigError(f"trainer.adam_beta2 must be in (0, 1), got {self.adam_beta2}")
+        if not self.recurrent_lr_ratio > 0:
+            raise ConfigError(f"trainer.recurrent_lr_ratio must be > 0, got "
+                              f"{self.recurrent_lr_ratio}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"trainer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.weight_decay < 0 or self.grad_clip < 0:

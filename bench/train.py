@@ -250,17 +250,27 @@ class ICLModule(L.LightningModule):
 
     def configure_optimizers(self):
         # Decay matrices only: norms, biases, gains and SSM scalars (A_log, D, dt_bias) are not
-        # weights whose size should shrink.
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.config.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.config.lr, betas=(0.9, 0.95))
+        # weights whose size should shrink. The state-transition parameters the models tag
+        # (models.backbone.mark_recurrent) get their own learning rate (paper 002 A.5).
+        optimizer = torch.optim.AdamW(parameter_groups(self.model, self.config),
+                                      lr=self.config.lr, betas=(0.9, self.config.adam_beta2))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(
             step, self.config.warmup_steps, self.config.max_steps, self.config.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def parameter_groups(model: torch.nn.Module, config) -> list[dict]:
+    """AdamW's groups: matrices with weight decay, everything else without, and the recurrent
+    parameters (models.backbone.is_recurrent) at lr · recurrent_lr_ratio, never decayed. The
+    first group is the matrices', whose lr the progress bar shows."""
+    from models.backbone import is_recurrent
+    params = [p for p in model.parameters() if p.requires_grad]
+    recurrent = [p for p in params if is_recurrent(p)]
+    rest = [p for p in params if not is_recurrent(p)]
+    return [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": config.weight_decay},
+            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+            {"params": recurrent, "weight_decay": 0.0,
+             "lr": config.lr * config.recurrent_lr_ratio}]
 
 
 def build(config: RunConfig) -> tuple[Task, Backbone]:

@@ -37,6 +37,19 @@ import torch
 from torch import Tensor, nn
 
 
+def mark_recurrent(*params: nn.Parameter | None) -> None:
+    """Tag a model's state-transition parameters (decays, rotations: what sets how the state
+    carries over): the trainer gives them lr · trainer.recurrent_lr_ratio and no weight decay,
+    as paper 002 A.5 trains "the SSM parameters" at half the global rate."""
+    for param in params:
+        if param is not None:
+            param._recurrent = True
+
+
+def is_recurrent(param: nn.Parameter) -> bool:
+    return getattr(param, "_recurrent", False)
+
+
 @dataclass(frozen=True)
 class IOSpec:
     """What the task feeds in and expects out."""

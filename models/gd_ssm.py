@@ -45,7 +45,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from models.backbone import Core, IOSpec
+from models.backbone import Core, IOSpec, mark_recurrent
 from models.scan import lti_scan
 
 PROMPTS = ("interleaved", "tokens")
@@ -102,6 +102,7 @@ class GDSSMLayer(nn.Module):
         # The decays, stored flat: a vector of per-unit scalars (like Mamba's A_log), which the
         # trainer leaves out of weight decay, which would pull them from 1 (the construction).
         self.A = nn.Parameter(torch.empty(d_key * d_value))
+        mark_recurrent(self.A)
         self.state_shape = (d_key, d_value)
         if multiplicative_output:
             self.q_proj = nn.Linear(d_model, d_key)

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.backbone import Core, IOSpec
+from models.backbone import Core, IOSpec, mark_recurrent
 from models.scan import linear_scan
 
 BLOCK_KINDS = {"R": "recurrent block (conv + RG-LRU)", "A": "local multi-query attention"}
@@ -97,6 +97,7 @@ class RGLRU(nn.Module):
         self.gate_a = nn.Linear(width, width)  # W_a, b_a: recurrence gate
         self.gate_x = nn.Linear(width, width)  # W_x, b_x: input gate
         self.a_param = nn.Parameter(torch.empty(width))  # Λ, with a = σ(Λ)
+        mark_recurrent(self.a_param)
         lecun_init(self.gate_a)
         lecun_init(self.gate_x)
         with torch.no_grad():

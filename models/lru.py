@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.backbone import Core, IOSpec
+from models.backbone import Core, IOSpec, mark_recurrent
 from models.scan import lti_scan
 
 
@@ -60,6 +60,7 @@ class LRULayer(nn.Module):
         super().__init__()
         self.nu_log = nn.Parameter(torch.empty(d_state))
         self.theta_log = nn.Parameter(torch.empty(d_state))
+        mark_recurrent(self.nu_log, self.theta_log)  # λ = exp(-exp(ν) + i exp(θ))
         self.gamma_log = nn.Parameter(torch.empty(d_state))
         self.B_re = nn.Parameter(torch.empty(d_state, d_model))
         self.B_im = nn.Parameter(torch.empty(d_state, d_model))

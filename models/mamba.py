@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.backbone import Core, IOSpec
+from models.backbone import Core, IOSpec, mark_recurrent
 from models.ssd import KERNELS, ssd_scan
 
 ACTIVATIONS = {"silu": F.silu, "relu": F.relu, "identity": lambda t: t}
@@ -136,6 +136,7 @@ class Mamba2Mixer(nn.Module):
         for p in (self.dt_bias, self.A_log, self.D):
             if p is not None:
                 p._no_weight_decay = True
+        mark_recurrent(self.A_log, self.dt_bias)  # a_t = exp(-exp(A_log) softplus(dt + dt_bias))
 
     def state_size(self) -> int:
         """Floats carried between steps: the SSM state and the last d_conv-1 conv inputs."""

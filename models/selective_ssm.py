@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.backbone import Core, IOSpec
+from models.backbone import Core, IOSpec, mark_recurrent
 from models.scan import linear_scan, sequential_scan
 
 TRANSITIONS = ("linear", "exp")
@@ -79,6 +79,7 @@ class SelectiveSSMLayer(nn.Module):
             self.b_proj = nn.Linear(n, n)  # W_B, b_B
         else:
             self.a_bar = nn.Parameter(torch.empty(n))
+            mark_recurrent(self.a_bar)
             self.b_bar = nn.Parameter(torch.empty(n))
         self.reset_parameters(max_len)
 

@@ -470,4 +470,9 @@ def test_the_paper_suites_produce_the_records_their_claims_select(shipped):
         for name, quantity in claim.quantities.items():
             if not any(claims_mod.producing(c, quantity) for c in claim.commands):
                 unmatched.append(f"{claim.id}.{name}")
+        # a claim that names a GPU suite gets its paper-scale records from it
+        if any("_gpu" in command for command in claim.commands):
+            for name, quantity in (claim.paper_quantities or {}).items():
+                if not any(claims_mod.producing(c, quantity) for c in claim.commands):
+                    unmatched.append(f"{claim.id}.{name} (paper scale)")
     assert unmatched == []
