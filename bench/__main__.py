@@ -246,9 +246,8 @@ def cmd_suite(argv: list[str]) -> int:
     except (ValueError, AssertionError):
         return fail(f"shard must be i/n with 0 <= i < n, got '{shard}'")
     suite = load_suite(name)
-    numbers = list(range(1, len(suite) + 1))
-    if entries:
-        numbers = entry_numbers(entries, len(suite))
+    size = len(suite)
+    numbers = entry_numbers(entries, size) if entries else list(range(1, size + 1))
     numbers = numbers[index::count]
     if not numbers:
         return fail(f"shard {shard} of suite {name} holds no run")
@@ -266,9 +265,8 @@ def cmd_suite(argv: list[str]) -> int:
     from bench.train import run
     done = {} if rerun == "true" else finished_runs(configs)
     failed = []
-    total = len(load_suite(name))
     for i, (number, entry, config) in enumerate(zip(numbers, suite, configs)):
-        print(f"[{number}/{total}] {' '.join(entry) or '(defaults)'}", flush=True)
+        print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}", flush=True)
         if i in done:
             print(f"    done already -> {done[i]}", flush=True)
             continue

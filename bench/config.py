@@ -79,10 +79,10 @@ class TrainerConfig:
         if not self.lr > 0:
             raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
         if not 0 < self.adam_beta2 < 1:
-            raise ConfigError(f"trainer.adam_beta2 must be in (0, 1), got {self.adam_beta2}")
+            raise ValueError(f"trainer.adam_beta2 must be in (0, 1), got {self.adam_beta2}")
         if not self.recurrent_lr_ratio > 0:
-            raise ConfigError(f"trainer.recurrent_lr_ratio must be > 0, got "
-                              f"{self.recurrent_lr_ratio}")
+            raise ValueError(f"trainer.recurrent_lr_ratio must be > 0, got "
+                             f"{self.recurrent_lr_ratio}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"trainer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.weight_decay < 0 or self.grad_clip < 0:

@@ -56,10 +56,10 @@ def code_digest(commit: str | None) -> str | None:
     """A digest of the files of CODE_PATHS but DOWNSTREAM_PATHS at commit (git's own hashes of
     their contents): equal for two commits exactly when that code is equal. None when git cannot
     tell (not a checkout, an unknown commit)."""
-    if not commit or not _git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"):
+    if not commit:
         return None
-    listing = _git("ls-tree", "-r", "--full-tree", commit, "--", *CODE_PATHS)
-    if listing is None:
+    listing = _git("ls-tree", "-r", "--full-tree", f"{commit}^{{commit}}", "--", *CODE_PATHS)
+    if listing is None:  # not a commit of this repository
         return None
     files = [line for line in listing.splitlines() if _shapes_results(line.split("\t", 1)[-1])]
     if not files:
@@ -225,5 +225,3 @@ def record_matches(record: dict, config) -> bool:
             and config_matches(record["task"]["config"], config.task)
             and config_matches(record["model"]["config"], config.model)
             and config_matches(record["trainer"]["config"], config.trainer, RESULT_NEUTRAL))
-
-
