@@ -77,6 +77,7 @@ X_M4 = 1.0 / 5.0  # E[x_i⁴]
 TUNING_STREAM = 4  # seed tag of the step-size tuning sample; disjoint from train/val/test (1-3)
 TUNING_TASKS = 4096
 PINV_RTOL = 1e-10  # eigenvalues below this fraction of the largest count as zero
+GD_MATCH_MAX_TOKENS = 2 * 10 ** 7  # the most prompt tokens gd_match reads a model on (~1 min)
 SCORES = ("all", "last")  # values of `score`: every query, or only the final one (paper 002)
 
 
@@ -490,8 +491,14 @@ class LinearRegression(Task):
 
     def summarize_predictor(self, predict, batch_size: int) -> dict:
         """metrics.probe.gd_match (`gd_match`) on interleaved prompts with at least one example
-        before the final query; nothing for constructed tokens."""
-        if self.config.prompt != "interleaved" or self.n_examples < 2:
+        before the final query; nothing for constructed tokens, or where reading G would take
+        more than GD_MATCH_MAX_TOKENS prompt tokens (16 j N f² prompts of 2j + 1 tokens: e.g.
+        N = f = 20 with 20 examples)."""
+        c = self.config
+        if c.prompt != "interleaved" or self.n_examples < 2:
+            return {}
+        query = self.n_examples - 1
+        if 16 * query * c.n_outputs * c.n_features ** 2 * (2 * query + 1) > GD_MATCH_MAX_TOKENS:
             return {}
         coefficients = self.gd_coefficients(predict, batch_size)
         check = self.gd_coefficients(predict, batch_size, step=0.5)

@@ -418,3 +418,6 @@ def test_gd_match_of_trained_style_models():
         build_model("mamba", mamba.Config(d_model=16), io)), 64)["gd_match"]["cubic"] is False
     tokens = LinearRegression(LinearRegression.Config(seq_len=5, n_features=3, prompt="tokens"))
     assert tokens.summarize_predictor(lambda x: x, 64) == {}
+    # too large to read (16 j N f² prompts of 2j + 1 tokens: 16·20·20·400·41 = 1.05e8 tokens)
+    large = gd_task(n_outputs=20, features=20, seq_len=42)
+    assert large.summarize_predictor(lambda x: 1 / 0, 64) == {}
