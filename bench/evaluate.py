@@ -225,19 +225,31 @@ def score_predictions(task: Task, batch: Batch, model: Tensor | None, resamples:
 def probe_summary(task: Task, model, batch: Batch, batch_size: int) -> dict | None:
     """The record's metrics.probe: the task's summary (Task.summarize_probes) of the probes it
     asks for (Task.probes) that the model exposes (Backbone.probe), computed on the held-out
-    inputs in batches where the model is; None when the task asks for none or the model has
-    none of them."""
-    if not task.probes or not hasattr(model, "probe"):
-        return None
+    inputs in batches where the model is, and its measures of the predictor as a function
+    (Task.summarize_predictor); None when there are neither."""
     device = next(model.parameters()).device
-    parts = []
-    for start in range(0, len(batch), batch_size):
-        found = model.probe(batch.inputs[start:start + batch_size].to(device))
-        parts.append({name: found[name].float().cpu() for name in task.probes if name in found})
-    if not parts or not parts[0]:
-        return None
-    probes = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
-    return task.summarize_probes(batch, probes)
+    summary = {}
+    if task.probes and hasattr(model, "probe"):
+        parts = []
+        for start in range(0, len(batch), batch_size):
+            found = model.probe(batch.inputs[start:start + batch_size].to(device))
+            parts.append({name: found[name].float().cpu() for name in task.probes
+                          if name in found})
+        if parts and parts[0]:
+            probes = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+            summary.update(task.summarize_probes(batch, probes))
+
+    def predict(inputs: Tensor) -> Tensor:
+        training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return model.predict(inputs.to(device)).float().cpu()
+        finally:
+            model.train(training)
+
+    summary.update(task.summarize_predictor(predict, batch_size))
+    return summary or None
 
 
 def is_suspicious(metrics: dict) -> bool:

@@ -225,6 +225,13 @@ class Task(L.LightningDataModule, abc.ABC):
         on the CPU. The task knows what its positions mean, the model what its internals mean."""
         return {}
 
+    def summarize_predictor(self, predict: Callable[[Tensor], Tensor], batch_size: int) -> dict:
+        """Measures of the trained predictor as a function, on inputs the task builds itself
+        (not the held-out set), for the record's metrics.probe: `predict` maps inputs (B, T, d)
+        to predictions (B, T, ...) on the CPU, `batch_size` sequences at a time at most. The
+        model is a black box here, so a measure holds for every architecture."""
+        return {}
+
     def latent_floats(self) -> int:
         """Floats of hidden parameters (and per-sequence reference workspace beyond the
         predictions) one sequence needs: the part of the memory estimate made before a run

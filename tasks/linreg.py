@@ -77,6 +77,7 @@ X_M4 = 1.0 / 5.0  # E[x_i⁴]
 TUNING_STREAM = 4  # seed tag of the step-size tuning sample; disjoint from train/val/test (1-3)
 TUNING_TASKS = 4096
 PINV_RTOL = 1e-10  # eigenvalues below this fraction of the largest count as zero
+GD_MATCH_MAX_TOKENS = 2 * 10 ** 7  # the most prompt tokens gd_match reads a model on (~1 min)
 SCORES = ("all", "last")  # values of `score`: every query, or only the final one (paper 002)
 
 
@@ -186,6 +187,43 @@ def gd_response(steps: int, rate: Tensor):
             geometric = 1.0 + shrink * geometric
         return c * geometric
     return response
+
+
+def gd_match(coefficients: Tensor, check: Tensor, gd1_step: float) -> dict:
+    """Paper 002 Fig. 3 as a comparison that the model's symmetries cannot change: the learned
+    coefficients G[k, a, b, c, d] of y_{k,b} x_{k,c} x_{q,d} in ŷ_a (LinearRegression
+    `gd_coefficients`, one row per example k before the query) against one GD step from W = 0,
+    whose G_k is (η/j) δ_ab δ_cd for every k (j examples). The trained parameters enter only
+    through these products, so rescalings traded between the key, value and query maps, a basis
+    change of the state and the choice of window pairing leave them unchanged; the window
+    attention (which slots pair), the skip (which slot is the query) and the recurrence (how
+    example k is weighted by its distance) all show in them.
+        cosine: of all of G with one GD step's (1: the construction up to its step size)
+        cosine_by_example: the same per example k (oldest first)
+        step_by_example: η_k = j ⟨G_k, U⟩ / ⟨U, U⟩ with U = δ_ab δ_cd, the step size example k
+            is learned with (equal for all k when the recurrence keeps them all, A = 1)
+        step: their mean; gd1_step: the MSE-optimal one-step η at this context size (the gd1
+            reference's)
+        step_spread: min / max of step_by_example (1: uniform, as the construction); None
+            unless every η_k > 0
+        cubic: whether G read with half the step agrees (relative 1e-2): the predictor is a
+            polynomial of degree ≤ 3 in these inputs and G its exact coefficients."""
+    examples, outputs, _, features, _ = coefficients.shape
+    unit = torch.einsum("ab,cd->abcd", torch.eye(outputs, dtype=torch.float64),
+                        torch.eye(features, dtype=torch.float64)).flatten()
+    per_example = coefficients.to(torch.float64).flatten(1)  # (j, N·N·f·f)
+    unit_rows = unit.expand_as(per_example)
+    cosine = torch.nn.functional.cosine_similarity(per_example.flatten(), unit_rows.flatten(),
+                                                   dim=0)
+    by_example = torch.nn.functional.cosine_similarity(per_example, unit_rows, dim=1)
+    steps = examples * (per_example @ unit) / unit.dot(unit)
+    largest = float(coefficients.abs().max())
+    cubic = largest > 0 and float((coefficients - check).abs().max()) <= 1e-2 * largest
+    return {"cosine": float(cosine), "cosine_by_example": by_example.tolist(),
+            "step_by_example": steps.tolist(), "step": float(steps.mean()),
+            "gd1_step": float(gd1_step),
+            "step_spread": float(steps.min() / steps.max()) if steps.min() > 0 else None,
+            "cubic": bool(cubic)}
 
 
 class LinearRegression(Task):
@@ -411,6 +449,61 @@ class LinearRegression(Task):
             "zero", "baseline", "predicts 0, the prior mean of y: no in-context learning",
             lambda batch: torch.zeros(batch.targets.shape, dtype=torch.float64))
         return refs
+
+    # --- the learned update, read off the predictor (paper 002 §4.2, Fig. 3) ---------------
+    @torch.no_grad()
+    def gd_coefficients(self, predict, batch_size: int, step: float = 1.0) -> Tensor:
+        """G (j, N, N, f, f): G[k, a, b, c, d] is the coefficient of y_{k,b} x_{k,c} x_{q,d} in the
+        prediction ŷ_a for the final query x_q (j = n - 1 examples before it), read at the empty
+        interleaved prompt (every x, y zero; x-flags 1) by the mixed third difference
+            G = Σ_{S ⊆ {y_{k,b}, x_{k,c}, x_{q,d}}} (-1)^{3-|S|} ŷ_a(those in S set to `step`) / step³.
+        For a predictor that is a polynomial of degree ≤ 3 in its inputs (one GD-SSM layer: its
+        state is a sum of key-value products, read by a query, all affine in the tokens) every
+        other monomial cancels, so this is the coefficient exactly, whatever the step. `predict`
+        maps prompts (B, T, f + N + 1) to predictions (B, T, N), batch_size prompts at a time."""
+        c = self.config
+        features, outputs = c.n_features, c.n_outputs
+        query = self.n_examples - 1
+        length = 2 * query + 1  # up to the query: a causal prediction ignores what follows
+        subsets = torch.tensor([[(s >> i) & 1 for i in range(3)] for s in range(8)],
+                               dtype=torch.float32)  # (8, 3): which of y, x, x_q is set
+        signs = (-1.0) ** (3 - subsets.sum(1, dtype=torch.float64))
+        b, cc, d = (index.flatten() for index in torch.meshgrid(
+            torch.arange(outputs), torch.arange(features), torch.arange(features), indexing="ij"))
+        triples = len(b)
+        rows, sets = torch.arange(triples)[:, None], torch.arange(8)[None, :]
+        base = torch.zeros(length, self.input_dim)
+        base[0::2, -1] = 1.0
+        coefficients = []
+        for k in range(query):
+            prompts = base.repeat(triples, 8, 1, 1)  # (triples, 8, T, D)
+            prompts[rows, sets, 2 * k + 1, features + b[:, None]] = step * subsets[:, 0]
+            prompts[rows, sets, 2 * k, cc[:, None]] = step * subsets[:, 1]
+            prompts[rows, sets, 2 * query, d[:, None]] = step * subsets[:, 2]
+            flat = prompts.flatten(0, 1)
+            out = torch.cat([predict(flat[i:i + batch_size])[:, 2 * query]
+                             for i in range(0, len(flat), batch_size)])
+            difference = (signs[None, :, None] * out.view(triples, 8, outputs).double()).sum(1)
+            # (b, c, d, a) -> (a, b, c, d)
+            coefficients.append((difference / step ** 3).view(outputs, features, features, outputs)
+                                .permute(3, 0, 1, 2))
+        return torch.stack(coefficients)
+
+    def summarize_predictor(self, predict, batch_size: int) -> dict:
+        """metrics.probe.gd_match (`gd_match`) on interleaved prompts with at least one example
+        before the final query; nothing for constructed tokens, or where reading G would take
+        more than GD_MATCH_MAX_TOKENS prompt tokens (16 j N f² prompts of 2j + 1 tokens: e.g.
+        N = f = 20 with 20 examples)."""
+        c = self.config
+        if c.prompt != "interleaved" or self.n_examples < 2:
+            return {}
+        query = self.n_examples - 1
+        if 16 * query * c.n_outputs * c.n_features ** 2 * (2 * query + 1) > GD_MATCH_MAX_TOKENS:
+            return {}
+        coefficients = self.gd_coefficients(predict, batch_size)
+        check = self.gd_coefficients(predict, batch_size, step=0.5)
+        return {"gd_match": gd_match(coefficients, check,
+                                     float(self.step_sizes(1)[self.n_examples - 1]))}
 
     def _oracle(self, batch: Batch) -> Tensor:
         query, _ = self.examples(batch)

@@ -295,3 +295,129 @@ def test_config_files_list_every_field(name, constructed):
     assert values["constructed"] is constructed
     assert model_families()["gd_ssm"] is GDSSM
     GDSSMConfig(**values)
+
+
+# --- the learned update read off the predictor (paper 002 Fig. 3: tasks/linreg.py gd_match) ----
+def gd_task(n_outputs: int = 1, features: int = 3, seq_len: int = 9) -> LinearRegression:
+    return LinearRegression(LinearRegression.Config(seq_len=seq_len, n_features=features,
+                                                    n_outputs=n_outputs, score="last"))
+
+
+def float64_predictor(model):
+    model = model.double().eval()
+    return lambda inputs: model.predict(inputs.double())
+
+
+def test_gd_coefficients_are_the_cubic_coefficients_by_definition():
+    """A hand-written predictor ŷ_a = Σ_k w_k Σ T[a,b,c,d] y_kb x_kc x_qd plus every other kind
+    of monomial of degree ≤ 3 (constant, linear, squares, x_k x_k x_q, y_k y_k x_q, pairs of
+    different examples): the mixed difference returns w_k T exactly, at any step."""
+    task = gd_task(n_outputs=2, features=3, seq_len=9)  # 5 examples, 4 before the query
+    f, n, q = 3, 2, 4
+    gen = torch.Generator().manual_seed(0)
+    T = torch.randn(n, n, f, f, generator=gen, dtype=torch.float64)
+    w = torch.randn(q, generator=gen, dtype=torch.float64)
+    other = torch.randn(6, n, generator=gen, dtype=torch.float64)
+
+    def predict(inputs):
+        x = inputs[:, 0::2, :f].double()  # (B, q + 1, f)
+        y = inputs[:, 1::2, f:f + n].double()  # (B, q, n)
+        xq, xs = x[:, q], x[:, :q]
+        main = torch.einsum("k,abcd,zkb,zkc,zd->za", w, T, y, xs, xq)
+        extra = (other[0] + other[1] * xq.sum(-1, keepdim=True)
+                 + other[2] * xs.pow(2).sum((1, 2))[:, None]
+                 + other[3] * (xs.pow(2).sum(-1) * xq[:, None, 0]).sum(1)[:, None]
+                 + other[4] * (y.pow(2).sum(-1) * xq[:, None, 1]).sum(1)[:, None]
+                 + other[5] * (y[:, 0, :1] * xs[:, 1, :1] * xq[:, :1]))
+        out = torch.zeros(inputs.shape[0], inputs.shape[1], n, dtype=torch.float64)
+        out[:, 2 * q] = main + extra
+        return out
+
+    expected = w[:, None, None, None, None] * T  # y_0 x_1 x_q pairs no example with itself
+    for step in (1.0, 0.25):  # steps exact in the float32 prompts
+        coefficients = task.gd_coefficients(predict, batch_size=37, step=step)
+        assert coefficients.shape == (q, n, n, f, f)
+        torch.testing.assert_close(coefficients, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_constructed_gd_ssm_is_one_gd_step():
+    """gd_ssm constructed=true is one GD step from W = 0 with step η: cosine 1, every example
+    weighted by η, a cubic predictor; 1-D and N-D targets."""
+    for n_outputs in (1, 3):
+        task = gd_task(n_outputs=n_outputs)
+        io = IOSpec("vectors", task.input_dim, task.output_dim, task.seq_len)
+        model = build_model("gd_ssm", GDSSMConfig(constructed=True, step_size=0.7), io)
+        match = task.summarize_predictor(float64_predictor(model), 64)["gd_match"]
+        assert match["cosine"] == pytest.approx(1.0, abs=1e-12)
+        assert match["cosine_by_example"] == pytest.approx([1.0] * 4, abs=1e-12)
+        assert match["step_by_example"] == pytest.approx([0.7] * 4, rel=1e-12)
+        assert match["step"] == pytest.approx(0.7, rel=1e-12)
+        assert match["step_spread"] == pytest.approx(1.0, rel=1e-12)
+        assert match["gd1_step"] == pytest.approx(float(gd1_step_size(torch.tensor(4), 3, 0.0)))
+        assert match["cubic"] is True
+
+
+def test_gd_match_sees_the_recurrence():
+    """Decay A = a instead of 1: the pair (x_k, y_k) enters the state at x_{k+1}'s position,
+    2(q - k - 1) steps before the query, so example k's step is η a^(2(q-k-1)) (Fig. 3B)."""
+    task = gd_task()
+    io = IOSpec("vectors", task.input_dim, task.output_dim, task.seq_len)
+    model = build_model("gd_ssm", GDSSMConfig(constructed=True), io).double()
+    with torch.no_grad():
+        model.core.layer.A.fill_(0.8)
+    match = task.summarize_predictor(float64_predictor(model), 64)["gd_match"]
+    expected = [0.8 ** (2 * (4 - k - 1)) for k in range(4)]
+    assert match["step_by_example"] == pytest.approx(expected, rel=1e-12)
+    assert match["step_spread"] == pytest.approx(0.8 ** 6, rel=1e-12)
+    assert match["cosine_by_example"] == pytest.approx([1.0] * 4, abs=1e-12)
+    assert match["cosine"] < 0.95  # the uneven weights are not one GD step
+
+
+def test_gd_match_is_blind_to_the_symmetries():
+    """The same function in other parameters: rescalings traded between key, value and query
+    maps, a basis change of the state (with A = 1), and the pairing (x_j, y_j) read at the y_j
+    position instead of (x_{j-1}, y_{j-1}) at x_j. A measure on the raw parameters would see
+    three different models; gd_match sees the construction each time."""
+    task = gd_task(n_outputs=2)
+    io = IOSpec("vectors", task.input_dim, task.output_dim, task.seq_len)
+    gen = torch.Generator().manual_seed(1)
+    basis = torch.randn(3, 3, generator=gen, dtype=torch.float64) + 3 * torch.eye(3)
+    for change in ("scale", "basis", "pairing"):
+        model = build_model("gd_ssm", GDSSMConfig(constructed=True), io).double()
+        layer = model.core.layer
+        with torch.no_grad():
+            if change == "scale":
+                layer.k_proj.weight.mul_(4.0)
+                layer.v_proj.weight.mul_(0.5)
+                layer.q_proj.weight.mul_(0.5)
+            elif change == "basis":
+                layer.k_proj.weight.copy_(basis @ layer.k_proj.weight)
+                layer.q_proj.weight.copy_(torch.linalg.inv(basis).T @ layer.q_proj.weight)
+            else:
+                layer.window_attn.zero_()
+                layer.window_attn[1, 2] = 1.0
+        match = task.summarize_predictor(float64_predictor(model), 64)["gd_match"]
+        assert match["cosine"] == pytest.approx(1.0, abs=1e-12), change
+        assert match["step_by_example"] == pytest.approx([1.0] * 4, rel=1e-12), change
+
+
+def test_gd_match_of_trained_style_models():
+    """A random one-layer GD-SSM is cubic in its inputs (and not one GD step); two layers, or
+    a Mamba, are not cubic, which the half-step check reports; constructed tokens get none."""
+    task = gd_task()
+    io = IOSpec("vectors", task.input_dim, task.output_dim, task.seq_len)
+    torch.manual_seed(0)
+    one = task.summarize_predictor(float64_predictor(
+        build_model("gd_ssm", GDSSMConfig(d_model=8, d_state=4), io)), 64)["gd_match"]
+    assert one["cubic"] is True and abs(one["cosine"]) < 0.9
+    two = task.summarize_predictor(float64_predictor(
+        build_model("gd_ssm", GDSSMConfig(d_model=8, d_state=4, n_layers=2), io)), 64)
+    assert two["gd_match"]["cubic"] is False
+    mamba = model_families()["mamba"]
+    assert task.summarize_predictor(float64_predictor(
+        build_model("mamba", mamba.Config(d_model=16), io)), 64)["gd_match"]["cubic"] is False
+    tokens = LinearRegression(LinearRegression.Config(seq_len=5, n_features=3, prompt="tokens"))
+    assert tokens.summarize_predictor(lambda x: x, 64) == {}
+    # too large to read (16 j N f² prompts of 2j + 1 tokens: 16·20·20·400·41 = 1.05e8 tokens)
+    large = gd_task(n_outputs=20, features=20, seq_len=42)
+    assert large.summarize_predictor(lambda x: 1 / 0, 64) == {}
