@@ -453,11 +453,16 @@ def test_the_committed_records_decide_at_least_25_claims(shipped):
     for d in decisions.values():
         if d.claim.gpu and d.verdict == "not measured":
             assert d.note == "needs a GPU"
+    # every claim a CPU can decide is decided: only GPU claims stay unmeasured
+    assert [d.claim.id for d in decisions.values()
+            if d.verdict == "not measured" and not d.claim.gpu] == []
     # what the committed records say about the papers (README, "Measured numbers")
     assert decisions["000-fig3a-conv-is-key"].verdict == "holds at CPU scale only"
     assert decisions["004-s5.2-hmm-high-accuracy"].verdict == "fails"
     assert decisions["004-thm2-transformer-stuck-at-erm"].verdict == "fails"
     assert decisions["002-t3-no-window"].verdict == "holds at CPU scale only"
+    assert decisions["002-fig3-parameters-match-construction"].verdict == "holds at CPU scale only"
+    assert decisions["000-fig10-transformer-1layer-every-order"].verdict == "holds at CPU scale only"
 
 
 def test_the_paper_suites_produce_the_records_their_claims_select(shipped):
