@@ -240,15 +240,15 @@ def probe_summary(task: Task, model, batch: Batch, batch_size: int) -> dict | No
             summary.update(task.summarize_probes(batch, probes))
 
     def predict(inputs: Tensor) -> Tensor:
-        training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                return model.predict(inputs.to(device)).float().cpu()
-        finally:
-            model.train(training)
+        with torch.no_grad():
+            return model.predict(inputs.to(device)).float().cpu()
 
-    summary.update(task.summarize_predictor(predict, batch_size))
+    training = model.training
+    model.eval()  # once for all of the task's calls, then as it was
+    try:
+        summary.update(task.summarize_predictor(predict, batch_size))
+    finally:
+        model.train(training)
     return summary or None
 
 

@@ -211,7 +211,7 @@ def gd_match(coefficients: Tensor, check: Tensor, gd1_step: float) -> dict:
     examples, outputs, _, features, _ = coefficients.shape
     unit = torch.einsum("ab,cd->abcd", torch.eye(outputs, dtype=torch.float64),
                         torch.eye(features, dtype=torch.float64)).flatten()
-    per_example = coefficients.to(torch.float64).flatten(1)  # (j, N·N·f·f)
+    per_example = coefficients.flatten(1)  # (j, N·N·f·f), float64 as gd_coefficients reads it
     unit_rows = unit.expand_as(per_example)
     cosine = torch.nn.functional.cosine_similarity(per_example.flatten(), unit_rows.flatten(),
                                                    dim=0)
@@ -502,8 +502,7 @@ class LinearRegression(Task):
             return {}
         coefficients = self.gd_coefficients(predict, batch_size)
         check = self.gd_coefficients(predict, batch_size, step=0.5)
-        return {"gd_match": gd_match(coefficients, check,
-                                     float(self.step_sizes(1)[self.n_examples - 1]))}
+        return {"gd_match": gd_match(coefficients, check, float(self.step_sizes(1)[query]))}
 
     def _oracle(self, batch: Batch) -> Tensor:
         query, _ = self.examples(batch)
