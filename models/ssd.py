@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import sys
 import types
+import warnings
 from typing import Callable
 
 import torch
@@ -158,7 +159,9 @@ def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tenso
 # ---------------------------------------------------------------------------------------------
 # The optional CUDA kernel.
 
-_kernel_cache: dict[str, Callable | BaseException] = {}
+_kernel_cache: dict[str, Callable | str] = {}  # "fn": the kernel, or "error": why it does not import
+_auto_cache: dict[str, str] = {}  # device type -> what kernel="auto" runs there (resolved once)
+_auto_fallback: dict[str, str] = {}  # device type -> why "auto" fell back to torch there
 
 _PACKAGE = "mamba_ssm"
 _KERNEL_MODULE = "mamba_ssm.ops.triton.ssd_combined"
@@ -190,11 +193,14 @@ def _import_mamba_chunk_scan() -> Callable:
     as it was: neither the stand-in nor the submodules it loaded (nor the half-imported ones a
     failed __init__ leaves) stay visible to other importers, so a later `import mamba_ssm` behaves
     as if this function had never run. The loaded kernels live on through the references kept
-    here (each function holds its module's globals)."""
+    here (each function holds its module's globals).
+
+    The outcome is cached; a failure raises a fresh RuntimeError with the cached reason each
+    time (re-raising one stored exception object would grow its traceback on every call)."""
     if "fn" in _kernel_cache:
         return _kernel_cache["fn"]
     if "error" in _kernel_cache:
-        raise _kernel_cache["error"]
+        raise RuntimeError(_kernel_cache["error"])
     saved = _package_modules()
     try:
         try:
@@ -214,12 +220,11 @@ def _import_mamba_chunk_scan() -> Callable:
         _kernel_cache["fn"] = module.mamba_chunk_scan_combined
     except Exception as error:  # ImportError, or a Triton/CUDA error raised at import time
         _restore_package_modules(saved)
-        _kernel_cache["error"] = RuntimeError(
+        _kernel_cache["error"] = (
             f"kernel='mamba_ssm' needs the mamba_ssm package with its Triton kernels (README.md, "
             f"section GPU: pip install -e '.[gpu]' and the mamba-ssm line); importing "
-            f"{_KERNEL_MODULE} failed: "
-            f"{type(error).__name__}: {error}")
-        raise _kernel_cache["error"] from error
+            f"{_KERNEL_MODULE} failed: {type(error).__name__}: {error}")
+        raise RuntimeError(_kernel_cache["error"]) from error
     return _kernel_cache["fn"]
 
 
@@ -238,14 +243,26 @@ def mamba_ssm_available() -> bool:
 
 def _call_mamba_chunk_scan(x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[Tensor, Tensor]:
     """The kernel with this module's conventions, on any device the kernel can run on (CUDA; the
-    CPU parity test runs it under Triton's interpreter)."""
+    CPU parity test runs it under Triton's interpreter).
+
+    Like `ssd_chunked`, it computes in at least float32 with autocast off: under bf16-mixed, x, B
+    and C arrive in bfloat16, and the kernel would carry its chunk states and write its output in
+    bfloat16 (measured on CUDA: README, section GPU); upcast, only the returned y is rounded to
+    x's dtype. Its float32 dot products follow the process's TF32 policy (bench.train
+    `apply_tf32_policy`: Triton's TRITON_F32_DEFAULT)."""
     scan = _import_mamba_chunk_scan()
-    # dt is already positive, so the kernel's own bias and softplus are left off.
-    y, final = scan(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_states=initial_state,
-                    dt_softplus=False, return_final_states=True)
-    # The kernel returns the final state in float32 whatever x's dtype; the other scans return it
-    # in x's dtype, and so does this one, so the choice of kernel changes no dtype.
-    return y, final.to(x.dtype)
+    out_dtype = x.dtype
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x, dt, A, B, C = (t.to(dtype) for t in (x, dt, A, B, C))
+        D = D.to(dtype) if D is not None else None
+        initial_state = initial_state.to(dtype) if initial_state is not None else None
+        # dt is already positive, so the kernel's own bias and softplus are left off.
+        y, final = scan(x, dt, A, B, C, chunk_size=chunk_size, D=D, initial_states=initial_state,
+                        dt_softplus=False, return_final_states=True)
+    # The other scans return y and the final state in x's dtype, and so does this one, so the
+    # choice of kernel changes no dtype.
+    return y.to(out_dtype), final.to(out_dtype)
 
 
 def _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[Tensor, Tensor]:
@@ -255,17 +272,52 @@ def _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[Tensor
     return _call_mamba_chunk_scan(x, dt, A, B, C, D, initial_state, chunk_size)
 
 
+def _smoke_test_kernel(device: torch.device) -> str | None:
+    """Why the mamba_ssm kernel cannot train on `device` (it imports but a tiny forward and
+    backward call fails: a Triton or driver mismatch), or None when it runs."""
+    try:
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(1, 16, 1, 16, device=device, generator=g, requires_grad=True)
+        dt = torch.rand(1, 16, 1, device=device, generator=g) + 0.1
+        B, C = (torch.randn(1, 16, 1, 16, device=device, generator=g) for _ in range(2))
+        y, _ = _ssd_mamba_ssm(x, dt, -torch.ones(1, device=device), B, C, None, None, 16)
+        y.sum().backward()
+        torch.cuda.synchronize(device)
+    except Exception as error:  # any failure to launch means: do not use it for training
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return None
+
+
 def resolve_kernel(kernel: str, device: torch.device,
                    dtype: torch.dtype = torch.float32) -> str:
     """The implementation `kernel` means for tensors on device: "auto" is the mamba_ssm kernel on
-    CUDA when it imports and supports the dtype, otherwise torch; the others are themselves."""
+    CUDA when it imports and a tiny call of it runs (checked once per process and device type;
+    `kernel_fallback` says why not), otherwise torch; the others are themselves."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown SSD kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
     if kernel != "auto":
         return kernel
-    fast = (device.type == "cuda" and dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and mamba_ssm_available())
-    return "mamba_ssm" if fast else "torch"
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return "torch"
+    device = torch.device(device)
+    if device.type not in _auto_cache:
+        choice = "torch"
+        if device.type == "cuda":
+            reason = mamba_ssm_kernel_error() or _smoke_test_kernel(device)
+            if reason is None:
+                choice = "mamba_ssm"
+            elif mamba_ssm_kernel_error() is None:  # installed but broken: worth a warning
+                _auto_fallback[device.type] = reason
+                warnings.warn(f"model.kernel=auto: the mamba_ssm kernel imports but does not run "
+                              f"on {device} ({reason}); using the pure-PyTorch scan")
+        _auto_cache[device.type] = choice
+    return _auto_cache[device.type]
+
+
+def kernel_fallback(device: torch.device | str) -> str | None:
+    """Why kernel="auto" fell back to the pure-PyTorch scan on `device` although mamba_ssm is
+    installed (for the run record), or None."""
+    return _auto_fallback.get(torch.device(device).type)
 
 
 def ssd_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,

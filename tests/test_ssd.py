@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import mamba_kernel_parity
+from bench import kernel_parity
 from models import ssd
 from models.ssd import mamba_ssm_available, ssd_chunked, ssd_scan, ssd_sequential
 
@@ -197,7 +197,7 @@ def test_kernel_import_keeps_a_package_that_imports_whole(fake_mamba_ssm):
 
 # ---------------------------------------------------------------------------------------------
 # The kernel against the pure-PyTorch scans, forward and backward, on the shipped configs'
-# shapes (tests/mamba_kernel_parity.py says how). Every error is a max abs error over the
+# shapes (bench/kernel_parity.py says how). Every error is a max abs error over the
 # quantity (y, final state, each gradient) divided by the float64 oracle's max abs value of it.
 #
 # CPU, under Triton's interpreter (numpy, true float32 arithmetic):
@@ -226,7 +226,7 @@ BF16_INTERPRETER_BUG = ("bf16 is not checked on the CPU: Triton's interpreter tr
 
 
 def assert_parity(result: dict, tolerance: float) -> None:
-    table = mamba_kernel_parity.format_errors(result)
+    table = kernel_parity.format_errors(result)
     for against in ("kernel", "kernel_vs_chunked"):
         for quantity, error in result["errors"][against].items():
             scale = result["scale"][quantity]
@@ -236,7 +236,7 @@ def assert_parity(result: dict, tolerance: float) -> None:
 
 @pytest.fixture(scope="module")
 def interpreter_parity() -> dict:
-    """Runs tests/mamba_kernel_parity.py once, in a subprocess with TRITON_INTERPRET=1 (it must
+    """Runs bench/kernel_parity.py once, in a subprocess with TRITON_INTERPRET=1 (it must
     be set before triton is imported, and must not reach any other test)."""
     missing = [m for m in ("triton", "einops", "mamba_ssm") if importlib.util.find_spec(m) is None]
     if missing:
@@ -245,7 +245,7 @@ def interpreter_parity() -> dict:
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    done = subprocess.run([sys.executable, mamba_kernel_parity.__file__], env=env, cwd=root,
+    done = subprocess.run([sys.executable, "-m", "bench.kernel_parity"], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -263,7 +263,7 @@ def test_interpreter_kernel_import_leaves_sys_modules_as_it_was(interpreter_pari
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("name", mamba_kernel_parity.CONFIGS)
+@pytest.mark.parametrize("name", kernel_parity.CONFIGS)
 def test_mamba_ssm_kernel_matches_torch_in_triton_interpreter(name, dtype, request):
     if dtype == "bfloat16":
         pytest.skip(BF16_INTERPRETER_BUG)
@@ -275,8 +275,8 @@ def test_mamba_ssm_kernel_matches_torch_in_triton_interpreter(name, dtype, reque
                     reason="needs CUDA and the mamba_ssm Triton kernels")
 @pytest.mark.parametrize("initial_state", [True, False], ids=["initial_state", "zero_state"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("name", mamba_kernel_parity.CONFIGS + ("heads4_groups2",))
+@pytest.mark.parametrize("name", kernel_parity.CUDA_CONFIGS + ("heads4_groups2",))
 def test_mamba_ssm_kernel_matches_torch_on_cuda(name, dtype, initial_state):
     # Through ssd_scan(kernel="mamba_ssm"), as the models call it (they pass no initial state).
-    result = mamba_kernel_parity.parity(name, dtype, "cuda", initial_state=initial_state)
+    result = kernel_parity.parity(name, dtype, "cuda", initial_state=initial_state)
     assert_parity(result, CUDA_TOLERANCE[dtype])

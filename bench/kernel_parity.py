@@ -1,11 +1,13 @@
 """mamba-ssm's Triton SSD kernel against the pure-PyTorch scans of models/ssd.py, forward and
-backward, on the shapes of the shipped model configs (conf/model/mamba.yaml, mambazero.yaml).
+backward, on the shapes of the shipped model configs (conf/model/mamba.yaml, mambazero.yaml,
+mamba_lm14m.yaml).
 
-Used two ways by tests/test_ssd.py:
-- imported, for the CUDA parity tests (`parity(..., device="cuda")`);
+Used three ways:
+- imported by tests/test_ssd.py, for the CUDA parity tests (`parity(..., device="cuda")`);
+- imported by bench/gpucheck.py, for the error tables of a GPU check;
 - run as a script in a subprocess, for the CPU parity test under Triton's interpreter:
 
-      TRITON_INTERPRET=1 python tests/mamba_kernel_parity.py [case ...]
+      TRITON_INTERPRET=1 python -m bench.kernel_parity [case ...]
 
   prints one JSON object: whether importing the kernel left sys.modules as it was, and for each
   case (`mamba-float32`, `mamba-float16`, `mambazero-float32`, ...; default all four float32 and
@@ -40,7 +42,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ("mamba", "mambazero")
+CONFIGS = ("mamba", "mambazero")  # cheap enough for the interpreter
+CUDA_CONFIGS = CONFIGS + ("mamba_lm14m",)  # the language model's scan: 8 heads of 64, 32 states
 BATCH = 2
 LENGTH = 100  # with the shipped chunk_size 64: a full chunk, the state carried across, a padded tail
 QUANTITIES = ("y", "final_state", "dx", "ddt", "dA", "dB", "dC", "dD", "dinitial_state")
@@ -123,11 +126,13 @@ def _run(scan, leaves: dict, weights, arguments, split_grads) -> tuple[dict, dic
     return out, {"forward": forward, "backward": backward}
 
 
-def parity(name: str, dtype: str, device: str, initial_state: bool = True, seed: int = 0) -> dict:
+def parity(name: str, dtype: str, device: str, initial_state: bool = True, seed: int = 0,
+           raw: bool = False) -> dict:
     """Errors of the kernel and of `ssd_chunked` against the float64 `ssd_sequential` oracle (run
     on the same rounded inputs), of the kernel against `ssd_chunked`, and the oracle's scale, for
     the scan of shipped config `name` (or an EXTRA_SHAPES entry) in `dtype` ("float32",
-    "float16", "bfloat16")."""
+    "float16", "bfloat16"). With `raw`, the kernel is mamba_ssm's function called directly on the
+    inputs in `dtype` (what it does without our float32 upcast), not the models' path."""
     from models import ssd
 
     shape = scan_shape(name)
@@ -136,6 +141,11 @@ def parity(name: str, dtype: str, device: str, initial_state: bool = True, seed:
                                                           initial_state, seed)
 
     def kernel(x, dt, A, B, C, D, initial_state):
+        if raw:
+            y, final = ssd._import_mamba_chunk_scan()(
+                x, dt, A, B, C, chunk_size=chunk, D=D, initial_states=initial_state,
+                dt_softplus=False, return_final_states=True)
+            return y, final.to(y.dtype)
         if x.is_cuda:  # the models' path, through the dispatcher
             return ssd.ssd_scan(x, dt, A, B, C, D, initial_state, chunk, kernel="mamba_ssm")
         return ssd._call_mamba_chunk_scan(x, dt, A, B, C, D, initial_state, chunk)
@@ -153,7 +163,7 @@ def parity(name: str, dtype: str, device: str, initial_state: bool = True, seed:
         return {q: (a[q].double() - b[q].double()).abs().max().item() for q in oracle}
 
     return {"shape": shape, "dtype": dtype, "device": device, "initial_state": initial_state,
-            "batch": BATCH, "length": LENGTH, "seconds": seconds,
+            "raw": raw, "batch": BATCH, "length": LENGTH, "seconds": seconds,
             "scale": {q: v.abs().max().item() for q, v in oracle.items()},
             "errors": {"kernel": max_abs(fast, oracle), "chunked": max_abs(reference, oracle),
                        "kernel_vs_chunked": max_abs(fast, reference)}}
@@ -199,6 +209,13 @@ def main(cases: list[str]) -> dict:
             result["cases"][case] = parity(name, dtype, "cpu",
                                            initial_state=CPU_INITIAL_STATE.get(dtype, True))
     return result
+
+
+def relative_errors(result: dict) -> dict:
+    """Each max abs error divided by the oracle's max abs value of that quantity."""
+    return {against: {q: e / result["scale"][q] if result["scale"][q] else e
+                      for q, e in errors.items()}
+            for against, errors in result["errors"].items()}
 
 
 def format_errors(result: dict) -> str:
