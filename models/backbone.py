@@ -141,6 +141,10 @@ class Backbone(nn.Module):
                 self.decoder = nn.Linear(d_model, io.output_dim)
 
     def forward(self, inputs: Tensor) -> Tensor:
+        if inputs.is_floating_point():
+            # Vector inputs are sampled in float32; a float64 model (precision 64-true) reads
+            # them in its own dtype (under autocast the weights stay float32: a no-op).
+            inputs = inputs.to(next(self.parameters()).dtype)
         if self.core.owns_io:
             return self.core(inputs)
         return self.decoder(self.core(self.encoder(inputs)))
@@ -149,7 +153,7 @@ class Backbone(nn.Module):
         """Predictions in the task contract's format: log-probabilities or vector means."""
         out = self(inputs)  # through __call__: the compiled forward when compiled
         if self.io.kind == "tokens" and not getattr(self.core, "outputs_log_probs", False):
-            out = torch.log_softmax(out.float(), dim=-1)
+            out = torch.log_softmax(out.to(torch.promote_types(out.dtype, torch.float32)), dim=-1)
         return out
 
     def state_size(self, seq_len: int) -> int:
