@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import itertools
+import multiprocessing
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Iterator, Literal
 
@@ -66,6 +68,12 @@ class Batch:
         return Batch(self.inputs.to(device), self.targets.to(device), self.loss_mask.to(device),
                      {k: v.to(device) for k, v in self.latent.items()})
 
+    def pin_memory(self) -> "Batch":
+        """A copy in page-locked memory (a DataLoader with pin_memory=True calls this), so the
+        copy to the GPU is asynchronous."""
+        return Batch(self.inputs.pin_memory(), self.targets.pin_memory(),
+                     self.loss_mask.pin_memory(), {k: v.pin_memory() for k, v in self.latent.items()})
+
     def select(self, index: slice | Tensor) -> "Batch":
         """The sub-batch of sequences `index` (latent tensors are indexed on their first axis)."""
         return Batch(self.inputs[index], self.targets[index], self.loss_mask[index],
@@ -85,18 +93,29 @@ class Reference:
     loss: Callable[[Batch], Tensor] | None = None
 
 
-class StepCounter(torch.utils.data.IterableDataset):
-    """Yields the training step numbers; the batch itself is sampled on the device afterwards
-    (Task.on_after_batch_transfer), so no data crosses the host-device boundary."""
+class TrainingBatches(torch.utils.data.Dataset):
+    """Training batch number `step` of one rank, sampled on the CPU from the generator of
+    (seed, rank, step), whatever device trains: a batch is the same on every device, and it can
+    be made in DataLoader worker processes, off an accelerator's critical path (a sampler's
+    few hundred small ops would otherwise be kernel launches between training steps). Batches
+    carry no latent (training never reads it; it would only be copied)."""
+
+    def __init__(self, task: "Task", rank: int, pool: dict[str, Tensor] | None = None):
+        self.task, self.rank, self.pool = task, rank, pool
+
+    def __getitem__(self, step: int) -> Batch:
+        batch = self.task.training_batch(step, self.rank, self.pool)
+        return Batch(batch.inputs, batch.targets, batch.loss_mask)
+
+
+class Steps(torch.utils.data.Sampler):
+    """The step numbers start, start + 1, ...: endless, training stops at max_steps."""
 
     def __init__(self, start: int = 0):
         self.start = start
 
-    def __iter__(self) -> Iterator[Tensor]:
-        step = self.start
-        while True:
-            yield torch.tensor(step)
-            step += 1
+    def __iter__(self) -> Iterator[int]:
+        return itertools.count(self.start)
 
 
 class Task(L.LightningDataModule, abc.ABC):
@@ -192,12 +211,14 @@ class Task(L.LightningDataModule, abc.ABC):
         one = self.draw_latent(1, torch.Generator())
         return self.num_tasks * sum(v.numel() * v.element_size() for v in one.values())
 
-    def sample_train(self, n: int, generator: torch.Generator) -> Batch:
+    def sample_train(self, n: int, generator: torch.Generator,
+                     pool: dict[str, Tensor] | None = None) -> Batch:
         """A training batch: `sample`, or with num_tasks > 0 sequences of tasks drawn uniformly
-        (with replacement) from the pool."""
+        (with replacement) from the pool (`pool`, else the one drawn on the generator's
+        device)."""
         if self.num_tasks == 0:
             return self.sample(n, generator)
-        pool = self.task_pool(generator.device)
+        pool = pool if pool is not None else self.task_pool(generator.device)
         index = torch.randint(self.num_tasks, (n,), generator=generator, device=generator.device)
         return self.sample_given({name: value[index] for name, value in pool.items()}, generator)
 
@@ -262,10 +283,36 @@ class Task(L.LightningDataModule, abc.ABC):
     def config_dict(self) -> dict:
         return dataclasses.asdict(self.config)
 
-    # --- Lightning: training batches are generated on the device ---------------------------
+    # --- Lightning: training batches are sampled on the CPU, in loader workers -------------
+    loader_workers: int = 0  # processes sampling training batches (bench sets it per run)
+
+    def training_batch(self, step: int, rank: int = 0,
+                       pool: dict[str, Tensor] | None = None) -> Batch:
+        """Training batch number `step` of DDP rank `rank` (this rank's share of the global
+        batch), from the CPU generator of (seed, rank, step): reproducible and resumable."""
+        generator = make_generator(TRAIN_STREAM, self.seed, rank, step)
+        return self.sample_train(self.batch_size, generator, pool)
+
     def train_dataloader(self):
-        start = self.trainer.global_step if self.trainer is not None else 0
-        return torch.utils.data.DataLoader(StepCounter(start), batch_size=None)
+        """Batches from step `global_step` on (a resumed run continues the stream), sampled in
+        `loader_workers` worker processes (0: in this process) and pinned for the copy to a GPU.
+        A pool of training tasks is drawn once, on the training device (fast for large pools),
+        and the workers sample from a CPU copy of it."""
+        trainer = self.trainer
+        start = trainer.global_step if trainer is not None else 0
+        rank = trainer.global_rank if trainer is not None else 0
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        pool = ({name: value.cpu() for name, value in self.task_pool(device).items()}
+                if self.num_tasks else None)
+        workers = self.loader_workers
+        # fork: the workers inherit the task (and its pool) and sample on the CPU only; "spawn"
+        # would pickle the task with its trainer.
+        context = ("fork" if workers and "fork" in multiprocessing.get_all_start_methods()
+                   else None)
+        return torch.utils.data.DataLoader(
+            TrainingBatches(self, rank, pool), batch_size=None, sampler=Steps(start),
+            num_workers=workers, pin_memory=device.type == "cuda",
+            prefetch_factor=4 if workers else None, multiprocessing_context=context)
 
     def set_held_out(self, n: int, batch_size: int, batch: Batch | None = None) -> Batch:
         """Fix the held-out set that `trainer.test` evaluates (`test_dataloader`): `batch` when
@@ -282,9 +329,7 @@ class Task(L.LightningDataModule, abc.ABC):
         shard = torch.arange(rank, len(self.held_out_batch), world)
         return torch.utils.data.DataLoader(shard, batch_size=self.eval_batch_size)
 
-    def on_after_batch_transfer(self, batch: Tensor, dataloader_idx: int):
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is not None and self.trainer.testing:  # indices of held-out sequences
             return batch, self.held_out_batch.select(batch.cpu()).to(batch.device)
-        rank = self.trainer.global_rank if self.trainer is not None else 0
-        generator = make_generator(TRAIN_STREAM, self.seed, rank, int(batch), device=batch.device)
-        return self.sample_train(self.batch_size, generator)
+        return batch  # a training Batch, already on the device

@@ -97,7 +97,7 @@ def check_score_last(every, final, last: int, sequences: int = 200) -> None:
     assert torch.equal(b.loss_mask, expected) and a.loss_mask[:, last].all()
     assert int(a.loss_mask[0].sum()) > 1  # the `all` mask scores more than the last query
     # the training batch, as the Lightning path draws it (step 0, rank 0)
-    train = final.on_after_batch_transfer(torch.tensor(0), 0)
+    train = final.training_batch(0)
     assert torch.equal(train.loss_mask, expected[:1].expand_as(train.loss_mask))
     output = torch.randn(train.targets.shape, generator=torch.Generator().manual_seed(0))
     direct = (output[:, last] - train.targets[:, last]).pow(2).mean()

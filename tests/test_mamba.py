@@ -371,7 +371,7 @@ def test_d_conv_composes_with_every_markov_order(model, w, order):
                       f"model.d_conv={w}", "trainer.batch_size=4"])
     assert config.model.d_conv == w and config.task.order == order
     task, net = build(config)
-    batch = task.on_after_batch_transfer(torch.tensor(0), 0)
+    batch = task.training_batch(0)
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in net.parameters()]
     loss = masked_loss(task, net(batch.inputs), batch)

@@ -154,7 +154,7 @@ def test_hold_out_split_trains_below_and_evaluates_above():
     (mean 1/4, variance 1/48), every held-out row p ~ U(0.5, 1] (mean 3/4); the training batch
     drawn by the Lightning path obeys it too, and the held-out set leaves the prior."""
     t = split_task()
-    train = t.on_after_batch_transfer(torch.tensor(0), 0).latent["kernel"].reshape(-1, 2)
+    train = t.training_batch(0).latent["kernel"].reshape(-1, 2)
     held = t.held_out(500).latent["kernel"].reshape(-1, 2)
     assert len(train) == len(held) == 2000
     p, q = train[:, 1], held[:, 1]
@@ -163,7 +163,7 @@ def test_hold_out_split_trains_below_and_evaluates_above():
     assert within(q, 0.75) and within((q - 0.75) ** 2, 1 / 48)
     assert not t.held_out_from_prior and split_task(split=0.0).held_out_from_prior
     # the training batches' tokens follow the restricted kernels (z-scores of transitions)
-    batch = t.on_after_batch_transfer(torch.tensor(0), 0)
+    batch = t.training_batch(0)
     assert transition_z_scores(batch, 2, 2, slice(1, None)).abs().max() < 4.5
     # the held-out set without a split is the one every other markov config gets
     plain = task(order=2, S=2, T=32).held_out(50)

@@ -32,7 +32,7 @@ def distinct_tasks(latent: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def training_batch(task, step: int):
-    return task.on_after_batch_transfer(torch.tensor(step), 0)  # the Lightning training path
+    return task.training_batch(step)  # what the Lightning training path samples
 
 
 @pytest.mark.parametrize("family", sorted(CASES))
