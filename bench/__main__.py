@@ -7,6 +7,7 @@
   speed        training throughput of a model and throughput of the task's oracle
   suite        run every entry of conf/suite/<name>.yaml in turn (name=<suite> [key=value ...])
   list         the tasks and models, one line each
+  gpucheck     every check of the GPU path (kernel parity, speed, end-to-end runs) in a budget
 
 python -m bench <command> --help   that command's usage
 """
@@ -17,7 +18,7 @@ import sys
 
 from bench.config import ConfigError, choices, compose, describe_choice, first_line
 
-COMMANDS = ("run", "references", "leaderboard", "claims", "speed", "suite", "list")
+COMMANDS = ("run", "references", "leaderboard", "claims", "speed", "suite", "list", "gpucheck")
 OVERRIDES = ("  task=<name> model=<name> trainer=<name>   a file of conf/task, conf/model, conf/trainer\n"
              "  task.<field>=v model.<field>=v trainer.<field>=v   one field of it\n"
              "  seed=<int> out_dir=<dir> name=<tag> resume=<checkpoint>")
@@ -46,6 +47,10 @@ USAGE = {
              "dirty) is in out_dir already is skipped, so an interrupted suite goes on where it "
              "stopped; rerun=true runs it again.\n  suites: " + ", ".join(choices("suite")),
     "list": "python -m bench list\n  The tasks, models and trainer presets, one line each.",
+    "gpucheck": "python -m bench gpucheck [sections=env,parity,speed,lm,paper,ddp,text,suite] "
+                "[budget=540] [out=gpucheck] [steps=20] [tokenizer_file=<GPT-2 tokenizer.json>] "
+                "[suite=paper000_gpu] [suite_entries=1-5]\n  Every check of the GPU path in one "
+                "command, section by section within a budget of seconds (bench/gpucheck.py).",
 }
 
 
@@ -183,6 +188,11 @@ def cmd_speed(argv: list[str]) -> int:
     return 0
 
 
+def cmd_gpucheck(argv: list[str]) -> int:
+    from bench.gpucheck import main as gpucheck
+    return gpucheck(argv)
+
+
 def entry_numbers(text: str, size: int) -> list[int]:
     """The suite entries named by `1,4-6` (1-based, as `suite` prints them), in suite order."""
     chosen = set()
@@ -309,14 +319,20 @@ def main(argv: list[str] | None = None) -> int:
                     f"{command} --help)")
     from bench.records import RunFailed
     try:
-        return {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
+        code = {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
                 "claims": cmd_claims, "speed": cmd_speed, "suite": cmd_suite,
-                "list": cmd_list}[command](rest)
+                "list": cmd_list, "gpucheck": cmd_gpucheck}[command](rest)
+        if code and command == "suite":
+            from bench.train import wait_for_rank_zero
+            wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own
+        return code
     except ConfigError as error:
         return fail(str(error))
     except RunFailed as error:  # the run started: its `failed` record says the rest
         where = f" (record: {error.path})" if error.path else ""
         print(f"error: run failed: {error.reason}{where}", file=sys.stderr)
+        from bench.train import wait_for_rank_zero
+        wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own
         return error.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -47,6 +47,10 @@ def check_hardware(config) -> str:
     """The device type the run will train on ("cpu" or "cuda"), or CheckFailed when the
     configuration asks for hardware this machine does not have."""
     t = config.trainer
+    if t.strategy == "ddp_spawn":
+        raise CheckFailed("trainer.strategy=ddp_spawn is not supported: its processes return "
+                          "their results through the launcher, not records; use "
+                          "trainer.strategy=ddp (trainer=ddp)")
     gpus = cuda_devices()
     if t.accelerator in ("gpu", "cuda") and gpus == 0:
         raise CheckFailed(f"trainer.accelerator={t.accelerator} (trainer={config.trainer_name}) "

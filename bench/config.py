@@ -57,6 +57,7 @@ class TrainerConfig:
     num_nodes: int = 1
     strategy: str = "auto"  # auto | ddp | ddp_spawn | ddp_find_unused_parameters_true
     precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA) | 64-true
+    tf32: bool = False  # CUDA: float32 matmuls/convolutions/Triton dots on TF32 tensor cores
     compile: bool = False  # torch.compile the model (training and evaluation); README "Compile"
     eval_sequences: int = 512
     eval_batch_size: int = 128
@@ -67,12 +68,13 @@ class TrainerConfig:
     progress: bool = True
     threads: int = 0  # CPU threads for torch; 0 = torch's default (one per core). See README "Threads"
     logger: str = "csv"  # csv | tensorboard | wandb | none: training log in out_dir/logs/<run>/
+    loader_workers: int = -1  # processes sampling training batches; -1: up to 4 on a GPU, 0 on CPU
 
     def __post_init__(self):
         from bench.checks import ACCELERATORS, LOGGERS, PRECISIONS, STRATEGIES
         at_least = {"max_steps": 1, "batch_size": 1, "eval_sequences": 2, "eval_batch_size": 1,
                     "bootstrap": 1, "log_every": 1, "num_nodes": 1, "warmup_steps": 0,
-                    "checkpoint_every": 0, "threads": 0}
+                    "checkpoint_every": 0, "threads": 0, "loader_workers": -1}
         for name, low in at_least.items():
             if getattr(self, name) < low:
                 raise ValueError(f"trainer.{name} must be >= {low}, got {getattr(self, name)}")

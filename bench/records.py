@@ -16,7 +16,7 @@ from pathlib import Path
 SCHEMA = "icl-bench/run/1"
 # Trainer keys that change neither training nor evaluation: runs differing only in them pool.
 RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every",
-                  "logger")
+                  "logger", "loader_workers")
 
 
 class RunFailed(RuntimeError):

@@ -1,6 +1,9 @@
 """Throughput of a configured run: the training step for every kernel, precision and compile
 setting that applies on this device, the task's sampler and references, and the share of a whole
-run spent outside training (held-out set, references, the model's evaluation, scoring).
+run spent outside training (held-out set, references, the model's evaluation, scoring); and what
+decides whether an accelerator would be starved, measurable on any machine: the sampler's aten
+calls and time per batch (on the CPU, where training batches are sampled), and the aten calls and
+host synchronisations of one whole training step as Lightning runs it (`step_profile`).
 
 Timings exclude warm-up steps (allocation, lazy initialisation, compilation: its cost is reported
 separately as the first step's time) and synchronise CUDA before reading the clock. Mixed
@@ -13,14 +16,46 @@ import dataclasses
 import itertools
 import tempfile
 import time
+import warnings
+from collections import Counter
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from bench import reference_cache
 from bench.config import RunConfig
 from bench.evaluate import reference_scores, score_predictions, token_scores
-from bench.train import build, masked_loss
+from bench.train import apply_tf32_policy, build, masked_loss
 from tasks.base import TRAIN_STREAM, make_generator
+
+
+
+class HostSyncCounter(TorchFunctionMode):
+    """Counts the calls that make the host wait for the device, by where they come from: reading
+    a value (item, bool, int, float, tolist) and ops whose output size depends on the data
+    (nonzero, masked_select, unique, indexing with a boolean mask). On the CPU nothing waits,
+    so this is how a CPU run tells what a GPU run would wait for; tensors that stay on the host
+    in a GPU run too (`host`: the optimizer's step counters) are left out, and on CUDA only
+    reads of CUDA tensors count."""
+
+    READS = {"item", "__bool__", "__int__", "__float__", "__index__", "tolist"}
+    DATA_SHAPED = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"}
+
+    def __init__(self, host: set[int]):
+        super().__init__()
+        self.host, self.calls = host, Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and id(first) not in self.host \
+                and (first.is_cuda or not torch.cuda.is_initialized()):
+            boolean_index = name in ("__getitem__", "__setitem__") and len(args) > 1 and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                for i in (args[1] if isinstance(args[1], tuple) else (args[1],)))
+            if name in self.READS or name in self.DATA_SHAPED or boolean_index:
+                self.calls[name] += 1
+        return func(*args, **(kwargs or {}))
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -93,8 +128,7 @@ def time_training(config: RunConfig, device: torch.device, steps: int) -> dict:
     """ms/step of forward + backward + AdamW on one batch of the configured global size."""
     task, model = build(config)
     model.to(device)
-    batch = task.sample(config.trainer.batch_size,
-                        make_generator(TRAIN_STREAM, config.seed, 0, 0, device=device))
+    batch = task.training_batch(0).to(device)
     inputs = batch.inputs
     if config.trainer.precision in ("64-true", "64"):
         model.double()
@@ -154,15 +188,98 @@ def time_outside_training(config: RunConfig, device: torch.device) -> dict:
     return times, n
 
 
+def profile_ops(fn) -> Counter:
+    """How many times each aten op ran in fn() (torch's profiler, forward and backward ops, nested
+    calls included)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return Counter({event.key: event.count for event in prof.key_averages()
+                    if event.key.startswith("aten::")})
+
+
+def sampler_cost(task, repeats: int = 10) -> dict:
+    """A training batch as the run samples it (Task.training_batch, on the CPU): seconds (the
+    median of `repeats` after a warm-up that also draws a pool of tasks, if any) and aten calls."""
+    counter = itertools.count()
+    task.training_batch(next(counter))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        task.training_batch(next(counter))
+        times.append(time.perf_counter() - start)
+    calls = sum(profile_ops(lambda: task.training_batch(next(counter))).values())
+    return {"batch_s": sorted(times)[len(times) // 2], "aten_calls": calls}
+
+
+def step_profile(config: RunConfig, steps: int = 4) -> dict:
+    """The aten calls and host synchronisations of one training step away from logging steps, as
+    Lightning runs it (forward, loss, backward, clipping, AdamW, callbacks; not the batch fetch,
+    which loader workers make elsewhere): a short fit with log_every beyond its steps, profiled
+    at its second-to-last step. On CUDA also the synchronisations
+    torch.cuda.set_sync_debug_mode("warn") reports in that step."""
+    import lightning as L
+
+    from bench.train import ICLModule, make_trainer, quiet_lightning
+
+    probe_step = steps - 2
+    config = dataclasses.replace(config, trainer=dataclasses.replace(
+        config.trainer, max_steps=steps, log_every=steps + 1, progress=False, logger="none",
+        checkpoint_every=0))
+    found: dict = {}
+
+    class Probe(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if trainer.global_step == probe_step:
+                self.profiler = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU])
+                self.profiler.__enter__()
+                counters = {id(state["step"]) for optimizer in trainer.optimizers
+                            for state in optimizer.state.values() if "step" in state}
+                self.syncs = HostSyncCounter(counters)
+                self.syncs.__enter__()
+                self.caught = warnings.catch_warnings(record=True)
+                found["warnings"] = self.caught.__enter__()
+                warnings.simplefilter("always")
+                if module.device.type == "cuda":
+                    torch.cuda.set_sync_debug_mode("warn")
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step - 1 == probe_step:  # global_step counts the step just made
+                if module.device.type == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
+                self.caught.__exit__(None, None, None)
+                self.syncs.__exit__(None, None, None)
+                found["syncs"] = dict(self.syncs.calls)
+                self.profiler.__exit__(None, None, None)
+                found["ops"] = Counter({e.key: e.count for e in self.profiler.key_averages()
+                                        if e.key.startswith("aten::")})
+
+    quiet_lightning()
+    apply_tf32_policy(config.trainer.tf32)
+    task, model = build(config)
+    module = ICLModule(model, task, config.trainer)
+    trainer = make_trainer(config, "step-profile")
+    trainer.callbacks.append(Probe())
+    trainer.fit(module, datamodule=task)
+    ops = found["ops"]
+    cuda_syncs = [str(w.message).splitlines()[0] for w in found["warnings"]
+                  if "synchroniz" in str(w.message)]
+    return {"aten_calls": sum(ops.values()), "host_syncs": sum(found["syncs"].values()),
+            "sync_ops": found["syncs"], "cuda_sync_warnings": len(cuda_syncs),
+            "cuda_sync_examples": sorted(set(cuda_syncs))[:5]}
+
+
 def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions: str = "all",
             compiles: str = "off", progress=print) -> dict:
+    apply_tf32_policy(config.trainer.tf32)
     device = speed_device(config)
     task, model = build(dataclasses.replace(
         config, trainer=dataclasses.replace(config.trainer, compile=False)))
     result = {"task": config.task_name, "model": config.model_name, "device": str(device),
               "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                               else "cpu"),
-              "threads": torch.get_num_threads(), "batch_size": config.trainer.batch_size,
+              "threads": torch.get_num_threads(), "tf32": config.trainer.tf32,
+              "batch_size": config.trainer.batch_size,
               "seq_len": task.seq_len, "params": model.num_parameters(),
               "torch": torch.__version__, "steps": steps, "training": []}
     for setting in settings(config, device, kernels, precisions, compiles):
@@ -170,15 +287,12 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
         result["training"].append({**setting, **time_training(configured(config, setting),
                                                              device, steps)})
     tokens = config.trainer.batch_size * task.seq_len
-    counter = itertools.count()
-
-    def sample():  # the training sampler (a pool of tasks, if any, is drawn by the warm-up)
-        task.sample_train(config.trainer.batch_size,
-                          make_generator(TRAIN_STREAM, config.seed, 0, next(counter),
-                                         device=device))
-
-    sample_s = _timed(sample, max(3, steps // 4), device)[1]
+    sampler = sampler_cost(task, max(3, steps // 4))
+    sample_s = sampler["batch_s"]
+    result["sampler"] = sampler
     result["sampler_tokens_per_s"] = tokens / sample_s
+    progress("profiling one training step ...")
+    result["step_profile"] = step_profile(config)
     batch = task.sample(config.trainer.batch_size, make_generator(TRAIN_STREAM, config.seed, 0, 0))
     result["reference_tokens_per_s"] = {
         name: tokens / _timed(lambda r=ref: (r.predict or r.loss)(batch), max(3, steps // 4),
@@ -195,8 +309,12 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
                     if all(t[k] == v for k, v in run_setting.items())), None) \
         or {**run_setting, **time_training(config, device, steps)}
     outside, sequences = time_outside_training(config, device)
-    # a run's step also samples its batch (on the device, before the forward pass)
-    training_s = config.trainer.max_steps * (trained["step_s"] + sample_s) + trained["first_step_s"]
+    # in-process sampling (no loader workers: the CPU) sits between steps; workers overlap it
+    from bench.train import loader_workers
+    workers = loader_workers(config)
+    result["loader_workers"] = workers
+    in_path = sample_s if workers == 0 else max(0.0, sample_s / workers - trained["step_s"])
+    training_s = config.trainer.max_steps * (trained["step_s"] + in_path) + trained["first_step_s"]
     fresh = outside["held_out"] + outside["references"] + outside["model"] + outside["scoring"]
     cached = outside["cache_load"] + outside["model"] + outside["scoring"]
     result["run"] = {**run_setting, "max_steps": config.trainer.max_steps,
@@ -222,7 +340,15 @@ def print_speed(r: dict) -> None:
     for t in r["training"]:
         print(f"  {t['kernel'] or '-':<10} {t['precision']:<11} {'on' if t['compile'] else 'off':<8} "
               f"{t['step_s'] * 1e3:>9.1f} {t['tokens_per_s']:>12,.0f} {t['first_step_s']:>10.1f}s")
-    print(f"  sampler    {r['sampler_tokens_per_s']:>12,.0f} tokens/s")
+    sampler, step = r["sampler"], r["step_profile"]
+    print(f"  sampler    {r['sampler_tokens_per_s']:>12,.0f} tokens/s: "
+          f"{sampler['batch_s'] * 1e3:.1f} ms and {sampler['aten_calls']:,} aten calls a batch "
+          f"(on the CPU, {r['loader_workers']} loader workers)")
+    syncs = ", ".join(f"{op} {n}" for op, n in step["sync_ops"].items())
+    cuda = (f"; CUDA sync warnings {step['cuda_sync_warnings']}"
+            if r["device"].startswith("cuda") else "")
+    print(f"  a training step (Lightning, not a logging step): {step['aten_calls']:,} aten calls, "
+          f"{step['host_syncs']} host synchronisations{f' ({syncs})' if syncs else ''}{cuda}")
     for name, rate in r["reference_tokens_per_s"].items():
         print(f"  {name:<10} {rate:>12,.0f} tokens/s   (reference, CPU float64)")
     run = r["run"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import datetime
 import math
 import os
 import signal
@@ -30,19 +31,34 @@ from bench.evaluate import probe_summary, score_predictions, token_scores
 from bench.records import SCHEMA, RunFailed, new_run_id, provenance, write_record
 from models import build_model
 from models.backbone import Backbone, IOSpec
+from models.ssd import kernel_fallback
 from tasks import task_families
 from tasks.base import Batch, Task
 
 CHECKPOINT_FORMAT = "icl-bench/checkpoint/1"  # marks checkpoints this runner wrote
 CHECKPOINT_KEY = "icl_bench"  # where the run's metadata sits in the Lightning checkpoint
+# Under 16-mixed, checks in a row with a non-finite loss before a run counts as diverged: an
+# overflow is skipped by GradScaler (and the scale lowered); only a persistent NaN is fatal.
+NONFINITE_PATIENCE = 3
+# How long the other ranks wait for rank 0 to finish a run (references, scoring, the record):
+# first-time text baselines can take long.
+RECORD_WAIT = datetime.timedelta(hours=6)
 
 
 def masked_loss(task: Task, output: Tensor, batch: Batch) -> Tensor:
-    """Mean training loss over the scored positions: cross-entropy of logits, or squared error."""
+    """Mean training loss over the scored positions: cross-entropy of logits, or squared error
+    averaged over the target's coordinates. Every position is computed and the unscored ones
+    are zeroed (`where`, sums): boolean-mask indexing would have a data-dependent shape, a host
+    synchronisation on every step. In at least float32 (the logits of bf16 autocast)."""
     mask = batch.loss_mask
+    dtype = torch.promote_types(output.dtype, torch.float32)
     if task.kind == "tokens":
-        return torch.nn.functional.cross_entropy(output[mask].float(), batch.targets[mask])
-    return (output[mask].float() - batch.targets[mask]).pow(2).mean()
+        per_position = torch.nn.functional.cross_entropy(
+            output.to(dtype).flatten(0, -2), batch.targets.flatten(),
+            reduction="none").view_as(mask)
+    else:
+        per_position = (output.to(dtype) - batch.targets.to(dtype)).pow(2).mean(-1)
+    return torch.where(mask, per_position, 0).sum() / mask.sum()
 
 
 def cosine_with_warmup(step: int, warmup: int, total: int, floor: float) -> float:
@@ -82,16 +98,23 @@ class SignalGuard:
     - "flag" (training): only note it; the training step raises Interrupted at the next batch,
       so that no checkpoint or optimizer step is cut in half;
     - "raise" (building, evaluating: nothing is being written): raise Interrupted at once;
-    - "defer" (writing the record): only note it, so the record is never half-written.
-    A second signal while training raises at once, in case a step takes very long.
-    Signal handlers can only be set in the main thread; elsewhere the guard does nothing, and
-    an ignored signal stays ignored."""
+    - "defer" (writing the record, or waiting for rank 0 to write it): only note it, so the
+      record is never half-written.
+    In one process a second signal while training raises at once, in case a step takes very
+    long. Under DDP (`distributed`) it does not: a rank that raised alone would leave the others
+    waiting in a collective, and a signal sent to every process of a job (scancel, kill -- -PGID)
+    reaches each rank once, so the ranks stop together at the next check step (ICLModule).
+    Lightning installs a SIGTERM handler of its own when fit or test starts, which forwards the
+    signal to the other local ranks and broadcasts from inside the handler; `reinstall` puts
+    ours back (KeepSignalHandlers). Signal handlers can only be set in the main thread;
+    elsewhere the guard does nothing, and an ignored signal stays ignored."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.signum: int | None = None
         self.mode = "raise"
+        self.distributed = False
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "SignalGuard":
@@ -115,11 +138,17 @@ class SignalGuard:
         # Pickled with the module (ddp_spawn): handlers belong to the process that set them.
         return {"signum": None, "mode": "flag", "_previous": {}}
 
+    def reinstall(self) -> None:
+        """Our handlers again, for the signals we handle, if something replaced them."""
+        for signum in self._previous:
+            if signal.getsignal(signum) != self._handle:
+                signal.signal(signum, self._handle)
+
     def _handle(self, signum: int, frame) -> None:
         repeated = self.signum is not None
         if not repeated:
             self.signum = signum
-        if self.mode == "raise" or (self.mode == "flag" and repeated):
+        if self.mode == "raise" or (self.mode == "flag" and repeated and not self.distributed):
             raise Interrupted(self.signum)
 
     @contextlib.contextmanager
@@ -132,8 +161,46 @@ class SignalGuard:
             self.mode = previous
 
     def check(self) -> None:
-        if self.signum is not None and self.mode != "defer":
+        """Raise for a signal noted earlier; under DDP the ranks agree on signals elsewhere
+        (ICLModule), so a rank never stops alone here."""
+        if self.signum is not None and self.mode != "defer" and not self.distributed:
             raise Interrupted(self.signum)
+
+
+class KeepSignalHandlers(L.Callback):
+    """Puts the run's SignalGuard handlers back when training and evaluation start: Lightning
+    installs its own SIGTERM handler just before (see SignalGuard)."""
+
+    def __init__(self, signals: SignalGuard):
+        self.signals = signals
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.signals.reinstall()
+
+    def on_test_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.signals.reinstall()
+
+
+_lifecycle: dict = {}  # the process's gloo group for leaving runs together, and rank 0's pid
+
+
+def lifecycle_group():
+    """A gloo (CPU) process group with a long timeout (RECORD_WAIT), made once per process by
+    every rank: the other ranks wait in it while rank 0 alone scores a run and writes its
+    record, which can outlast the training backend's collective timeout."""
+    if "group" not in _lifecycle:
+        _lifecycle["group"] = torch.distributed.new_group(backend="gloo", timeout=RECORD_WAIT)
+    return _lifecycle["group"]
+
+
+def agreed_signal(signum: int | None, world: int, device: torch.device) -> int | None:
+    """The signal every rank reports when some rank was signalled (the largest number, so
+    SIGTERM wins over SIGINT): called by all ranks together, on the training device."""
+    if world == 1:
+        return signum
+    number = torch.tensor([signum or 0], dtype=torch.int64, device=device)
+    torch.distributed.all_reduce(number, op=torch.distributed.ReduceOp.MAX)
+    return int(number) or None
 
 
 class ICLModule(L.LightningModule):
@@ -153,46 +220,60 @@ class ICLModule(L.LightningModule):
         self.loss_curve: list[tuple[int, float]] = []
         self.prior_train_time = 0.0  # training seconds of the run(s) this one resumes
         self.resumed: dict | None = None  # the checkpoint's metadata, when resumed
+        self._nonfinite_checks = 0  # consecutive checks with a non-finite loss
 
     def train_time(self) -> float:
         return self.prior_train_time + time.perf_counter() - self.clock_start
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = masked_loss(self.task, self.model(batch.inputs), batch)
-        self._stop_if_asked(loss)
-        self.log("loss", loss, prog_bar=True, logger=False)  # the run log is RunLog's
-        if self.global_step % self.config.log_every == 0:
-            # the curve is the mean over ranks (each rank trained on its own batch); every rank
-            # reaches this step, so the collective cannot leave one waiting
-            mean = loss.detach()
-            if self.trainer.world_size > 1:
-                mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
-            self.logged_loss = float(mean)
-            self.loss_curve.append((int(self.global_step), self.logged_loss))
+        step = int(self.global_step)
+        if step % self.config.log_every == 0 or step == self.config.max_steps - 1:
+            self._check_step(loss, step)
+        elif self.trainer.world_size == 1 and self.signals is not None \
+                and self.signals.signum is not None:
+            raise Interrupted(self.signals.signum)  # alone, a signal needs no agreement
         return loss
 
     def on_train_start(self) -> None:
         self.train_device = str(self.device)  # Lightning moves the model back to the CPU later
 
-    def _stop_if_asked(self, loss: Tensor) -> None:
-        """Raise before the backward pass if the loss is not finite or a signal came. Under DDP
-        the ranks decide together: a rank that stopped alone would leave the others waiting in
-        the gradient all-reduce."""
-        diverged = not bool(torch.isfinite(loss.detach()))
-        signalled = self.signals is not None and self.signals.signum is not None
-        any_diverged, any_signalled = diverged, signalled
+    def on_fit_start(self) -> None:
         if self.trainer.world_size > 1:
-            flags = torch.tensor([float(diverged), float(signalled)], device=loss.device)
-            flags = self.trainer.strategy.reduce(flags, reduce_op="sum")
-            any_diverged, any_signalled = bool(flags[0] > 0), bool(flags[1] > 0)
-        step = int(self.global_step)
-        if any_diverged:
-            value = float(loss.detach()) if diverged else None
-            if diverged:
+            lifecycle_group()  # every rank creates it here, in the same order (a collective)
+
+    def _check_step(self, loss: Tensor, step: int) -> None:
+        """A logging step (and the last step): the one place a training step reads a value back
+        from the device. Records the loss (the mean over ranks: each trained on its own batch)
+        and stops every rank together if the loss is not finite on some rank, or a signal came
+        to some rank (a rank that stopped alone would leave the others waiting in the gradient
+        all-reduce). Between checks nothing is read back, so a diverged run stops within
+        trainer.log_every steps. Under 16-mixed an overflow is GradScaler's to skip: the run
+        stops when the loss is not finite at NONFINITE_PATIENCE checks in a row."""
+        own = loss.detach().float()
+        signalled = self.signals is not None and self.signals.signum is not None
+        stats = torch.stack([own, (~torch.isfinite(own)).float(),
+                             own.new_tensor(float(signalled))])
+        world = self.trainer.world_size
+        if world > 1:
+            torch.distributed.all_reduce(stats)
+        total, nonfinite, signals = stats.tolist()  # the host synchronisation of this step
+        mean = total / world
+        if step % self.config.log_every == 0:
+            self.logged_loss = mean
+            self.loss_curve.append((step, mean))
+            self.log("loss", mean, prog_bar=True, logger=False)  # the run log is RunLog's
+        self._nonfinite_checks = self._nonfinite_checks + 1 if nonfinite else 0
+        patience = NONFINITE_PATIENCE if self.config.precision == "16-mixed" else 1
+        if self._nonfinite_checks >= patience:
+            value = float(own)
+            value = value if not math.isfinite(value) else None  # None: another rank's loss
+            if value is not None and step % self.config.log_every:
                 self.loss_curve.append((step, value))  # the record shows what stopped it
             raise Diverged(step, value)
-        if any_signalled:
-            raise Interrupted(self.signals.signum if signalled else None)
+        if signals:
+            raise Interrupted(agreed_signal(self.signals.signum if signalled else None, world,
+                                            own.device))
 
     # --- evaluation: Trainer.test on the training device, one shard of the held-out set per rank
     def on_test_epoch_start(self) -> None:
@@ -223,6 +304,14 @@ class ICLModule(L.LightningModule):
         self.eval_dtype = str(dtype).removeprefix("torch.")
 
     def on_test_epoch_end(self) -> None:
+        world = self.trainer.world_size
+        if world > 1 and self.signals is not None:
+            # Every rank reaches this once (unlike test_step: shards may differ by a batch), so
+            # the ranks agree here whether a signal came to any of them during evaluation.
+            flag = torch.tensor([float(self.signals.signum is not None)], device=self.device)
+            torch.distributed.all_reduce(flag)
+            if float(flag) > 0:
+                raise Interrupted(agreed_signal(self.signals.signum, world, self.device))
         computed = {name: metric.compute() for name, metric in self.gathered.items()}
         order = computed.pop("index").long().argsort()
         if self.task.scoring == "gap":
@@ -282,6 +371,7 @@ def build(config: RunConfig) -> tuple[Task, Backbone]:
     task = task_families()[config.task_family](
         config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
     task.progress = config.trainer.progress  # for tasks with long preparation (text: tokenizing)
+    task.loader_workers = loader_workers(config)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     torch.manual_seed(config.seed)  # parameter initialisation
     model = build_model(config.model_family, config.model, io)
@@ -289,6 +379,19 @@ def build(config: RunConfig) -> tuple[Task, Backbone]:
         # in place: parameter names (checkpoints) stay those of the eager model
         model.compile()
     return task, model
+
+
+def loader_workers(config: RunConfig) -> int:
+    """Processes that sample training batches (trainer.loader_workers; -1: automatic). On a
+    GPU, sampling in the training process would sit between steps: up to 4 workers per rank, as
+    the host's cores allow. On the CPU the cores are training: batches are sampled in-process."""
+    if config.trainer.loader_workers >= 0:
+        return config.trainer.loader_workers
+    from bench.checks import check_hardware, world_size
+    if check_hardware(config) != "cuda":
+        return 0
+    ranks_here = max(1, world_size(config) // config.trainer.num_nodes)
+    return max(1, min(4, (os.cpu_count() or 1) // ranks_here - 1))
 
 
 LOG_ROOT = "logs"  # training logs: out_dir/logs/<run_id>/
@@ -438,9 +541,10 @@ class RunLog(L.Callback):
         self.logger.save()
 
 
-def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None) -> L.Trainer:
+def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
+                 signals: SignalGuard | None = None) -> L.Trainer:
     """The Trainer of a run; its training log goes to out_dir/<log_dir> (default
-    logs/<run_id>) unless trainer.logger=none."""
+    logs/<run_id>) unless trainer.logger=none; `signals`' handlers are kept over Lightning's."""
     t = config.trainer
     # A terminal redraws the bar in place; a log file gets a line per refresh, so refresh less.
     callbacks: list = [L.pytorch.callbacks.TQDMProgressBar(
@@ -449,6 +553,8 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None) -> 
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
             dirpath=os.path.join(config.out_dir, "checkpoints", run_id), save_last=True,
             every_n_train_steps=t.checkpoint_every, save_top_k=-1))
+    if signals is not None:
+        callbacks.append(KeepSignalHandlers(signals))
     log_dir = log_dir or run_log_dir(run_id)
     logger = make_logger(config, log_dir)
     if logger is not None:
@@ -565,17 +671,20 @@ def run(config: RunConfig) -> tuple[dict, str]:
                 "log_dir": log_dir}
     start = time.perf_counter()
     trainer = module = model = None
+    path, failure = "", None
+    from bench.checks import world_size
     with SignalGuard() as signals:
+        signals.distributed = world_size(config) > 1
         try:
+            apply_tf32_policy(config.trainer.tf32)
             task, model = build(config)
             record["params"] = model.num_parameters()
             record["state_size"] = model.state_size(task.seq_len)
             module = ICLModule(model, task, config.trainer, run_info, signals, start)
-            trainer = make_trainer(config, run_id, log_dir)
+            trainer = make_trainer(config, run_id, log_dir, signals)
             with signals.phase("flag"):
                 trainer.fit(module, datamodule=task, ckpt_path=config.resume or None)
             record["train"] = _train_summary(trainer, module, model)
-            signals.check()  # a signal after the last training step
             clock = [time.perf_counter()]
 
             def lap() -> float:
@@ -584,34 +693,36 @@ def run(config: RunConfig) -> tuple[dict, str]:
 
             held_out, references = reference_cache.held_out_set(config, task)
             times = {"held_out": lap()}
-            with signals.phase("raise"):
+            # Under DDP the ranks agree on a signal at the end of evaluation (ICLModule);
+            # alone, a signal stops it at once (a signal after the last step included).
+            with signals.phase("flag" if signals.distributed else "raise"):
                 trainer.test(module, datamodule=task, verbose=False)
             times["model"] = lap()
-            if not trainer.is_global_zero:  # the record belongs to rank 0
-                return record, ""
-            cached = references is not None
-            references = reference_cache.complete(config, task, held_out, references)
-            times["references"] = lap()
-            record.update(score_predictions(
-                task, held_out, getattr(module, "test_predictions", None),
-                config.trainer.bootstrap, references, getattr(module, "test_scores", None)))
-            times["scoring"] = lap()
-            probe = probe_summary(task, model, held_out, config.trainer.eval_batch_size)
-            if probe is not None:
-                record["metrics"]["probe"] = probe
-                times["probe"] = lap()
-            # predicted under the training precision (autocast for *-mixed), as trained
-            record["eval"] = {"device": module.eval_device, "world_size": trainer.world_size,
-                              "precision": str(trainer.precision),
-                              "compile": config.trainer.compile,
-                              "kernel": scan_kernels(model, module.eval_device),
-                              "dtype": module.eval_dtype, "references_cached": cached,
-                              "time_s": times}
-            record["eval_time_s"] = clock[-1] - clock[0]
-            record["status"] = "ok"
-            record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
-            signals.mode = "defer"  # the record is written whole; a signal now waits for it
-            return record, str(write_record(config.out_dir, record))
+            if trainer.is_global_zero:  # the record belongs to rank 0
+                cached = references is not None
+                references = reference_cache.complete(config, task, held_out, references)
+                times["references"] = lap()
+                record.update(score_predictions(
+                    task, held_out, getattr(module, "test_predictions", None),
+                    config.trainer.bootstrap, references, getattr(module, "test_scores", None)))
+                times["scoring"] = lap()
+                probe = probe_summary(task, model, held_out, config.trainer.eval_batch_size)
+                if probe is not None:
+                    record["metrics"]["probe"] = probe
+                    times["probe"] = lap()
+                # predicted under the training precision (autocast for *-mixed), as trained
+                record["eval"] = {"device": module.eval_device, "world_size": trainer.world_size,
+                                  "precision": str(trainer.precision),
+                                  "compile": config.trainer.compile,
+                                  "kernel": scan_kernels(model, module.eval_device),
+                                  "dtype": module.eval_dtype, "references_cached": cached,
+                                  "time_s": times}
+                record["eval_time_s"] = clock[-1] - clock[0]
+                record["status"] = "ok"
+                record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
+                signals.mode = "defer"  # the record is written whole; a signal now waits for it
+                path = str(write_record(config.out_dir, record))
+            signals.mode = "defer"  # the other ranks: waiting for rank 0, a signal is noted
         except BaseException as error:
             # Everything after the run started, SystemExit and KeyboardInterrupt included
             # (Lightning turns Ctrl-C into sys.exit(1), SIGTERM into a SystemExit subclass),
@@ -624,14 +735,70 @@ def run(config: RunConfig) -> tuple[dict, str]:
             record["wall_time_s"] = prior + time.perf_counter() - start
             if module is not None and "train" not in record:
                 record["train"] = _train_summary(trainer, module, model)
-            path = None
             if _global_zero(trainer):
                 try:
                     path = str(write_record(config.out_dir, record))
                 except Exception as write_error:
                     reason += (f"; its failed record could not be written: "
                                f"{type(write_error).__name__}: {first_line(write_error)}")
-            raise RunFailed(reason, path, exit_code) from error
+            failure = RunFailed(reason, path or None, exit_code)
+            failure.__cause__ = error
+        if trainer is not None and trainer.world_size > 1 and torch.distributed.is_initialized():
+            failure = leave_run_together(trainer, signals, failure, path)
+        if failure is not None:
+            raise failure
+        return record, path
+
+
+def leave_run_together(trainer: L.Trainer, signals: SignalGuard, failure: RunFailed | None,
+                       path: str) -> RunFailed | None:
+    """Every rank waits here until rank 0 has finished the run (scored it, written its record),
+    then all leave with rank 0's outcome: its failure (reason, exit status) becomes every rank's,
+    so a suite goes on, or stops, on all ranks together, entry by entry. A signal that any rank
+    noted meanwhile is re-raised on every rank once the run is over (SignalGuard's exit), as it
+    would be in one process."""
+    mine = {"failure": (failure.reason, failure.exit_code) if failure is not None else None,
+            "signum": signals.signum, "pid": os.getpid()}
+    everyone: list = [None] * trainer.world_size
+    torch.distributed.all_gather_object(everyone, mine, group=lifecycle_group())
+    _lifecycle["rank0_pid"] = everyone[0]["pid"]
+    if signals.signum is None:
+        signals.signum = max((e["signum"] for e in everyone if e["signum"] is not None),
+                             default=None)
+    if everyone[0]["failure"] is None:
+        if failure is not None:  # a fault of this rank alone; rank 0's record says ok
+            print(f"warning: rank {trainer.global_rank}: {failure.reason}", file=sys.stderr)
+        return None
+    reason, exit_code = everyone[0]["failure"]
+    if failure is not None and trainer.is_global_zero:
+        return failure
+    error = RunFailed(reason, None, exit_code)
+    error.__cause__ = failure.__cause__ if failure is not None else None
+    return error
+
+
+def wait_for_rank_zero(timeout: float = 30.0) -> None:
+    """On a rank that Lightning's launcher started (its parent is rank 0's process), wait for
+    rank 0 to exit first, up to `timeout` seconds: the launcher kills every process of a job as
+    soon as it sees another rank exit non-zero, which would cut rank 0's own exit short."""
+    parent = _lifecycle.get("rank0_pid")
+    if parent is None or parent == os.getpid() or os.getppid() != parent:
+        return
+    deadline = time.monotonic() + timeout
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def apply_tf32_policy(enabled: bool) -> None:
+    """Whether float32 matrix products and convolutions on CUDA may use TF32 tensor cores (10
+    mantissa bits): torch's matmuls, cuDNN's convolutions and LSTMs, and Triton's float32 dot
+    products (the mamba_ssm kernel; TRITON_F32_DEFAULT is read when a kernel is compiled, and is
+    part of Triton's cache key, so a process keeps the policy of its first compiled kernel).
+    Off by default (trainer.tf32=false): 32-true then means IEEE float32. Recorded as
+    train.tf32."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    os.environ["TRITON_F32_DEFAULT"] = "tf32" if enabled else "ieee"
 
 
 def scan_kernels(model: Backbone, device: str) -> str | None:
@@ -644,13 +811,23 @@ def scan_kernels(model: Backbone, device: str) -> str | None:
     return "+".join(used) or None
 
 
+def device_name(device: str) -> str:
+    """"cpu", or the CUDA device's name (e.g. "NVIDIA H100 80GB HBM3"): part of what a record
+    says about where it ran, and of its identity when records are pooled."""
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
 def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone) -> dict:
     """The training part of the record, the resumed part of the run included."""
     return {"steps": int(trainer.global_step) if trainer is not None else 0,
             "wall_time_s": module.train_time(),
             "device": getattr(module, "train_device", str(next(model.parameters()).device)),
+            "device_name": device_name(getattr(module, "train_device", "cpu")),
             "world_size": trainer.world_size if trainer is not None else None,
             "precision": str(trainer.precision) if trainer is not None else None,
+            "tf32": module.config.tf32,
             "compile": module.config.compile,
             "kernel": scan_kernels(model, getattr(module, "train_device", "cpu")),
+            "kernel_fallback": kernel_fallback(getattr(module, "train_device", "cpu")),
             "loss_curve": [list(point) for point in module.loss_curve]}

@@ -124,7 +124,20 @@ def test_a_huge_learning_rate_diverges_within_a_few_steps(tmp_path, capsys):
     step = record["train"]["steps"]
     assert record["reason"] in (f"diverged at step {step}: loss nan",
                                 f"diverged at step {step}: loss inf")
-    assert step < 10  # measured: step 1 (AdamW's first update is ~lr in size)
+    # It diverges at step 1 (AdamW's first update is ~lr in size); the loss is read back only
+    # on logging steps (no host synchronisation between them), so it stops at the next one.
+    assert step == 10
+
+
+def test_a_diverged_run_stops_within_log_every_steps(tmp_path, monkeypatch):
+    nan_loss_from(3, monkeypatch)
+    assert main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=50",
+                                                     "trainer.log_every=4")]) == 1
+    record = only_record(tmp_path)
+    assert record["reason"] == "diverged at step 4: loss nan" and record["train"]["steps"] == 4
+    # the logged steps, then the step that stopped it
+    assert record["train"]["loss_curve"][-1] == [4, "NaN"]
+    assert [s for s, _ in record["train"]["loss_curve"]] == [0, 4]
 
 
 def test_any_exception_after_the_start_writes_one_failed_record(tmp_path, monkeypatch, capsys):
@@ -144,7 +157,7 @@ def test_other_ranks_write_no_record(tmp_path, monkeypatch):
     """Rank 0 alone writes records: a failure on another rank raises RunFailed without one."""
     monkeypatch.setattr(L.Trainer, "is_global_zero", property(lambda self: False))
     nan_loss_from(1, monkeypatch)
-    config = compose([f"out_dir={tmp_path}", *tiny("trainer.max_steps=20")])
+    config = compose([f"out_dir={tmp_path}", *tiny("trainer.max_steps=20", "trainer.log_every=1")])
     with pytest.raises(RunFailed) as failure:
         bench.train.run(config)
     assert failure.value.path is None and failure.value.exit_code == 1

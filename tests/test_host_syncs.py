@@ -1,0 +1,54 @@
+"""A training step never makes the host wait for the device, outside logging steps: no value is
+read back (item, bool, int, float), no op has a data-dependent output size (nonzero, boolean-mask
+indexing). Counted on the CPU by bench.speed.step_profile, the way a GPU run would wait, for one
+step of every task family and of every model family, as Lightning runs it."""
+import pytest
+
+from bench.config import compose
+from bench.speed import step_profile
+
+TINY = ["trainer.batch_size=4", "trainer.eval_sequences=8", "trainer.bootstrap=10"]
+TASKS = {  # every task family, at a small size
+    "markov": ["task.seq_len=32"],
+    "switching_markov": ["task.seq_len=32"],
+    "hmm": ["task.seq_len=32"],
+    "lgssm": ["task.seq_len=16"],
+    "lgssm_colored": ["task.seq_len=16"],
+    "linreg": ["task.seq_len=12"],
+    "linreg_tokens": ["task.seq_len=12"],
+    "nonlinreg": ["task.seq_len=12"],
+    "pydoc": ["task.seq_len=32", "task.tokenizer=byte"],
+}
+MODELS = ["mamba", "mambazero", "transformer", "linear_transformer", "gd_ssm", "selective_ssm",
+          "nonselective_ssm", "lru", "griffin", "lstm"]
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_no_host_sync_in_a_training_step_of_any_task(task):
+    profile = step_profile(compose([f"task={task}", *TASKS[task], *TINY]))
+    assert profile["host_syncs"] == 0, profile["sync_ops"]
+    assert profile["aten_calls"] > 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_no_host_sync_in_a_training_step_of_any_model(model):
+    task = ["task=linreg", "task.seq_len=12"] if model == "gd_ssm" else ["task.seq_len=32"]
+    profile = step_profile(compose([f"model={model}", *task, *TINY]))
+    assert profile["host_syncs"] == 0, profile["sync_ops"]
+
+
+def test_the_counter_sees_a_host_sync(monkeypatch):
+    """The check can fail: a loss that reads a value back is counted."""
+    import bench.train
+
+    real = bench.train.masked_loss
+
+    def reading(task, output, batch):
+        loss = real(task, output, batch)
+        if float(loss.detach()) > -1:  # a host sync on every step
+            return loss
+        return loss
+
+    monkeypatch.setattr(bench.train, "masked_loss", reading)
+    profile = step_profile(compose(["task.seq_len=32", *TINY]))
+    assert profile["sync_ops"] == {"__float__": 1}
