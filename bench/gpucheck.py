@@ -49,9 +49,12 @@ SECTIONS = ("env", "parity", "speed", "lm", "paper", "ddp", "text", "suite")
 # Seconds a section usually needs; one is skipped when less than this is left of the budget.
 NEEDS = {"env": 20, "parity": 120, "speed": 150, "lm": 150, "paper": 150, "ddp": 90,
          "text": 90, "suite": 120}
+# ... and the most it may take, so that one slow section leaves time for the next ones
+CAPS = {"env": 60, "parity": 240, "speed": 300, "lm": 300, "paper": 400, "ddp": 200,
+        "text": 240, "suite": 100000}
 MARKOV_PAPER = ["trainer=paper", "task.seq_len=256"]  # paper 000 Table 7: batch 64, lr 1e-3
-MAMBA_4x256 = ["model.n_layers=4", "model.d_model=256", "model.headdim=64", "task.seq_len=1024",
-               "trainer.batch_size=16"]
+MAMBA_4x256 = ["trainer=paper", "model.n_layers=4", "model.d_model=256", "model.headdim=64",
+               "task.seq_len=1024"]
 
 
 def _bench(*args: str, timeout: float, env: dict | None = None) -> dict:
@@ -170,36 +173,41 @@ def section_speed(args: dict) -> dict:
     from bench.speed import (configured, sampler_cost, settings, step_profile, time_training)
     from bench.train import apply_tf32_policy
     apply_tf32_policy(False)
-    out = {}
+    out: dict = {}
     deadline = time.monotonic() + args["timeout"] - 15
-    for label, argv, compiles in (("markov_paper", MARKOV_PAPER, "all"),
-                                  ("mamba_4x256_T1024", MARKOV_PAPER + MAMBA_4x256, "all")):
-        config = _compose(argv)
-        device = torch.device("cuda")
-        rows = []
-        for setting in settings(config, device, "all", "32-true", compiles) + \
-                settings(config, device, "all", "bf16-mixed", compiles):
-            if time.monotonic() > deadline:
-                rows.append({**setting, "skipped": "budget"})
-                continue
-            torch.cuda.reset_peak_memory_stats()
-            try:
-                timing = time_training(configured(config, setting), device, args["steps"])
-                timing["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            except Exception as error:
-                timing = {"error": f"{type(error).__name__}: {error}"[:500]}
-            rows.append({**setting, **timing})
-            print(f"speed {label} {setting}: {timing}", file=sys.stderr, flush=True)
-        task, _ = __import__("bench.train", fromlist=["build"]).build(config)
-        sampler = sampler_cost(task, 10)
-        best = min((r["step_s"] for r in rows if "step_s" in r), default=None)
-        from bench.train import loader_workers
-        out[label] = {"argv": argv, "training": rows, "sampler": sampler,
-                      "loader_workers": loader_workers(config),
-                      "sampler_share_in_process": (sampler["batch_s"] / (sampler["batch_s"] + best)
-                                                   if best else None)}
-        if time.monotonic() < deadline:
-            out[label]["step_profile"] = step_profile(config)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    configs = {"markov_paper": MARKOV_PAPER, "mamba_4x256_T1024": MAMBA_4x256}
+    # every config without compilation first, then compiled (tens of seconds each to compile)
+    for compiled in ("off", "on"):
+        for label, argv in configs.items():
+            config = _compose(argv)
+            rows = out.setdefault(label, {"argv": argv, "training": []})["training"]
+            for precision in ("32-true", "bf16-mixed"):
+                for setting in settings(config, device, "all", precision, compiled):
+                    if time.monotonic() > deadline:
+                        rows.append({**setting, "skipped": "budget"})
+                        continue
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    try:
+                        timing = time_training(configured(config, setting), device,
+                                               args["steps"])
+                        if device.type == "cuda":
+                            timing["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+                    except Exception as error:
+                        timing = {"error": f"{type(error).__name__}: {error}"[:500]}
+                    rows.append({**setting, **timing})
+                    print(f"speed {label} {setting}: {timing}", file=sys.stderr, flush=True)
+            if compiled == "off":
+                from bench.train import build, loader_workers
+                task, _ = build(config)
+                sampler = sampler_cost(task, 10)
+                best = min((r["step_s"] for r in rows if "step_s" in r), default=None)
+                out[label].update(
+                    sampler=sampler, loader_workers=loader_workers(config),
+                    sampler_share_in_process=(sampler["batch_s"] / (sampler["batch_s"] + best)
+                                              if best else None),
+                    step_profile=step_profile(config))
     return out
 
 
@@ -337,6 +345,7 @@ def main(argv: list[str]) -> int:
             results["sections"][name] = {"skipped": f"{left:.0f} s of the budget left, needs "
                                                     f"~{NEEDS[name]} s"}
             continue
+        left = min(left, CAPS[name])
         args = {**options, "timeout": left - 5, "runs": str(runs), "steps": int(options["steps"])}
         start = time.perf_counter()
         print(f"== {name} ({left:.0f} s left)", flush=True)
