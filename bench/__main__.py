@@ -44,8 +44,8 @@ USAGE = {
              "given (numbered from 1 as the suite prints them); key=value overrides apply to every "
              "run. A run whose `ok` record (same config and seed, made by the current code, not "
              "dirty, on the device and SSD kernel it would use here) is in out_dir already is "
-             "skipped, so an interrupted suite goes on where it "
-             "stopped; rerun=true runs it again.\n  suites: " + ", ".join(choices("suite")),
+             "skipped, so an interrupted suite goes on where it stopped; rerun=true runs it "
+             "again.\n  suites: " + ", ".join(choices("suite")),
     "list": "python -m bench list\n  The tasks, models and trainer presets, one line each.",
 }
 
