@@ -44,8 +44,9 @@ USAGE = {
              "[key=value ...]\n  Every run of conf/suite/<suite>.yaml in turn, or the entries "
              "given (numbered from 1 as the suite prints them); key=value overrides apply to every "
              "run. A run whose `ok` record (same config and seed, made by the current code, not "
-             "dirty) is in out_dir already is skipped, so an interrupted suite goes on where it "
-             "stopped; rerun=true runs it again.\n  suites: " + ", ".join(choices("suite")),
+             "dirty, on the device and SSD kernel it would use here) is in out_dir already is "
+             "skipped, so an interrupted suite goes on where it stopped; rerun=true runs it "
+             "again.\n  suites: " + ", ".join(choices("suite")),
     "list": "python -m bench list\n  The tasks, models and trainer presets, one line each.",
     "gpucheck": "python -m bench gpucheck [sections=env,parity,speed,lm,paper,ddp,text,suite] "
                 "[budget=540] [out=gpucheck] [steps=20] [tokenizer_file=<GPT-2 tokenizer.json>] "
@@ -212,16 +213,20 @@ def entry_numbers(text: str, size: int) -> list[int]:
 def finished_runs(configs: list) -> dict[int, str]:
     """{index in configs: record path} of the configs that have an `ok` record in their out_dir
     with the same seed, made by the current code version (records.code_digest) from a clean
-    checkout. Nothing counts as finished when the code version is unknown or dirty: then
-    nobody can tell that the record's code is the code about to run."""
+    checkout in the environment the run would train in here (records.planned_environment: a
+    CPU record does not finish a GPU run, nor the reverse). Nothing counts as finished when the
+    code version is unknown or dirty: then nobody can tell that the record's code is the code
+    about to run."""
     from bench.leaderboard import code_version
-    from bench.records import provenance, read_records, record_matches
+    from bench.records import (environment, planned_environment, provenance, read_records,
+                               record_matches)
     here = provenance()
     if not here["code"] or here["dirty"] is not False:
         return {}
     by_dir: dict[str, list[dict]] = {}
     done = {}
     for i, config in enumerate(configs):
+        planned = planned_environment(config)
         if config.out_dir not in by_dir:
             found = read_records(config.out_dir)[0] if os.path.isdir(config.out_dir) else []
             by_dir[config.out_dir] = [r for r in found if r.get("status") == "ok"]
@@ -229,7 +234,8 @@ def finished_runs(configs: list) -> dict[int, str]:
             try:
                 same = (record.get("seed") == config.seed
                         and code_version(record) == (here["code"], False)
-                        and record_matches(record, config))
+                        and record_matches(record, config)
+                        and environment(record) == planned)
             except (KeyError, TypeError):  # a malformed record proves nothing
                 same = False
             if same:

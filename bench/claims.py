@@ -11,10 +11,11 @@ A claim names its *quantities*. Each quantity is a record selector plus a metric
   `metrics.accuracy.clairvoyant`, `metrics.perplexity.model`, `per_position.accuracy.model`,
   `metrics.task.excess_over_bayes.erm`), with `[i]` (one element), `[a:b]` (the mean of a slice;
   None entries skipped) or `[last]` (the last non-None element) for lists.
-Matching records are pooled as on the leaderboard (bench.leaderboard.select_runs): one code
-version (the newest that has the config), each seed once (its newest record); several seeds give
-the mean and a 95% t-interval across seeds, one seed its record's own interval where the record
-has one (`<name>_ci` beside the value, or ±1.96 × `<name>_stderr`).
+Matching records are pooled as on the leaderboard (bench.leaderboard.select_runs): one
+environment (records.environment), one code version (the newest that has the config), each seed
+once (its newest record), and all quantities of a claim from one machine (`on_one_machine`);
+several seeds give the mean and a 95% t-interval across seeds, one seed its record's own interval
+where the record has one (`<name>_ci` beside the value, or ±1.96 × `<name>_stderr`).
 
 The rule is a boolean expression over the quantity names, evaluated on the means by a small
 evaluator that walks the parsed tree itself and allows only names, numbers, comparisons,
@@ -34,6 +35,7 @@ import keyword
 import math
 import re
 import shlex
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +45,7 @@ from bench.config import (CONF_DIR, GROUPS, ConfigError, RunConfig, choices, com
                           load_suite)
 from bench.leaderboard import (Selection, across_seeds, code_label, commit_of, output_path,
                                plural, write_atomic)
-from bench.records import RESULT_NEUTRAL, record_matches
+from bench.records import RESULT_NEUTRAL, Environment, environment, record_matches
 
 VERDICTS = ("holds", "holds at CPU scale only", "fails", "not measured")
 SCALES = ("paper", "cpu")
@@ -523,11 +525,12 @@ class Measured:
     seeds: list[int]
     code: str
     across_seeds: bool
+    kernel: str | None  # the SSD kernel its runs used
 
 
-def measure(quantity: Quantity, rows: list[list[dict]], claim: str) -> Measured | None:
-    """The quantity pooled over the seeds of the newest code version whose records match its
-    selector; None when no record matches."""
+def pick(quantity: Quantity, rows: list[list[dict]]) -> list[dict] | None:
+    """The records of quantity among rows: of the rows (each one code version in one
+    environment) matching its selector (and suite), the newest; None when no record matches."""
     matching = []
     for row in rows:
         if not record_matches(row[0], quantity.config):
@@ -538,8 +541,32 @@ def measure(quantity: Quantity, rows: list[list[dict]], claim: str) -> Measured 
             matching.append(row)
     if not matching:
         return None
-    matching.sort(key=lambda row: max(r["_age"] for r in row))
-    row = matching[-1]
+    return max(matching, key=lambda row: max(r["_age"] for r in row))
+
+
+def on_one_machine(quantities: dict[str, Quantity], rows: list[list[dict]]
+                   ) -> tuple[Environment | None, dict[str, list[dict]]]:
+    """(machine, {quantity name: its records}) with every quantity's records from one machine
+    (records.Environment.machine), so no verdict compares or pools CPU and GPU runs: the machine
+    where the most quantities have records, then the most seeds, then the newest record. Unlike
+    a code version, a newer machine is no better than an older one: a seed re-run on a GPU does
+    not displace a CPU measurement of more seeds."""
+    by_machine: dict[Environment, list[list[dict]]] = defaultdict(list)
+    for row in rows:
+        by_machine[environment(row[0]).machine].append(row)
+    best, best_key = (None, {}), None
+    for machine, machine_rows in by_machine.items():
+        picked = {name: found for name, q in quantities.items()
+                  if (found := pick(q, machine_rows)) is not None}
+        key = (len(picked), sum(map(len, picked.values())),
+               max((r["_age"] for found in picked.values() for r in found), default=()))
+        if best_key is None or key > best_key:
+            best, best_key = (machine, picked), key
+    return best
+
+
+def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
+    """The quantity pooled over the seeds of row (one code version in one environment)."""
     try:
         read = [read_metric(record, quantity) for record in row]
     except MetricMissing as error:
@@ -552,7 +579,7 @@ def measure(quantity: Quantity, rows: list[list[dict]], claim: str) -> Measured 
     else:
         interval = read[0][1]
     return Measured(mean, interval, sorted(r["seed"] for r in row),
-                    code_label(*commit_of(row[-1])), half is not None)
+                    code_label(*commit_of(row[-1])), half is not None, environment(row[0]).kernel)
 
 
 @dataclass
@@ -561,6 +588,7 @@ class Decision:
     verdict: str
     scale: str | None = None  # the scale of the records used: paper or cpu
     values: dict[str, Measured] = field(default_factory=dict)
+    machine: Environment | None = None  # where the records used ran
     missing: list[str] = field(default_factory=list)
     note: str = ""
 
@@ -577,24 +605,26 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
         attempts.append(("paper", claim.paper_quantities))
     attempts.append((claim.scale, claim.quantities))
     for scale, quantities in attempts:
-        values = {name: measure(q, rows, claim.id) for name, q in quantities.items()}
-        missing = [name for name, m in values.items() if m is None]
+        machine, found = on_one_machine(quantities, rows)
+        missing = [name for name in quantities if name not in found]
         if not missing:
             break
+    values = {name: measure(quantities[name], found[name], claim.id)
+              for name in quantities if name in found}
     if missing:
         note = "needs a GPU" if claim.gpu else ""
-        return Decision(claim, "not measured", missing=missing, note=note,
-                        values={k: v for k, v in values.items() if v is not None})
+        return Decision(claim, "not measured", missing=missing, note=note, values=values,
+                        machine=machine)
     bad = [name for name in claim.rule.used if not math.isfinite(values[name].value)]
     if bad:
-        return Decision(claim, "fails", scale, values,
+        return Decision(claim, "fails", scale, values, machine,
                         note=f"not a finite number: {', '.join(bad)}")
     try:
         ok = claim.rule.evaluate({name: m.value for name, m in values.items()})
     except RuleUndefined as error:
-        return Decision(claim, "fails", scale, values, note=f"rule undefined: {error}")
+        return Decision(claim, "fails", scale, values, machine, note=f"rule undefined: {error}")
     verdict = ("holds" if scale == "paper" else "holds at CPU scale only") if ok else "fails"
-    return Decision(claim, verdict, scale, values)
+    return Decision(claim, verdict, scale, values, machine)
 
 
 def decide_all(claims: list[Claim], selection: Selection) -> list[Decision]:
@@ -643,13 +673,22 @@ def why_not(decision: Decision) -> str:
 
 
 def ours_cell(decision: Decision) -> str:
+    """Our numbers, the scale and code version they come from, and where they ran (machine and
+    SSD kernel) unless on the CPU."""
     parts = [measured_text(name, decision.values[name]) for name in decision.claim.quantities
              if name in decision.values]
+    machine, ran = decision.machine, []
+    if machine is not None and not machine.default and parts:
+        kernels = sorted({m.kernel for m in decision.values.values()} - {None})
+        ran = [f"trained on [{machine.name}]"
+               + (f" with SSD kernel {', '.join(kernels)}" if kernels else "")]
     if decision.verdict == "not measured":
-        return "<br>".join([f"*not measured: {why_not(decision)}*", *parts])
+        return "<br>".join([f"*not measured: {why_not(decision)}*", *parts,
+                            *(f"*{text}*" for text in ran)])
     codes = sorted({m.code for m in decision.values.values()})
     scale = "paper scale" if decision.scale == "paper" else "CPU scale"
-    tail = f"*{scale}, code {', '.join(codes)}*" + (f"; {decision.note}" if decision.note else "")
+    tail = f"*{', '.join([scale, 'code ' + ', '.join(codes), *ran])}*" + (
+        f"; {decision.note}" if decision.note else "")
     return "<br>".join([*parts, tail])
 
 
@@ -673,7 +712,11 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "claim's quantities; each quantity is a record selector (overrides as on the command "
             "line, composed like a run; a record matches when its task, model and trainer "
             "configs equal them) and a metric path. Records are pooled as on the leaderboard: "
-            "one code version (the newest that ran the config), each seed once; several seeds "
+            "one environment (device, SSD kernel, precision, compile, TF32), one code version "
+            "(the newest that ran the config), each seed once, and all quantities of a claim from "
+            "one machine (device and TF32: CPU and GPU runs are never compared or pooled; the "
+            "machine where most quantities have records, then the most seeds, then the newest; "
+            "named in the row unless the CPU); several seeds "
             "show the mean and a 95% t-interval across seeds, one seed its record's bootstrap "
             "interval (or ±1.96 standard errors; per-position slices have none). Rules use the "
             "means.", "",

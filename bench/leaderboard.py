@@ -5,7 +5,9 @@ Pooling rules (the header of leaderboard.md repeats them):
 - A section is one task name + resolved task config + held-out set size (`metrics.sequences`):
   gaps measured on different held-out sets are never compared or pooled.
 - Within a section a row is one model name + resolved model config + training budget + code
-  version (commit, and whether bench/ tasks/ models/ conf/ pyproject.toml differed from it).
+  version (commit, and whether bench/ tasks/ models/ conf/ pyproject.toml differed from it) +
+  environment (records.environment: device, SSD kernel, precision, compile, TF32); a row that
+  did not run on the CPU says where it ran.
 - A row counts each seed once: of several records of one seed (a re-run, a resumed copy) the
   newest is kept and the others are counted as duplicates.
 - Several seeds are summarised by their mean gap and a 95% t-interval across seeds; a single
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from bench.config import ConfigError
 from bench.evaluate import fmt
-from bench.records import RESULT_NEUTRAL, code_digest, read_records
+from bench.records import RESULT_NEUTRAL, code_digest, environment, read_records
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # Student t quantiles (two-sided 95%) by degrees of freedom
@@ -77,10 +79,13 @@ def across_seeds(values: list[float]) -> tuple[float, float | None]:
 
 def label_of(record: dict) -> str:
     """Model name plus the model and trainer overrides of its command line (seeds, paths and
-    display options aside), so a row says how it differs from conf/model/<name>.yaml."""
+    display options aside), so a row says how it differs from conf/model/<name>.yaml, and where
+    it ran unless on the CPU (`[cuda: NVIDIA H100 80GB HBM3, mamba_ssm]`)."""
     shown = [o for o in record.get("overrides", [])
              if o.startswith(("model.", "trainer.")) and not o.startswith(IGNORED_IN_LABELS)]
-    return record["model"]["name"] + (f" ({', '.join(shown)})" if shown else "")
+    env = environment(record)
+    return (record["model"]["name"] + (f" ({', '.join(shown)})" if shown else "")
+            + ("" if env.default else f" [{env.name}]"))
 
 
 def commit_of(record: dict) -> tuple[str | None, bool | None]:
@@ -236,7 +241,7 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
                    record["metrics"]["sequences"])
         trainer = {k: v for k, v in record["trainer"]["config"].items() if k not in RESULT_NEUTRAL}
         row = digest([record["model"]["name"], record["model"]["config"], trainer,
-                      *code_version(record)])
+                      *code_version(record), *environment(record)])
         seen = newest[section].get((row, record["seed"]))
         if seen is not None:
             duplicates[section] += 1
@@ -460,7 +465,9 @@ def header(selection: Selection) -> list[str]:
             "distinct seeds of one model config and training budget run with one code version "
             "(the code of bench/, tasks/, models/, conf/ and pyproject.toml: commits that changed "
             "only other files pool; `code`: the commit of the row's first record; `+dirty`: that "
-            "code differed from the commit; `?`: not recorded). Each seed counts once: its newest record is "
+            "code differed from the commit; `?`: not recorded) in one environment (device, SSD "
+            "kernel, precision, compile, TF32: CPU and GPU runs never pool; a row that did not "
+            "run on the CPU says where in brackets). Each seed counts once: its newest record is "
             "used and re-runs or resumed copies are left out. Several seeds: mean gap and 95% "
             "t-interval across seeds (marked `(seeds)`); one seed: bootstrap interval over "
             "held-out sequences.", ""]

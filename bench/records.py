@@ -12,11 +12,14 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import NamedTuple
 
 SCHEMA = "icl-bench/run/1"
 # Trainer keys that change neither training nor evaluation: runs differing only in them pool.
 RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every",
                   "logger", "loader_workers")
+# Lightning's spellings of a precision (trainer.precision=32 trains as, and records, "32-true").
+PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 
 
 class RunFailed(RuntimeError):
@@ -225,3 +228,81 @@ def record_matches(record: dict, config) -> bool:
             and config_matches(record["task"]["config"], config.task)
             and config_matches(record["model"]["config"], config.model)
             and config_matches(record["trainer"]["config"], config.trainer, RESULT_NEUTRAL))
+
+
+class Environment(NamedTuple):
+    """What a run trained on beyond its config: `trainer.accelerator=auto` and `model.kernel=auto`
+    resolve differently on a CPU and a GPU, and a GPU's numerics differ from a CPU's, so records of
+    different environments never pool and never stand in for one another."""
+    device: str  # "cpu" (all CPUs are one kind), or the type and name: "cuda: NVIDIA H100 ..."
+    kernel: str | None  # the SSD scan that ran; None for models without one
+    precision: str | None
+    compile: bool
+    tf32: bool
+
+    @property
+    def default(self) -> bool:
+        """A CPU run: there its config decides the kernel, precision and compile, so a label of
+        the config already says all there is."""
+        return self.device == "cpu"
+
+    @property
+    def machine(self) -> Environment:
+        """What all records behind one verdict share (bench.claims): the device and its matmul
+        mode. The kernel is the model's (a transformer has none); precision and compile are the
+        trainer config's, which a claim's selectors choose."""
+        return Environment(self.device, None, None, False, self.tf32)
+
+    @property
+    def name(self) -> str:
+        """Where it ran, for a reader: "cpu", or e.g. "cuda: NVIDIA H100 80GB HBM3, mamba_ssm"."""
+        if self.default:
+            return self.device
+        return ", ".join([self.device, *([self.kernel] if self.kernel else []),
+                          *(["tf32"] if self.tf32 else [])])
+
+
+def _environment(device: str, device_name: str, kernel: str | None, precision: str | None,
+                 compile: bool, tf32: bool) -> Environment:
+    cpu = device == "cpu"
+    kind = device if cpu or device_name == device else f"{device}: {device_name}"
+    return Environment(kind, kernel, PRECISION_ALIASES.get(precision, precision), bool(compile),
+                       bool(tf32) and not cpu)  # TF32 is a CUDA matmul mode: no-op on a CPU
+
+
+def environment(record: dict) -> Environment:
+    """The environment a record's run trained in (its `train` part). Older records lack fields:
+    no device is the CPU, no device_name is the device type ("cuda"), no tf32 is false, no
+    precision or compile is the trainer config's, and no kernel is the model config's (`auto` is
+    torch on the CPU; on a GPU it stays `auto`, as which one ran is unknown)."""
+    train = record.get("train") or {}
+    trainer = record["trainer"]["config"]
+    device = str(train.get("device") or "cpu").split(":", 1)[0]
+    if "kernel" in train:
+        kernel = train["kernel"]
+    else:
+        import torch
+        from models.ssd import KERNELS, resolve_kernel
+        kernel = record["model"]["config"].get("kernel")
+        if device == "cpu" and kernel in KERNELS:
+            kernel = resolve_kernel(kernel, torch.device("cpu"))
+    return _environment(device, train.get("device_name") or device, kernel,
+                        train.get("precision", trainer.get("precision")),
+                        train.get("compile", trainer.get("compile", False)),
+                        train.get("tf32", False))
+
+
+def planned_environment(config) -> Environment:
+    """The environment a run of config (a bench.config.RunConfig) trains in on this machine,
+    resolved as the run resolves it (bench.checks.check_hardware, models.ssd.resolve_kernel)."""
+    import torch
+    from bench.checks import check_hardware
+    from models.ssd import resolve_kernel
+    device = check_hardware(config)
+    kernel = getattr(config.model, "kernel", None)
+    # this rank's GPU (Lightning gives rank r of a node the device LOCAL_RANK)
+    name = (torch.cuda.get_device_name(int(os.environ.get("LOCAL_RANK", 0)))
+            if device == "cuda" else "cpu")
+    return _environment(device, name,
+                        resolve_kernel(kernel, torch.device(device)) if kernel else None,
+                        config.trainer.precision, config.trainer.compile, config.trainer.tf32)

@@ -167,6 +167,43 @@ def test_the_newest_code_version_is_used_and_origin_filters(tmp_path):
     assert d.values["noconv"].value == pytest.approx(0.5)  # now the newest record of seed 0
 
 
+H100 = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "kernel": "mamba_ssm",
+        "precision": "32-true", "compile": False, "tf32": False}
+
+
+def on_gpu(selector: list[str], **kwargs) -> dict:
+    rec = record(selector, **kwargs)
+    rec["train"].update(H100)
+    return rec
+
+
+def test_a_claim_never_pools_or_compares_cpu_and_gpu_records(tmp_path):
+    """All numbers of a claim come from one machine: the one with records of the most
+    quantities, then the most seeds, then the newest; the row names a GPU, not the CPU."""
+    out = tmp_path / "r"
+    put(out, record(MAMBA, seed=0, gap=0.001), record(MAMBA, seed=1, gap=0.001),
+        record(NOCONV, gap=0.06), on_gpu(MAMBA, seed=0, gap=0.5, stamp="20260201-120000"))
+    [d] = decide(out, rules_file(tmp_path))  # a newer GPU seed displaces nothing
+    assert d.values["mamba"].seeds == [0, 1] and d.values["mamba"].value == pytest.approx(0.001)
+    assert d.verdict == "holds" and "trained on" not in claims_mod.ours_cell(d)
+    put(out, on_gpu(MAMBA, seed=1, gap=0.5, stamp="20260201-120000"))
+    [d] = decide(out, rules_file(tmp_path))  # as many seeds, but noconv only on the CPU
+    assert d.values["mamba"].value == pytest.approx(0.001) and d.machine.device == "cpu"
+    put(out, on_gpu(NOCONV, gap=0.5, stamp="20260201-120000"))
+    [d] = decide(out, rules_file(tmp_path))  # both on each: as many seeds, the GPU's are newer
+    assert d.machine.device == "cuda: NVIDIA H100 80GB HBM3" and d.verdict == "fails"
+    assert d.values["mamba"].value == pytest.approx(0.5) and d.values["mamba"].seeds == [0, 1]
+    assert ("*paper scale, code aaaaaaa, trained on [cuda: NVIDIA H100 80GB HBM3] with SSD kernel "
+            "mamba_ssm*") in claims_mod.ours_cell(d)
+    # one quantity only on the GPU, the other only on the CPU: nothing to compare
+    put(tmp_path / "split", record(NOCONV, gap=0.06),
+        on_gpu(MAMBA, gap=0.001, stamp="20260201-120000"))
+    [d] = decide(tmp_path / "split", rules_file(tmp_path))
+    assert d.verdict == "not measured" and d.missing == ["noconv"]
+    assert "*trained on [cuda: NVIDIA H100 80GB HBM3] with SSD kernel mamba_ssm*" in (
+        claims_mod.ours_cell(d))
+
+
 def test_a_record_that_predates_a_config_field_matches_its_default(tmp_path):
     old = record(MAMBA, gap=0.001)
     del old["model"]["config"]["tie_embeddings"]  # the field did not exist when it ran

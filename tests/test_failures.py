@@ -336,3 +336,35 @@ def test_a_suite_run_again_skips_the_runs_it_finished(tmp_path, monkeypatch, cap
         assert "done already" not in capsys.readouterr().out
     assert main([*suite, "rerun=maybe"]) == 2
     assert "rerun must be true or false" in capsys.readouterr().err
+
+
+def test_a_suite_counts_a_run_done_only_in_the_environment_it_would_run_in(tmp_path,
+                                                                           monkeypatch):
+    """A CPU record does not finish a run that would train on a GPU here (`auto` would pick
+    another device and SSD kernel), nor the reverse; a record of the same environment does, an
+    old one without device_name, tf32, kernel, precision or compile included."""
+    import bench.checks
+    import bench.records
+    import models.ssd
+    from bench.__main__ import finished_runs
+    version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
+    monkeypatch.setattr(bench.records, "provenance", lambda: dict(version))
+    config = compose(["model=mamba", f"out_dir={tmp_path}", *TINY])
+
+    def put(name: str, train: dict) -> None:
+        write_record(tmp_path, {"schema": SCHEMA, "run_id": name, "status": "ok",
+                                **config.describe(), "provenance": version,
+                                "train": {"steps": 4, "wall_time_s": 1.0, **train}})
+
+    put("cpu", {"device": "cpu"})  # as records before device_name, tf32 and kernel were
+    assert finished_runs([config]) == {0: str(tmp_path / "cpu.json")}
+    monkeypatch.setattr(bench.checks, "check_hardware", lambda config: "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(models.ssd, "mamba_ssm_available", lambda: True)
+    assert finished_runs([config]) == {}
+    put("a100", {"device": "cuda:0", "device_name": "NVIDIA A100-SXM4-80GB",
+                 "kernel": "mamba_ssm", "precision": "32-true", "compile": False, "tf32": False})
+    assert finished_runs([config]) == {}  # another GPU
+    put("h100", {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3",
+                 "kernel": "mamba_ssm", "precision": "32-true", "compile": False, "tf32": False})
+    assert finished_runs([config]) == {0: str(tmp_path / "h100.json")}

@@ -129,6 +129,38 @@ def test_commits_with_the_same_code_pool_into_one_row(tmp_path):
     assert sorted((r["seeds"], r["gap"]) for r in rows) == [(1, 0.5), (2, pytest.approx(0.2))]
 
 
+H100 = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "kernel": "mamba_ssm",
+        "precision": "32-true", "compile": False, "tf32": False}
+
+
+def trained(where: dict, **rec) -> dict:
+    """A record of the Mamba config below whose `train` part says `where` (device, kernel...)."""
+    rec = record(**rec)
+    rec["model"]["config"]["kernel"] = "auto"
+    rec["trainer"]["config"].update(precision="32-true", compile=False)
+    rec["train"].update(where)
+    return rec
+
+
+def test_cpu_and_gpu_runs_of_one_config_are_separate_rows(tmp_path):
+    """`auto` settings resolve differently on a GPU: a GPU run of a seed neither replaces its CPU
+    record nor pools with it, and its row says where it ran; an old CPU record (no device_name,
+    tf32, kernel, precision or compile in `train`) pools with a new one."""
+    put(tmp_path / "results",
+        trained({"device": "cpu"}, seed=0, gap=0.1),  # as records before those fields were
+        trained({"device": "cpu", "device_name": "cpu", "kernel": "torch", "precision": "32-true",
+                 "compile": False, "tf32": False}, seed=1, gap=0.3),
+        trained(H100, seed=0, gap=0.7, stamp="20260102-120000"))
+    rows = model_rows(build(tmp_path / "results", tmp_path / "lb.md"))
+    assert {r["model"]: (r["gap"], r["seeds"]) for r in rows} == {
+        "mamba": (pytest.approx(0.2), 2),
+        "mamba [cuda: NVIDIA H100 80GB HBM3, mamba_ssm]": (0.7, 1)}
+    assert select_runs(str(tmp_path / "results")).duplicates == 0
+    assert records.environment(trained({"device": "cuda:1"})).device == "cuda"  # name unknown
+    assert records.environment(trained({**H100, "tf32": True})).name == (
+        "cuda: NVIDIA H100 80GB HBM3, mamba_ssm, tf32")
+
+
 def test_the_code_digest_follows_the_code_not_the_commit(tmp_path, monkeypatch):
     import bench.records as records
     repo = tmp_path / "repo"
