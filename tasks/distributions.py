@@ -5,7 +5,11 @@ torch.distributions cannot take a generator, and training batches must be reprod
 
 Gamma and Dirichlet draws are made in float64 and in log space: for a concentration α < 1 a
 Gamma(α) variate is often far below the smallest float (Gamma(0.01) < 1e-300 about once in 15
-draws), so a direct draw underflows to 0 and a Dirichlet row of zeros divides 0 by 0."""
+draws), so a direct draw underflows to 0 and a Dirichlet row of zeros divides 0 by 0.
+
+A Markov chain over M states is sampled in parallel over time: with its uniforms drawn first, each
+step is a map of the states (inverse_cdf_table), and chain_states runs the chain through them in
+~log2(T) levels of ops instead of T steps of a loop."""
 from __future__ import annotations
 
 import torch
@@ -114,9 +118,9 @@ def categorical(probs: Tensor, generator: torch.Generator) -> Tensor:
 
 
 # A chain scan tabulates at every step where each of the M states goes, for each of n sequences;
-# the loop draws the n symbols in ~15 ops per step. On one CPU thread (T 256) the scan was faster
-# up to about n·M = 4,096 entries per step (markov, n 32: ~2 vs ~50 ms at M 2, ~23 vs ~40 ms at
-# M 128; n 512, M 8: about even) and slower beyond, where the samplers keep the loop.
+# the loop draws the n symbols in ~15 ops per step. On one (shared, loaded) CPU thread, T 256, the
+# scan was faster up to about n·M = 4,096 entries per step (markov, n 32: ~2 vs ~50 ms at M 2,
+# ~23 vs ~40 ms at M 128; n 512, M 8: about even) and slower beyond, where samplers keep the loop.
 SCAN_MAX_ENTRIES = 4096
 SCAN_CHUNK_ELEMENTS = 1 << 22  # elements of a scan's (sequences, steps, states) tables per chunk
 

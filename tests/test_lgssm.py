@@ -125,10 +125,10 @@ def sequential_recurrence(transition: torch.Tensor, drive: torch.Tensor) -> torc
 @pytest.mark.parametrize("length", [1, 2, 5, 64, 100])
 def test_linear_recurrence_is_the_loop_up_to_rounding(length):
     """Non-symmetric A (|A| has spectral radius ~1.5: the envelope grows), lengths that are and
-    are not powers of two. A computed sum of products is off by at most n·2eps·Σ|terms| (n operations on
-    a term's path; Σ|terms| is the loop on |A| and |drive|, which bounds every power of A the
-    scan forms): a term passes ≤ L(d + 2) operations in the loop and ≤ log2(L)²(d + 1) in the
-    scan, so n = 4L(d + 1) bounds both together."""
+    are not powers of two. A computed sum of products is off by at most n·2eps·Σ|terms|, with n
+    the operations on a term's path and Σ|terms| the loop on |A| and |drive| (it bounds every
+    power of A the scan forms): a term passes ≤ L(d + 2) operations in the loop and
+    ≤ log2(L)²(d + 1) in the scan, so n = 4L(d + 1) bounds both together."""
     d = 3
     g = make_generator(length)
     transition = torch.randn(4, d, d, generator=g, dtype=torch.float64) / math.sqrt(d)
