@@ -41,7 +41,8 @@ import torch
 from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
-from tasks.distributions import categorical, dirichlet
+from tasks.distributions import (batch_chunks, categorical, chain_states,
+                                 dirichlet, inverse_cdf, inverse_cdf_table, scan_pays)
 from tasks.lgssm_colored import binned_means, doubling_lengths
 from tasks.markov import add_beta_log_probs, counts_in_context
 
@@ -126,7 +127,37 @@ class HMMTask(Task):
         return {"transition": transition, "emission": emission}
 
     def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
-        """One sequence per HMM of `latent` (the hidden path is added to the latent)."""
+        """One sequence per HMM of `latent` (the hidden path is added to the latent). The uniforms
+        of every categorical draw are drawn first, in the loop's order (on the CPU, successive
+        draws of n numbers are the rows of one draw); the hidden path follows by a scan over time
+        and the tokens from it: on the CPU bit for bit `_sample_sequential`, elsewhere the same
+        law."""
+        H, T = self.config.num_states, self.config.seq_len
+        device = generator.device
+        transition = latent["transition"].to(device)
+        emission = latent["emission"].to(device)
+        n = transition.shape[0]
+        if not scan_pays(n, H):
+            return self._sample_sequential(latent, generator)
+        first_state = torch.randint(H, (n,), generator=generator, device=device)
+        # the emission at t = 0, then the transition and the emission of each t >= 1
+        uniforms = torch.rand(2 * T + 1, n, generator=generator, device=device,
+                              dtype=transition.dtype).T
+        emission_uniforms, transition_uniforms = uniforms[:, 0::2], uniforms[:, 1::2]
+        transition_cdf, emission_cdf = transition.cumsum(-1), emission.cumsum(-1)
+        states, tokens = [], []
+        for part in batch_chunks(n, T * H + (T + 1) * emission.shape[-1]):
+            later = chain_states(inverse_cdf_table(transition_cdf[part],
+                                                   transition_uniforms[part]), first_state[part])
+            path = torch.cat([first_state[part, None], later], 1)
+            rows = emission_cdf[part].gather(1, path[..., None].expand(-1, -1, emission.shape[-1]))
+            states.append(path)
+            tokens.append(inverse_cdf(rows, emission_uniforms[part, :, None]))
+        return self._batch(torch.cat(tokens), transition, emission, torch.cat(states))
+
+    def _sample_sequential(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
+        """sample_given step by step, a loop over time: its test oracle, and the faster form
+        where the scan's tables would be large (tasks/distributions.py scan_pays)."""
         H, T = self.config.num_states, self.config.seq_len
         device = generator.device
         transition = latent["transition"].to(device)
@@ -140,8 +171,13 @@ class HMMTask(Task):
             if t > 0:
                 states[:, t] = categorical(transition[rows, states[:, t - 1]], generator)
             tokens[:, t] = categorical(emission[rows, states[:, t]], generator)
+        return self._batch(tokens, transition, emission, states)
+
+    def _batch(self, tokens: Tensor, transition: Tensor, emission: Tensor,
+               states: Tensor) -> Batch:
+        T = self.config.seq_len
         return Batch(inputs=tokens[:, :T], targets=tokens[:, 1:],
-                     loss_mask=torch.ones(n, T, dtype=torch.bool, device=device),
+                     loss_mask=torch.ones(len(tokens), T, dtype=torch.bool, device=tokens.device),
                      latent={"transition": transition, "emission": emission, "states": states})
 
     def references(self) -> dict[str, Reference]:

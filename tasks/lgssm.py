@@ -123,20 +123,53 @@ def log_uniform_spd(n: int, dim: int, low: float, high: float,
     return basis @ torch.diag_embed(spectrum) @ basis.mT
 
 
+def linear_recurrence(transition: Tensor, drive: Tensor) -> Tensor:
+    """All states y_t = A y_{t-1} + drive_t, y_0 = drive_0, for A (n, d, d) and drive (n, L, d):
+    a doubling scan, log2(L) batched matmuls instead of L small steps. Before the step with
+    offset s, y_t sums its last min(t + 1, s) drives, each carried by its power of A; adding
+    A^s times the value s steps back doubles that span. Equal to the loop up to rounding."""
+    offset, power = 1, transition
+    while offset < drive.shape[1]:
+        carried = drive[:, :-offset] @ power.mT  # rows: (A^s y)ᵀ = yᵀ (A^s)ᵀ
+        drive = torch.cat([drive[:, :offset], drive[:, offset:] + carried], 1)
+        power = power @ power
+        offset *= 2
+    return drive
+
+
 def simulate(transition: Tensor, emission: Tensor, state_noise: Tensor, obs_noise: Tensor,
              init_cov: Tensor, steps: int, generator: torch.Generator) -> Tensor:
-    """x_1..x_steps (n, steps, m) of the LG-SSM, z_1 ~ N(0, init_cov); float64."""
-    n, m, d = emission.shape
-    draw = dict(generator=generator, device=generator.device, dtype=torch.float64)
-    state_chol, obs_chol = torch.linalg.cholesky(state_noise), torch.linalg.cholesky(obs_noise)
-    z = (torch.linalg.cholesky(init_cov) @ torch.randn(n, d, 1, **draw))
-    w = state_chol.unsqueeze(1) @ torch.randn(n, steps, d, 1, **draw)
-    v = obs_chol.unsqueeze(1) @ torch.randn(n, steps, m, 1, **draw)
+    """x_1..x_steps (n, steps, m) of the LG-SSM, z_1 ~ N(0, init_cov); float64. The noise is
+    drawn as `simulate_sequential` draws it, and the states follow by a scan over time."""
+    z_1, state_noise_draws, obs_noise_draws = _simulation_noise(state_noise, obs_noise,
+                                                                init_cov, steps, generator)
+    drive = torch.cat([z_1.mT, state_noise_draws[:, :steps - 1, :, 0]], 1)  # z_1, w_1, w_2, ...
+    return linear_recurrence(transition, drive) @ emission.mT + obs_noise_draws[..., 0]
+
+
+def simulate_sequential(transition: Tensor, emission: Tensor, state_noise: Tensor,
+                        obs_noise: Tensor, init_cov: Tensor, steps: int,
+                        generator: torch.Generator) -> Tensor:
+    """`simulate` step by step, a loop over time: its test oracle."""
+    z, w, v = _simulation_noise(state_noise, obs_noise, init_cov, steps, generator)
     xs = []
-    for t in range(steps):  # a loop over time only
+    for t in range(steps):
         xs.append(emission @ z + v[:, t])
         z = transition @ z + w[:, t]
     return torch.stack(xs, 1)[..., 0]
+
+
+def _simulation_noise(state_noise: Tensor, obs_noise: Tensor, init_cov: Tensor, steps: int,
+                      generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """z_1 (n, d, 1), the state noise w (n, steps, d, 1) and the observation noise v
+    (n, steps, m, 1), drawn in this order."""
+    n, d, m = state_noise.shape[0], state_noise.shape[-1], obs_noise.shape[-1]
+    draw = dict(generator=generator, device=generator.device, dtype=torch.float64)
+    state_chol, obs_chol = torch.linalg.cholesky(state_noise), torch.linalg.cholesky(obs_noise)
+    z = torch.linalg.cholesky(init_cov) @ torch.randn(n, d, 1, **draw)
+    w = state_chol.unsqueeze(1) @ torch.randn(n, steps, d, 1, **draw)
+    v = obs_chol.unsqueeze(1) @ torch.randn(n, steps, m, 1, **draw)
+    return z, w, v
 
 
 # --- the task ---------------------------------------------------------------------------------

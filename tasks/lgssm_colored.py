@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from tasks.base import TEST_STREAM, Batch, Reference, Task, make_generator
-from tasks.lgssm import kalman_filter, pooled_ridge_mean
+from tasks.lgssm import kalman_filter, linear_recurrence, pooled_ridge_mean
 
 USE_TRAINING_PRIOR = -1.0  # eval_rho value: evaluate on ρ drawn from the training prior
 SLOPE_MIN_CONTEXT = 32  # the paper fits log excess risk against log k on k >= 32 (B.2)
@@ -67,12 +67,23 @@ class LGSSMColoredConfig:
 def stationary_ar1(decay: Tensor, innovation_std: Tensor, steps: int,
                    generator: torch.Generator) -> Tensor:
     """(n, steps) paths of y_t = decay·y_{t-1} + innovation_std·ε_t started from the stationary
-    law N(0, innovation_std² / (1 - decay²)); decay, innovation_std: (n,) float64."""
+    law N(0, innovation_std² / (1 - decay²)); decay, innovation_std: (n,) float64. The same
+    draws as `stationary_ar1_sequential`, the path by a scan over time (equal up to rounding)."""
+    eps = torch.randn(decay.shape[0], steps, generator=generator, device=generator.device,
+                      dtype=torch.float64)
+    start = innovation_std / torch.sqrt(1 - decay**2) * eps[:, 0]
+    drive = torch.cat([start[:, None], innovation_std[:, None] * eps[:, 1:]], 1)
+    return linear_recurrence(decay[:, None, None], drive[..., None])[..., 0]
+
+
+def stationary_ar1_sequential(decay: Tensor, innovation_std: Tensor, steps: int,
+                              generator: torch.Generator) -> Tensor:
+    """`stationary_ar1` step by step, a loop over time: its test oracle."""
     eps = torch.randn(decay.shape[0], steps, generator=generator, device=generator.device,
                       dtype=torch.float64)
     y = innovation_std / torch.sqrt(1 - decay**2) * eps[:, 0]
     path = [y]
-    for t in range(1, steps):  # a loop over time only
+    for t in range(1, steps):
         y = decay * y + innovation_std * eps[:, t]
         path.append(y)
     return torch.stack(path, 1)

@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 
 from tasks.base import TEST_STREAM, Batch, Reference, Task, make_generator
-from tasks.distributions import dirichlet, gamma, inverse_cdf
+from tasks.distributions import (batch_chunks, chain_states, dirichlet, gamma,
+                                 inverse_cdf, inverse_cdf_table, scan_pays)
 from tasks.lgssm_colored import binned_means, doubling_lengths
 
 MIN_REGION_MASS = 0.01  # prior mass each side of simplex_split must hold (rejection sampling)
@@ -112,6 +113,24 @@ def context_ids(tokens: Tensor, order: int, vocab_size: int) -> Tensor:
     return ids
 
 
+def context_steps(symbols: Tensor, vocab_size: int) -> Tensor:
+    """The context that follows each context c in [0, S^k) when symbols[..., c] comes next:
+    (c·S + symbol) mod S^k, the oldest symbol dropped; symbols (..., S^k)."""
+    contexts = symbols.shape[-1]
+    kept = torch.arange(contexts, device=symbols.device) % (contexts // vocab_size) * vocab_size
+    return kept + symbols
+
+
+def kernel_tokens(cdf: Tensor, start: Tensor, uniforms: Tensor) -> Tensor:
+    """Tokens (n, L) of order-k chains from contexts `start` (n,) with kernel CDFs cdf (n, S^k, S),
+    step t drawing by inverse CDF at uniforms[:, t]: the table of the symbol that follows every
+    context at every step, then the contexts by a scan (a context's last digit is its newest
+    symbol)."""
+    vocab_size = cdf.shape[-1]
+    symbols = inverse_cdf_table(cdf, uniforms)  # (n, L, S^k)
+    return chain_states(context_steps(symbols, vocab_size), start) % vocab_size
+
+
 def counts_in_context(groups: Tensor, targets: Tensor, vocab_size: int) -> Tensor:
     """n[b, t, j] = #{s < t : groups[b, s] == groups[b, t] and targets[b, s] == j}.
 
@@ -180,7 +199,27 @@ class MarkovTask(Task):
         return self.config.simplex_split == 0
 
     def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
-        """One chain per kernel of `latent`: k uniform tokens, then the kernel's transitions."""
+        """One chain per kernel of `latent`: k uniform tokens, then the kernel's transitions.
+        Every random number is drawn first and the path follows from them in parallel over time
+        (tasks/distributions.py chain_states): bit for bit the path of `_sample_sequential`, which
+        it uses itself where the scan does not pay."""
+        k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
+        device = generator.device
+        kernel = latent["kernel"].to(device)
+        n = kernel.shape[0]
+        if not scan_pays(n, S**k):
+            return self._sample_sequential(latent, generator)
+        first = torch.randint(S, (n, min(k, T + 1)), generator=generator, device=device)
+        uniforms = torch.rand(n, T + 1, generator=generator, device=device)
+        cdf, start = kernel.cumsum(-1), context_ids(first, k, S)[:, -1]
+        steps = max(0, T + 1 - k)
+        later = [kernel_tokens(cdf[part], start[part], uniforms[part, k:])
+                 for part in batch_chunks(n, steps * S**k)]
+        return self._batch(torch.cat([first, torch.cat(later)], 1), kernel)
+
+    def _sample_sequential(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
+        """sample_given step by step, a loop over time: its test oracle, and the faster form
+        where the scan's tables would be large (tasks/distributions.py scan_pays)."""
         k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
         device = generator.device
         kernel = latent["kernel"].to(device)
@@ -196,8 +235,12 @@ class MarkovTask(Task):
             nxt = inverse_cdf(row_cdf, uniforms[:, t])  # never a zero-probability symbol
             tokens[:, t] = nxt
             context = (context * S + nxt) % S**k
+        return self._batch(tokens, kernel)
+
+    def _batch(self, tokens: Tensor, kernel: Tensor) -> Batch:
+        T = self.config.seq_len
         return Batch(inputs=tokens[:, :T], targets=tokens[:, 1:],
-                     loss_mask=torch.ones(n, T, dtype=torch.bool, device=device),
+                     loss_mask=torch.ones(len(tokens), T, dtype=torch.bool, device=tokens.device),
                      latent={"kernel": kernel})
 
     def references(self) -> dict[str, Reference]:

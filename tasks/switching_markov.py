@@ -39,8 +39,9 @@ import torch
 from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
-from tasks.distributions import categorical, dirichlet
-from tasks.markov import add_beta_log_probs, context_ids, counts_in_context
+from tasks.distributions import (batch_chunks, categorical, chain_states,
+                                 dirichlet, inverse_cdf_table, scan_pays)
+from tasks.markov import add_beta_log_probs, context_ids, context_steps, counts_in_context
 
 
 @dataclass
@@ -94,18 +95,59 @@ class SwitchingMarkovTask(Task):
         return self.config.vocab_size
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
+        """Every random number is drawn first, in the loop's order (the kernel draws of steps
+        1..T as one (T, n) draw: on the CPU the same numbers), then the contexts follow by a scan
+        over time (tasks/distributions.py chain_states): on the CPU bit for bit
+        `_sample_sequential`, elsewhere the same law."""
+        k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
+        if not scan_pays(n, S**k):
+            return self._sample_sequential(n, generator)
+        device = generator.device
+        switches, segment, kernels, uniform_symbols = self._draw_segments(n, generator)
+        kernel_uniforms = torch.rand(T, n, generator=generator, device=device,
+                                     dtype=kernels.dtype).T
+        # symbols since the last switch before each step t >= 1: the first k of a segment are
+        # uniform (segment_layout on the switch indicators, 1 marking a switch)
+        run_before = segment_layout(switches[:, :T].long(), 1)[1]
+        cdf = kernels.cumsum(-1)
+        rows = torch.arange(n, device=device)
+        later = []  # the symbols of steps 1..T (step 0's is uniform: no context yet)
+        for part in batch_chunks(n, T * S**k * S):
+            # the symbol every context draws at steps 1..T from its segment's kernel (drawn at
+            # every step, as the loop does, and used only once k symbols follow the switch)
+            segment_cdf = cdf[rows[part, None], segment[part]]  # (chunk, T, S^k, S)
+            drawn = inverse_cdf_table(segment_cdf, kernel_uniforms[part, :, None])[..., 0, :]
+            restart = run_before[part, :, None] < k
+            step_symbols = torch.where(restart, uniform_symbols[part, 1:, None], drawn)
+            contexts = chain_states(context_steps(step_symbols, S), uniform_symbols[part, 0])
+            later.append(contexts % S)  # a context's last digit is its newest symbol
+        symbols = torch.cat([uniform_symbols[:, :1], torch.cat(later)], 1)
+        tokens = torch.where(switches, S, symbols)
+        return self._batch(tokens, kernels, segment)
+
+    def _draw_segments(self, n: int, generator: torch.Generator
+                       ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The switch indicators (n, T + 1), the segment of each target (n, T), one kernel per
+        segment (n, M, S^k, S) and the restart symbols (n, T + 1)."""
         k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
         device = generator.device
         # The switch process is independent of the symbols, so it is drawn first; it fixes the
         # segments and hence how many kernels the batch needs.
         switches = torch.rand(n, T + 1, generator=generator, device=device) < self.config.p_switch
         segment = switches[:, :T].long().cumsum(1)  # kernel that generates target t (= x_{t+1})
-        num_kernels = int(segment.max()) + 1
+        num_kernels = int(segment.max()) + 1  # a data-dependent shape: a host sync on a GPU
         alpha = torch.full((n, num_kernels, S**k, S), self.config.beta, dtype=torch.float64,
                            device=device)
         kernels = dirichlet(alpha, generator)
         uniform_symbols = torch.randint(S, (n, T + 1), generator=generator, device=device)
+        return switches, segment, kernels, uniform_symbols
 
+    def _sample_sequential(self, n: int, generator: torch.Generator) -> Batch:
+        """sample step by step, a loop over time: its test oracle, and the faster form where
+        the scan's tables would be large (tasks/distributions.py scan_pays)."""
+        k, S, T = self.config.order, self.config.vocab_size, self.config.seq_len
+        device = generator.device
+        switches, segment, kernels, uniform_symbols = self._draw_segments(n, generator)
         tokens = torch.empty(n, T + 1, dtype=torch.long, device=device)
         rows = torch.arange(n, device=device)
         run = torch.zeros(n, dtype=torch.long, device=device)  # symbols since the last switch
@@ -120,8 +162,12 @@ class SwitchingMarkovTask(Task):
             run = torch.where(switches[:, t], 0, run + 1)
             # Stale right after a switch, but only read once k new symbols have refilled it.
             context = (context * S + symbol) % S**k
+        return self._batch(tokens, kernels, segment)
+
+    def _batch(self, tokens: Tensor, kernels: Tensor, segment: Tensor) -> Batch:
+        T = self.config.seq_len
         return Batch(inputs=tokens[:, :T], targets=tokens[:, 1:],
-                     loss_mask=torch.ones(n, T, dtype=torch.bool, device=device),
+                     loss_mask=torch.ones(len(tokens), T, dtype=torch.bool, device=tokens.device),
                      latent={"kernels": kernels, "segment": segment})
 
     def references(self) -> dict[str, Reference]:

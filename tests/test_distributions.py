@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from tasks.base import make_generator
-from tasks.distributions import categorical, dirichlet, gamma, inverse_cdf
+from tasks.distributions import (batch_chunks, categorical, chain_states, dirichlet, gamma,
+                                 inverse_cdf, inverse_cdf_table)
 
 
 def generator(seed=0):
@@ -111,6 +112,57 @@ def test_categorical_never_draws_a_zero_probability_symbol():
     cdf = torch.tensor([[0.0, 0.5, 0.5, 1.0, 1.0]], dtype=torch.float64).expand(3, 5)
     u = torch.tensor([[0.0], [0.5], [1 - 2**-53]], dtype=torch.float64)
     assert inverse_cdf(cdf, u).tolist() == [1, 3, 3]
+
+
+def test_inverse_cdf_table_is_inverse_cdf_of_every_row_at_every_uniform():
+    """Bit for bit, with zero-probability entries (leading, inner, trailing), u = 0, u just below
+    1, float32 uniforms, and a non-contiguous u (a transposed draw, as the samplers pass it)."""
+    g = generator(8)
+    probs = torch.rand(3, 4, 6, generator=g, dtype=torch.float64)
+    probs[probs < 0.35] = 0
+    probs[:, 0] = torch.tensor([0.0, 0.5, 0.0, 0.0, 0.5, 0.0], dtype=torch.float64)
+    cdf = probs.cumsum(-1)
+    u = torch.rand(9, 3, generator=g).T  # (3, 9), non-contiguous
+    u[:, 0], u[:, 1] = 0.0, 1 - 2**-24
+    table = inverse_cdf_table(cdf, u)
+    assert table.shape == (3, 9, 4)
+    assert torch.equal(table, inverse_cdf(cdf[:, None], u[:, :, None, None]))
+
+
+def sequential_chain(step_maps, start):
+    states, state = [], start
+    for t in range(step_maps.shape[-2]):
+        state = step_maps[..., t, :].gather(-1, state.unsqueeze(-1)).squeeze(-1)
+        states.append(state)
+    return torch.stack(states, -1) if states else start.new_empty(start.shape + (0,))
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 3, 5, 8, 100])
+@pytest.mark.parametrize("states", [1, 2, 5])
+def test_chain_states_is_the_step_by_step_chain(length, states):
+    g = generator(length * 10 + states)
+    step_maps = torch.randint(states, (2, 3, length, states), generator=g)
+    start = torch.randint(states, (2, 3), generator=g)
+    assert torch.equal(chain_states(step_maps, start), sequential_chain(step_maps, start))
+
+
+def test_batch_chunks_cover_the_batch_in_bounded_slices(monkeypatch):
+    monkeypatch.setattr("tasks.distributions.SCAN_CHUNK_ELEMENTS", 100)
+    chunks = batch_chunks(23, 30)  # 3 sequences of 30 elements per chunk
+    assert [(c.start, c.stop) for c in chunks] == [(i, min(i + 3, 23)) for i in range(0, 23, 3)]
+    assert batch_chunks(5, 1000) == [slice(i, i + 1) for i in range(5)]  # at least one each
+    assert batch_chunks(5, 0) == [slice(0, 5)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_successive_cpu_uniform_draws_are_the_rows_of_one_draw(dtype):
+    """What makes the vectorised hmm and switching_markov samplers bit-identical to their loops on
+    the CPU: T draws of n uniforms are the rows of one (T, n) draw, and leave the generator in
+    the same state."""
+    one, steps = generator(5), generator(5)
+    rows = torch.stack([torch.rand(7, 1, generator=steps, dtype=dtype)[:, 0] for _ in range(33)])
+    assert torch.equal(torch.rand(33, 7, generator=one, dtype=dtype), rows)
+    assert torch.equal(one.get_state(), steps.get_state())
 
 
 @pytest.mark.parametrize("family,config", [

@@ -202,6 +202,35 @@ def test_sampling_is_reproducible():
     assert torch.equal(first.inputs[:, 1:], first.targets[:, :-1])
 
 
+def equal_batches(a: Batch, b: Batch) -> bool:
+    return torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets) and all(
+        torch.equal(a.latent[key], b.latent[key]) for key in ("transition", "emission", "states"))
+
+
+@pytest.mark.parametrize("H,V,T,n", [(50, 100, 256, 32), (1, 4, 9, 3), (7, 2, 30, 5),
+                                     (5, 7, 1, 1), (12, 9, 100, 40)])
+def test_sampler_is_its_sequential_loop_bit_for_bit(H, V, T, n):
+    """On the CPU the uniforms drawn up front are the loop's (test_distributions.py), so the
+    scanned path and its tokens are the loop's, bit for bit."""
+    task = make_task(num_states=H, vocab_size=V, seq_len=T, transition_concentration=0.05)
+    latent = task.draw_latent(n, make_generator(H, V))
+    assert equal_batches(task.sample_given(latent, make_generator(T)),
+                         task._sample_sequential(latent, make_generator(T)))
+
+
+def test_chunked_and_pooled_batches_are_the_loops(monkeypatch):
+    task = HMMTask(HMMConfig(num_states=6, vocab_size=5, seq_len=40, num_tasks=4), batch_size=16)
+    latent = task.draw_latent(16, make_generator(1))
+    whole = task.sample_given(latent, make_generator(2))
+    monkeypatch.setattr("tasks.distributions.SCAN_CHUNK_ELEMENTS", 3 * (40 * 6 + 41 * 5))
+    assert equal_batches(task.sample_given(latent, make_generator(2)), whole)
+    assert equal_batches(whole, task._sample_sequential(latent, make_generator(2)))
+    train, g = task.sample_train(16, make_generator(3)), make_generator(3)
+    index = torch.randint(4, (16,), generator=g)
+    pooled = {key: value[index] for key, value in task.task_pool("cpu").items()}
+    assert equal_batches(train, task._sample_sequential(pooled, g))
+
+
 def test_config_file_and_registry():
     assert task_families()["hmm"] is HMMTask
     lines = CONF.read_text().splitlines()

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from tasks.base import TRAIN_STREAM, make_generator
+from tasks.base import TEST_STREAM, TRAIN_STREAM, make_generator
+from tasks.distributions import SCAN_MAX_ENTRIES
 from tasks.markov import MarkovConfig, MarkovTask, context_ids
 
 
@@ -209,3 +210,50 @@ def test_hold_out_summary_is_table_2_distance_by_context_length():
         assert value == pytest.approx(float(direct[:, k // 2:k].mean()), rel=1e-9)
     assert distance["model"] == distance["unigram"]
     assert task().summarize(batch, {}, None) == {}  # nothing without a split
+
+
+# --- the vectorised sampler against its step-by-step twin ---------------------------------------
+def equal_batches(a, b) -> bool:
+    return (torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+            and torch.equal(a.latent["kernel"], b.latent["kernel"]))
+
+
+@pytest.mark.parametrize("order,S,T,n,split", [
+    (1, 2, 256, 32, 0.0), (1, 8, 37, 9, 0.0), (2, 3, 50, 6, 0.0), (3, 2, 100, 5, 0.0),
+    (2, 4, 33, 4, 0.5), (3, 2, 1, 3, 0.0), (3, 2, 2, 3, 0.0), (2, 5, 19, 1, 0.3)])
+def test_sampler_is_its_sequential_loop_bit_for_bit(order, S, T, n, split):
+    """Kernels fresh from the prior, from the held-out region (simplex_split), and T shorter than
+    the order (no kernel step at all) or not a power of two."""
+    t = MarkovTask(MarkovConfig(order=order, vocab_size=S, seq_len=T, beta=0.4,
+                                simplex_split=split))
+    latent = t.draw_latent(n, make_generator(order, S), held_out=bool(split))
+    assert equal_batches(t.sample_given(latent, make_generator(T)),
+                         t._sample_sequential(latent, make_generator(T)))
+
+
+def test_chunked_pooled_and_held_out_batches_are_the_loops(monkeypatch):
+    """A batch scanned a few sequences at a time, a training batch from a pool of kernels, and the
+    held-out set (tasks/base.py: sample_train, held_out) are what the loop gives."""
+    t = MarkovTask(MarkovConfig(order=2, vocab_size=3, seq_len=40, num_tasks=5), batch_size=16)
+    latent = t.draw_latent(16, make_generator(1))
+    whole = t.sample_given(latent, make_generator(2))
+    monkeypatch.setattr("tasks.distributions.SCAN_CHUNK_ELEMENTS", 3 * 40 * 9)
+    assert equal_batches(t.sample_given(latent, make_generator(2)), whole)
+    assert equal_batches(whole, t._sample_sequential(latent, make_generator(2)))
+    train, g = t.sample_train(16, make_generator(3)), make_generator(3)
+    index = torch.randint(5, (16,), generator=g)
+    pooled = {"kernel": t.task_pool("cpu")["kernel"][index]}
+    assert equal_batches(train, t._sample_sequential(pooled, g))
+    g = make_generator(TEST_STREAM, 0)
+    assert equal_batches(t.held_out(20), t._sample_sequential(t.draw_latent(20, g), g))
+
+
+def test_large_batches_keep_the_loop(monkeypatch):
+    """Past SCAN_MAX_ENTRIES table entries per step the loop is the faster form, and is used."""
+    t = MarkovTask(MarkovConfig(order=3, vocab_size=8, seq_len=5))
+    loop_calls = []
+    monkeypatch.setattr(t, "_sample_sequential", lambda *args: loop_calls.append(args))
+    largest = SCAN_MAX_ENTRIES // 8**3
+    for n in (largest, largest + 1):
+        t.sample_given(t.draw_latent(n, make_generator(0)), make_generator(1))
+    assert len(loop_calls) == 1 and len(loop_calls[0][0]["kernel"]) == largest + 1

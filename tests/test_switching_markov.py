@@ -229,6 +229,29 @@ def test_sampling_is_reproducible_and_switch_is_last_token():
     assert set(full_tokens(first).unique().tolist()) == {0, 1, 2}
 
 
+def equal_batches(a, b) -> bool:
+    return torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets) and all(
+        torch.equal(a.latent[key], b.latent[key]) for key in ("kernels", "segment"))
+
+
+@pytest.mark.parametrize("order,symbols,p,T,n", [
+    (1, 2, 0.01, 256, 32), (2, 3, 0.1, 37, 9), (3, 2, 0.3, 40, 7), (1, 2, 0.0, 20, 3),
+    (2, 2, 0.9, 30, 5), (1, 4, 0.2, 1, 4), (3, 3, 0.05, 64, 1)])
+def test_sampler_is_its_sequential_loop_bit_for_bit(order, symbols, p, T, n):
+    """No switch, frequent switches (segments shorter than the order), T = 1, one sequence: on
+    the CPU the kernel uniforms drawn up front are the loop's (test_distributions.py)."""
+    task = make_task(order=order, vocab_size=symbols, p_switch=p, seq_len=T, beta=0.3)
+    assert equal_batches(task.sample(n, make_generator(T, n)),
+                         task._sample_sequential(n, make_generator(T, n)))
+
+
+def test_chunked_batches_are_the_loops(monkeypatch):
+    task = make_task(order=2, vocab_size=3, p_switch=0.1, seq_len=40)
+    monkeypatch.setattr("tasks.distributions.SCAN_CHUNK_ELEMENTS", 3 * 40 * 9 * 3)
+    assert equal_batches(task.sample(16, make_generator(5)),
+                         task._sample_sequential(16, make_generator(5)))
+
+
 def test_config_file_and_registry():
     assert task_families()["switching_markov"] is SwitchingMarkovTask
     lines = CONF.read_text().splitlines()
