@@ -769,10 +769,12 @@ def leave_run_together(trainer: L.Trainer, signals: SignalGuard, failure: RunFai
         if failure is not None:  # a fault of this rank alone; rank 0's record says ok
             print(f"warning: rank {trainer.global_rank}: {failure.reason}", file=sys.stderr)
         return None
-    reason, exit_code = everyone[0]["failure"]
-    if failure is not None and trainer.is_global_zero:
+    if trainer.is_global_zero:
         return failure
-    error = RunFailed(reason, None, exit_code)
+    # rank 0's exit status; the reason this rank's own (its stop step), or rank 0's
+    reason, exit_code = everyone[0]["failure"]
+    own = failure.reason if failure is not None else f"{reason} (on rank 0)"
+    error = RunFailed(f"{own} (rank {trainer.global_rank})", None, exit_code)
     error.__cause__ = failure.__cause__ if failure is not None else None
     return error
 

@@ -150,3 +150,137 @@ def test_sharded_text_evaluation_equals_one_process(tmp_path):
     assert two["loss"]["model"] == pytest.approx(one["loss"]["model"], abs=1e-6)
     assert two["accuracy"]["model"] == pytest.approx(one["accuracy"]["model"], abs=1e-9)
     assert two["loss"]["bigram"] == one["loss"]["bigram"]
+
+
+# --- leaving a run together: signals, failures, suites (two CPU ranks, launched as torchrun
+# would: each process is told its rank, so the test sees every rank's exit status) -------------
+
+LONG = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
+        "trainer.max_steps=100000", "trainer.log_every=5", "trainer.logger=csv", *TINY]
+
+
+def launch_ranks(args: list[str], out: Path, script: Path | None = None) -> list[subprocess.Popen]:
+    """Both ranks of a 2-process job, started the way torchrun or SLURM start them (Lightning
+    then launches nothing itself), running `python -m bench <args>` (or `script <args>`)."""
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, *([str(script)] if script else ["-m", "bench"]), *args,
+               f"out_dir={out}"]
+    return [subprocess.Popen(command, cwd=out.parent, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE,
+                             env={**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+                                  "MASTER_PORT": str(port), "WORLD_SIZE": "2", "NODE_RANK": "0",
+                                  "LOCAL_RANK": str(rank)})
+            for rank in (0, 1)]
+
+
+def wait_for_training(out: Path, ranks: list[subprocess.Popen], timeout: float = 120) -> None:
+    """Until rank 0's training log has rows after step 0 (both ranks are in the training loop)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logs = list(out.glob("logs/*/metrics.csv"))
+        if logs and len(logs[0].read_text().splitlines()) >= 3:
+            return
+        assert all(rank.poll() is None for rank in ranks), [r.communicate() for r in ranks]
+        time.sleep(0.2)
+    raise AssertionError("training did not start")
+
+
+def finish(ranks: list[subprocess.Popen], timeout: float = 60) -> list[tuple[int, str]]:
+    """Every rank's exit status and stderr; a rank still running after `timeout` seconds fails
+    the test (a hang)."""
+    results = []
+    for rank in ranks:
+        try:
+            _, err = rank.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other in ranks:
+                other.kill()
+            raise AssertionError(f"a rank did not exit within {timeout} s")
+        results.append((rank.returncode, err))
+    return results
+
+
+@pytest.mark.parametrize("signalled", [(1,), (0,), (0, 1)], ids=["rank1", "rank0", "both"])
+def test_sigterm_stops_every_rank_at_one_step_with_one_failed_record(tmp_path, signalled):
+    import signal
+    import time
+    out = tmp_path / "runs"
+    ranks = launch_ranks(["run", *LONG], out)
+    wait_for_training(out, ranks)
+    for rank in signalled:
+        ranks[rank].send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    results = finish(ranks, timeout=60)
+    assert time.monotonic() - sent < 60
+    assert [code for code, _ in results] == [143, 143], [err[-2000:] for _, err in results]
+    records = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert len(records) == 1 and records[0]["status"] == "failed"
+    step = records[0]["train"]["steps"]
+    assert records[0]["reason"] == f"interrupted (SIGTERM) at step {step}"
+    assert step % 5 == 0  # the ranks agree at a logging step
+    # each rank reports its own stop step: the same
+    assert f"error: run failed: interrupted (SIGTERM) at step {step} (record: " in results[0][1]
+    assert f"error: run failed: interrupted (SIGTERM) at step {step} (rank 1)" in results[1][1]
+
+
+SUITE_SCRIPT = textwrap.dedent("""
+    import sys
+    import bench.config
+    # entry 1 diverges (lr 1e30), entry 2 trains
+    bench.config.load_suite = lambda name: [["trainer.lr=1e30", "seed=1"], ["seed=2"]]
+    from bench.__main__ import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_a_ddp_suite_whose_first_entry_diverges_writes_both_records(tmp_path):
+    script = tmp_path / "suite.py"
+    script.write_text(SUITE_SCRIPT)
+    out = tmp_path / "runs"
+    ranks = launch_ranks(["suite", "name=two", "trainer.accelerator=cpu", "trainer.devices=2",
+                          "trainer.strategy=ddp", "trainer.max_steps=12", *TINY], out, script)
+    results = finish(ranks, timeout=240)
+    assert [code for code, _ in results] == [1, 1], [err[-2000:] for _, err in results]
+    records = sorted((json.loads(p.read_text()) for p in out.glob("*.json")),
+                     key=lambda r: r["seed"])
+    assert [(r["seed"], r["status"]) for r in records] == [(1, "failed"), (2, "ok")]
+    assert records[0]["reason"].startswith("diverged at step")
+    assert records[1]["train"]["world_size"] == 2 and records[1]["eval"]["world_size"] == 2
+    assert "1 of 2 runs of suite two failed (entries 1)" in results[0][1]
+
+
+def test_sigterm_to_a_run_that_lightning_launched(tmp_path):
+    """The usual way (trainer=ddp: Lightning starts rank 1 itself): SIGTERM to rank 0 alone,
+    the process the user started, stops both ranks; rank 0 exits 143 with one failed record,
+    and rank 1 is gone too."""
+    import signal
+    import time
+    out = tmp_path / "runs"
+    rank0 = subprocess.Popen([sys.executable, "-m", "bench", "run", *LONG, f"out_dir={out}"],
+                             cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    wait_for_training(out, [rank0])
+    children = [int(p) for p in Path(f"/proc/{rank0.pid}/task/{rank0.pid}/children")
+                .read_text().split()]
+    assert len(children) == 1  # rank 1
+    rank0.send_signal(signal.SIGTERM)
+    [(code, err)] = finish([rank0], timeout=60)
+    assert code == 143, err[-2000:]
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{children[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stat = Path(f"/proc/{children[0]}/stat")
+    assert not stat.exists() or stat.read_text().split()[2] == "Z"  # exited (or a zombie)
+    records = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert len(records) == 1 and records[0]["reason"].startswith("interrupted (SIGTERM) at step")
+
+
+def test_ddp_spawn_is_refused_with_one_line(capsys):
+    assert main(["run", "trainer.accelerator=cpu", "trainer.devices=2",
+                 "trainer.strategy=ddp_spawn"]) == 2
+    err = capsys.readouterr().err
+    assert "ddp_spawn is not supported" in err and err.count("\n") == 1
