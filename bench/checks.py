@@ -43,6 +43,14 @@ def world_size(config) -> int:
     return per_node * t.num_nodes
 
 
+def training_device(config) -> str:
+    """The device type a run trains on, "cpu" or "cuda", as Lightning's accelerator resolves
+    (unchecked: check_hardware says whether this machine has it)."""
+    accelerator = config.trainer.accelerator
+    return ("cuda" if accelerator in ("gpu", "cuda") or (accelerator == "auto" and cuda_devices())
+            else "cpu")
+
+
 def check_hardware(config) -> str:
     """The device type the run will train on ("cpu" or "cuda"), or CheckFailed when the
     configuration asks for hardware this machine does not have."""
@@ -56,8 +64,7 @@ def check_hardware(config) -> str:
         raise CheckFailed(f"trainer.accelerator={t.accelerator} (trainer={config.trainer_name}) "
                           "but no CUDA GPU is visible; use trainer.accelerator=cpu or "
                           "trainer=default")
-    device = "cuda" if t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and gpus) \
-        else "cpu"
+    device = training_device(config)
     if device == "cuda" and t.devices > gpus:
         raise CheckFailed(f"trainer.devices={t.devices} but only {gpus} CUDA GPU(s) are visible")
     if device == "cpu" and t.devices > (os.cpu_count() or 1):

@@ -387,8 +387,8 @@ def loader_workers(config: RunConfig) -> int:
     the host's cores allow. On the CPU the cores are training: batches are sampled in-process."""
     if config.trainer.loader_workers >= 0:
         return config.trainer.loader_workers
-    from bench.checks import check_hardware, world_size
-    if check_hardware(config) != "cuda":
+    from bench.checks import training_device, world_size
+    if training_device(config) != "cuda":
         return 0
     ranks_here = max(1, world_size(config) // config.trainer.num_nodes)
     return max(1, min(4, (os.cpu_count() or 1) // ranks_here - 1))

@@ -371,3 +371,28 @@ def test_a_suite_counts_a_run_done_only_in_the_environment_it_would_run_in(tmp_p
     put("h100", {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3",
                  "kernel": "mamba_ssm", "precision": "32-true", "compile": False, "tf32": False})
     assert finished_runs([config]) == {0: str(tmp_path / "h100.json")}
+
+
+@pytest.mark.parametrize("precision, patience", [("32-true", 1), ("16-mixed", 3)])
+def test_a_non_finite_loss_stops_a_run_at_once_except_an_overflow_under_16_mixed(precision,
+                                                                                  patience):
+    """Under 16-mixed GradScaler skips a step whose gradients overflowed (and lowers its scale),
+    so one non-finite loss is not the end: only NONFINITE_PATIENCE checks in a row are."""
+    from bench.train import NONFINITE_PATIENCE, Diverged, ICLModule, build
+    assert NONFINITE_PATIENCE == 3
+    config = compose([f"trainer.precision={precision}", *tiny("trainer.max_steps=10",
+                                                              "trainer.log_every=100")],
+                     check=False)  # 16-mixed needs CUDA to train; the decision needs none
+    task, model = build(config)
+    module = ICLModule(model, task, config.trainer)
+    module.trainer = L.Trainer(accelerator="cpu", devices=1, logger=False,
+                               enable_progress_bar=False, enable_checkpointing=False)
+    nan, finite = torch.tensor(math.nan), torch.tensor(0.5)
+    last = config.trainer.max_steps - 1  # a checked step that is not a logging step
+    if patience > 1:
+        module._check_step(nan, last)  # an overflow: the run goes on
+        module._check_step(finite, last)  # ... and recovers: the count starts again
+        for _ in range(patience - 1):
+            module._check_step(nan, last)
+    with pytest.raises(Diverged, match=f"diverged at step {last}: loss nan"):
+        module._check_step(nan, last)

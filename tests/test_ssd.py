@@ -280,3 +280,43 @@ def test_mamba_ssm_kernel_matches_torch_on_cuda(name, dtype, initial_state):
     # Through ssd_scan(kernel="mamba_ssm"), as the models call it (they pass no initial state).
     result = kernel_parity.parity(name, dtype, "cuda", initial_state=initial_state)
     assert_parity(result, CUDA_TOLERANCE[dtype])
+
+
+def test_an_unimportable_kernel_raises_a_fresh_error_each_time(monkeypatch):
+    """The import's outcome is cached, but not as one exception object re-raised on every mixer
+    call (its traceback grew by two entries a call: 18.9 MB after 20k calls)."""
+    import traceback
+    monkeypatch.setattr(ssd, "_kernel_cache", {"error": "no kernel here"})
+    depths = []
+    for _ in range(50):
+        try:
+            ssd._import_mamba_chunk_scan()
+        except RuntimeError as error:
+            depths.append(len(traceback.extract_tb(error.__traceback__)))
+            assert str(error) == "no kernel here"
+    assert len(set(depths)) == 1
+
+
+def test_auto_falls_back_to_torch_when_the_kernel_imports_but_does_not_run(monkeypatch):
+    """kernel=auto on CUDA is resolved once per process: the kernel must import and a tiny
+    forward and backward call of it must run; otherwise the pure-PyTorch scan, with a warning
+    and the reason kept for the run record."""
+    monkeypatch.setattr(ssd, "_auto_cache", {})
+    monkeypatch.setattr(ssd, "_auto_fallback", {})
+    monkeypatch.setattr(ssd, "mamba_ssm_kernel_error", lambda: None)
+    calls = []
+
+    def broken(device):
+        calls.append(device)
+        return "RuntimeError: no kernel image is available for execution on the device"
+
+    monkeypatch.setattr(ssd, "_smoke_test_kernel", broken)
+    with pytest.warns(UserWarning, match="does not run on cuda"):
+        assert ssd.resolve_kernel("auto", torch.device("cuda")) == "torch"
+    assert ssd.resolve_kernel("auto", torch.device("cuda:0")) == "torch"  # resolved once
+    assert len(calls) == 1
+    assert ssd.kernel_fallback("cuda").startswith("RuntimeError: no kernel image")
+    assert ssd.kernel_fallback("cpu") is None and ssd.resolve_kernel("auto", "cpu") == "torch"
+    monkeypatch.setattr(ssd, "_auto_cache", {})
+    monkeypatch.setattr(ssd, "_smoke_test_kernel", lambda device: None)
+    assert ssd.resolve_kernel("auto", torch.device("cuda")) == "mamba_ssm"
