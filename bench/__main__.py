@@ -18,7 +18,7 @@ import sys
 
 from bench.config import ConfigError, choices, compose, describe_choice, first_line
 
-COMMANDS = ("run", "references", "leaderboard", "claims", "speed", "suite", "list", "gpucheck")
+from bench.commands import COMMANDS
 OVERRIDES = ("  task=<name> model=<name> trainer=<name>   a file of conf/task, conf/model, conf/trainer\n"
              "  task.<field>=v model.<field>=v trainer.<field>=v   one field of it\n"
              "  seed=<int> out_dir=<dir> name=<tag> resume=<checkpoint>")
@@ -31,10 +31,13 @@ USAGE = {
     "leaderboard": "python -m bench leaderboard [out_dir=results] [out=leaderboard.md] "
                    "[include=suite|all]\n  Rewrite the leaderboard from the run records in out_dir.",
     "claims": "python -m bench claims [out_dir=results] [out=claims.md] [include=suite|all] "
-              "[rules=conf/claims]\n  Decide every claim of the rules (conf/claims/*.yaml: each "
-              "claim's quantities, record selectors and metric paths, and its rule) from the run "
-              "records in out_dir and write claims.md: holds, holds at CPU scale only, fails or "
-              "not measured.",
+              "[rules=conf/claims] [check=false]\n  Decide every claim of the rules "
+              "(conf/claims/*.yaml: each claim's quantities, record selectors and metric paths, "
+              "its control and rule) on 95% intervals from the run records in out_dir and write "
+              "claims.md: holds, holds at reduced scale, fails, not reached at reduced scale, "
+              "undecided or not measured. check=true: the research checks of the records "
+              "instead (a CPU claim left unmeasured, a verdict on a control that did not hold); "
+              "exit 1 on a problem.",
     "speed": "python -m bench speed [steps=20] [kernels=all|<kernel>] [precisions=all|<precision>] "
              "[compile=all|on|off] [out=<file.json>] [key=value ...]\n  Training-step time of the "
              "configured model for every SSD kernel, precision and compile setting that applies "
@@ -136,15 +139,27 @@ def cmd_claims(argv: list[str]) -> int:
     argv, out_dir = take_option(argv, "out_dir", "results")
     argv, include = take_option(argv, "include", "suite")
     argv, rules = take_option(argv, "rules", "")
+    argv, check = take_option(argv, "check", "false")
     if argv:
         raise ConfigError(f"unknown argument '{argv[0]}'; claims takes out_dir=<dir>, "
-                          "out=<file>, include=suite|all, rules=<file or folder>")
-    from bench.claims import VERDICTS, load_claims, write_claims
+                          "out=<file>, include=suite|all, rules=<file or folder>, "
+                          "check=true|false")
+    if check not in ("true", "false"):
+        raise ConfigError(f"check must be true or false, got '{check}'")
+    from bench.claims import VERDICTS, decide_all, load_claims, write_claims
+    from bench.claims.check import problems
     from bench.leaderboard import plural, select_runs
     claims = load_claims(rules or None)  # bad rules are reported before the records are read
     selection = select_runs(out_dir, include)
     for path, reason in selection.bad:
         print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    if check == "true":  # the research checks of the records; claims.md is not written
+        found = problems(decide_all(claims, selection))
+        for problem in found:
+            print(f"error: {problem}", file=sys.stderr)
+        print(f"{plural(len(claims), 'claim')} checked against {selection.summary()}: "
+              f"{plural(len(found), 'problem')}")
+        return 1 if found else 0
     path, decisions = write_claims(selection, out, rules or None, claims)
     counts = ", ".join(f"{sum(d.verdict == v for d in decisions)} {v}" for v in VERDICTS)
     print(f"{path}: {plural(len(decisions), 'claim')} ({counts}) from {selection.summary()}")

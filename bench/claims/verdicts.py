@@ -1,0 +1,276 @@
+"""From run records to verdicts: each quantity of a claim read from the records that match its
+selector (pooled as on the leaderboard: one environment, one code version, each seed once; all
+quantities of a claim from one machine), then the claim's control and rule evaluated on the
+quantities' intervals (bench/claims/rules.py).
+
+Verdicts, in the order a claim is decided:
+- **not measured**: a quantity has no record (or the claim needs a protocol the code lacks);
+- **not reached at reduced scale**: the control did not hold — the models that had to train under
+  the claim's protocol did not, at our (reduced) budget: no evidence either way about the paper;
+  at the paper's scale the same is **undecided**; also an `attainment` claim (a model reaches a
+  level) whose model did not reach it at reduced scale;
+- **undecided**: the rule's intervals overlap, or a quantity it needs is not a number;
+- **holds** (at the paper's scale, or a claim about the task itself) / **holds at reduced scale**;
+- **fails**: the control held and the rule is false with separated intervals."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from bench.claims.rules import Interval, RuleUndefined
+from bench.claims.spec import Claim, Quantity
+from bench.config import ConfigError
+from bench.leaderboard import Selection, across_seeds, code_label, commit_of
+from bench.records import Environment, environment, record_matches
+
+VERDICTS = ("holds", "holds at reduced scale", "fails", "not reached at reduced scale",
+            "undecided", "not measured")
+
+
+def number(value) -> float | None:
+    """A metric value as a float (records store non-finite numbers as strings); None if it is no
+    number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if value in ("NaN", "Infinity", "-Infinity"):
+        return float(value.replace("Infinity", "inf"))
+    return None
+
+
+def lookup(node, parts: list[str]) -> tuple[object, list[str]] | None:
+    """Follow parts through nested dicts; a key may itself hold dots (per_position's
+    "accuracy.model"), the longest key that exists wins. Returns (value, the keys used)."""
+    keys = []
+    while parts:
+        if not isinstance(node, dict):
+            return None
+        for j in range(len(parts), 0, -1):
+            key = ".".join(parts[:j])
+            if key in node:
+                node, parts = node[key], parts[j:]
+                keys.append(key)
+                break
+        else:
+            return None
+    return node, keys
+
+
+class MetricMissing(LookupError):
+    pass
+
+
+def read_metric(record: dict, quantity: Quantity) -> tuple[float, tuple[float, float] | None]:
+    """(value, interval or None) of quantity's metric in one record."""
+    found = lookup(record, quantity.path)
+    if found is None:
+        node, have = record, []
+        for part in quantity.path:  # the deepest level that exists, for the message
+            nxt = lookup(node, [part])
+            if nxt is None:
+                break
+            node, have = nxt[0], have + [part]
+        options = (", ".join(sorted(map(str, node)))[:300] if isinstance(node, dict) else "")
+        raise MetricMissing(f"'{quantity.metric}' is not in the records"
+                            + (f"; {'.'.join(have) or 'the record'} has: {options}"
+                               if options else ""))
+    value, keys = found
+    index, interval = quantity.index, None
+    if isinstance(value, list):
+        if index is None:
+            raise MetricMissing(f"'{quantity.metric}' is a list of {len(value)}: give an index "
+                                "[i], a slice [a:b] (its mean) or [last]")
+        items = [number(v) for v in value]
+        if index == "last":
+            present = [v for v in items if v is not None]
+            if not present:
+                raise MetricMissing(f"'{quantity.metric}' has no number")
+            return present[-1], None
+        if ":" in index:
+            lo, hi = (int(x) if x else None for x in index.split(":"))
+            chosen = [v for v in items[lo:hi] if v is not None]
+            if not chosen:
+                raise MetricMissing(f"'{quantity.metric}' selects no number")
+            return sum(chosen) / len(chosen), None
+        i = int(index)
+        if not -len(items) <= i < len(items) or items[i] is None:
+            raise MetricMissing(f"'{quantity.metric}': no number at index {i} of {len(items)}")
+        parent = lookup(record, keys[:-2] + [keys[-2] + "_stderr", keys[-1]]) \
+            if len(keys) >= 2 else None
+        if parent is not None and isinstance(parent[0], list) and len(parent[0]) == len(items):
+            se = number(parent[0][i])
+            if se is not None and math.isfinite(se):
+                interval = (items[i] - 1.96 * se, items[i] + 1.96 * se)
+        return items[i], interval
+    if index is not None:
+        raise MetricMissing(f"'{quantity.metric}' is not a list: drop the [{index}]")
+    if isinstance(value, dict):
+        raise MetricMissing(f"'{quantity.metric}' is a mapping; name one of its keys: "
+                            f"{', '.join(sorted(map(str, value)))[:300]}")
+    if value is None:  # recorded as undefined (e.g. a log-log slope of a non-positive excess)
+        return math.nan, None
+    result = number(value)
+    if result is None:
+        raise MetricMissing(f"'{quantity.metric}' is not a number ({value!r})")
+    for ci_path in (keys[:-1] + [keys[-1] + "_ci"],
+                    keys[:-2] + [keys[-2] + "_ci", keys[-1]] if len(keys) >= 2 else None):
+        ci = lookup(record, ci_path) if ci_path else None
+        if ci and isinstance(ci[0], list) and len(ci[0]) == 2:
+            lo, hi = (number(v) for v in ci[0])
+            if lo is not None and hi is not None:
+                interval = (lo, hi)
+                break
+    return result, interval
+
+
+@dataclass
+class Measured:
+    value: float
+    interval: tuple[float, float] | None
+    seeds: list[int]
+    code: str
+    across_seeds: bool
+    kernel: str | None  # the SSD kernel its runs used
+    per_seed: list[float] = field(default_factory=list)  # in the order of seeds
+
+    def as_interval(self) -> Interval:
+        """What the rule compares: the 95% interval, or the value where there is none."""
+        if self.interval is None or not math.isfinite(self.value):
+            return Interval.point(self.value)
+        return Interval(*self.interval)
+
+
+def pick(quantity: Quantity, rows: list[list[dict]]) -> list[dict] | None:
+    """The records of quantity among rows: of the rows (each one code version in one
+    environment) matching its selector (and suite), the newest; None when no record matches."""
+    matching = []
+    for row in rows:
+        if not record_matches(row[0], quantity.config):
+            continue
+        if quantity.suite:
+            row = [r for r in row if r.get("origin") == f"suite:{quantity.suite}"]
+        if row:
+            matching.append(row)
+    if not matching:
+        return None
+    return max(matching, key=lambda row: max(r["_age"] for r in row))
+
+
+def on_one_machine(quantities: dict[str, Quantity], rows: list[list[dict]]
+                   ) -> tuple[Environment | None, dict[str, list[dict]]]:
+    """(machine, {quantity name: its records}) with every quantity's records from one machine
+    (records.Environment.machine), so no verdict compares or pools CPU and GPU runs: the machine
+    where the most quantities have records, then the most seeds, then the newest record. Unlike
+    a code version, a newer machine is no better than an older one: a seed re-run on a GPU does
+    not displace a CPU measurement of more seeds."""
+    by_machine: dict[Environment, list[list[dict]]] = defaultdict(list)
+    for row in rows:
+        by_machine[environment(row[0]).machine].append(row)
+    best, best_key = (None, {}), None
+    for machine, machine_rows in by_machine.items():
+        picked = {name: found for name, q in quantities.items()
+                  if (found := pick(q, machine_rows)) is not None}
+        key = (len(picked), sum(map(len, picked.values())),
+               max((r["_age"] for found in picked.values() for r in found), default=()))
+        if best_key is None or key > best_key:
+            best, best_key = (machine, picked), key
+    return best
+
+
+def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
+    """The quantity pooled over the seeds of row (one code version in one environment)."""
+    try:
+        read = [read_metric(record, quantity) for record in row]
+    except MetricMissing as error:
+        raise ConfigError(f"claim {claim}, quantity {quantity.name}: unknown metric path: "
+                          f"{error}") from None
+    values = [v for v, _ in read]
+    mean, half = across_seeds(values)
+    if half is not None:
+        interval = (mean - half, mean + half)
+    else:
+        interval = read[0][1]
+    if interval is not None and quantity.range is not None:
+        # a t-interval of a bounded quantity (a probability) can reach past its bounds
+        low, high = quantity.range
+        interval = (max(interval[0], low), min(interval[1], high))
+    order = sorted(range(len(row)), key=lambda i: row[i]["seed"])
+    return Measured(mean, interval, [row[i]["seed"] for i in order],
+                    code_label(*commit_of(row[-1])), half is not None, environment(row[0]).kernel,
+                    [values[i] for i in order])
+
+
+@dataclass
+class Decision:
+    claim: Claim
+    verdict: str
+    scale: str | None = None  # the scale of the records used: paper or cpu
+    values: dict[str, Measured] = field(default_factory=dict)
+    machine: Environment | None = None  # where the records used ran
+    missing: list[str] = field(default_factory=list)
+    note: str = ""
+    control: bool | None = None  # whether the control held (None: undecided; no control: True)
+
+
+def rows_of(selection: Selection) -> list[list[dict]]:
+    return [runs for section in selection.sections for runs in section.rows.values()]
+
+
+def _evaluate(rule, values: dict[str, Measured]) -> tuple[bool | None, str]:
+    """A rule's outcome on the quantities' intervals, and why it is undecided when it is."""
+    undefined = [name for name in rule.used if not math.isfinite(values[name].value)]
+    if undefined:
+        return None, f"not a number: {', '.join(undefined)}"
+    try:
+        outcome = rule.evaluate({name: m.as_interval() for name, m in values.items()})
+    except RuleUndefined as error:
+        return None, f"undefined: {error}"
+    return outcome, "" if outcome is not None else "the intervals overlap"
+
+
+def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
+    if claim.needs:
+        return Decision(claim, "not measured", note=f"needs {claim.needs}")
+    attempts = []
+    if claim.paper_quantities:
+        attempts.append(("paper", claim.paper_quantities))
+    attempts.append((claim.scale, claim.quantities))
+    for scale, quantities in attempts:
+        machine, found = on_one_machine(quantities, rows)
+        missing = [name for name in quantities if name not in found]
+        if not missing:
+            break
+    values = {name: measure(quantities[name], found[name], claim.id)
+              for name in quantities if name in found}
+    if missing:
+        note = "needs a GPU" if claim.gpu else ""
+        return Decision(claim, "not measured", missing=missing, note=note, values=values,
+                        machine=machine)
+    reduced = scale == "cpu"
+    if claim.control is not None:
+        control, why = _evaluate(claim.control, values)
+        if control is not True:
+            held = "did not hold" if control is False else f"is undecided ({why})"
+            verdict = "not reached at reduced scale" if reduced and control is False \
+                else "undecided"
+            return Decision(claim, verdict, scale, values, machine, control=control,
+                            note=f"control {held}")
+    outcome, why = _evaluate(claim.rule, values)
+    if outcome is None:
+        verdict = "undecided"
+    elif outcome:
+        verdict = "holds at reduced scale" if reduced else "holds"
+    elif claim.kind == "attainment" and reduced:
+        verdict, why = "not reached at reduced scale", "the model did not reach it at our budget"
+    else:
+        verdict = "fails"
+    return Decision(claim, verdict, scale, values, machine, note=why, control=True)
+
+
+def decide_all(claims: list[Claim], selection: Selection) -> list[Decision]:
+    rows = rows_of(selection)
+    return [decide(claim, rows) for claim in claims]
+
+
