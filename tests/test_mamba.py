@@ -8,6 +8,7 @@ computations (~1e-13) and far below the size of any wrong term."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -403,6 +404,81 @@ def test_constructed_preset_refuses_what_the_theorems_do_not_cover(overrides, me
     args = [a for a in args if not any(o.split("=")[0] == a.split("=")[0] for o in overrides)]
     with pytest.raises(ConfigError, match=message):
         compose([*args, *overrides])
+
+
+# --- orders k > 1: no construction exists with a_t = 1 (the paper's Conjecture 1 regime) ---------
+def all_binary_sequences(length: int) -> torch.Tensor:
+    return torch.tensor(list(itertools.product((0, 1), repeat=length)))
+
+
+def mambazero_logit_span(tokens: torch.Tensor, window: int) -> torch.Tensor:
+    """(n, T, columns) spanning, at every position, every logit of every one-layer MambaZero with
+    a_t = 1 and d_conv = window, whatever its widths, heads and groups: logit_t = W_ℓ e_{x_t} +
+    Σ_s Δ_s (W_ℓ W_o x~_s)(b_s · c_t), where x~_s, b_s are affine in the indicators
+    [x_{s-m} = a] (m < window: the convolution, its bias and zero padding), Δ_s is a function of
+    x_s (Δ reads the current token only) and c_t is affine in the indicators at t. So logit_t is
+    a function of x_t plus Σ_r φ_r(t) ⟨w_r, h(t)⟩ with φ = (1, indicators at t) and h(t) the
+    prefix sums of [x_s = a]·ℓ·ℓ' over literals ℓ, ℓ' ∈ {1, indicators at s}."""
+    n, length = tokens.shape
+    onehot = F.one_hot(tokens, 2).double()
+    lagged = [F.pad(onehot, (0, 0, m, 0))[:, :length] for m in range(window)]
+    literals = torch.cat([onehot.new_ones(n, length, 1), *lagged], -1)
+    i, j = torch.triu_indices(literals.shape[-1], literals.shape[-1])
+    monomials = (onehot[..., :, None] * (literals[..., i] * literals[..., j])[..., None, :])
+    history = monomials.flatten(-2).cumsum(1)
+    return torch.cat([onehot, (literals[..., :, None] * history[..., None, :]).flatten(-2)], -1)
+
+
+def numerical_rank(matrix: torch.Tensor) -> int:
+    """Rank with a visible gap: the singular values of these integer-count matrices are either
+    below 1e-13 or above 1e-5 of the largest, so the 1e-9 threshold is not a judgement call."""
+    values = torch.linalg.svdvals(matrix) / torch.linalg.matrix_norm(matrix, ord=2)
+    assert not ((values > 1e-13) & (values < 1e-5)).any()
+    return int((values > 1e-9).sum())
+
+
+@pytest.mark.parametrize("order,window,length", [(1, 2, 7), (2, 3, 7), (3, 4, 8)])
+def test_one_layer_mambazero_with_unit_decay_holds_add_beta_of_order_one_only(order, window,
+                                                                              length):
+    """Thm. 1 is first-order; arXiv Conjecture 1 says d = N = 2^(k+1), w = k + 1 gets
+    arbitrarily close to add-β of order k. With a_t = 1 (both proofs' and Fig. 4's regime) and
+    positive scores (no clamping) it cannot, at any width: on binary sequences of up to `length`
+    tokens (every position after the first full context, β = 1), a logit vector in the span above whose L1
+    normalisation is add-β must satisfy logit_0 (n_1 + β) = logit_1 (n_0 + β) at every position,
+    and for k = 2, 3 the only solution is zero there: rank([M; L]) = rank(M) for the constraint
+    rows M and the logit rows L. A sequence of models approaching add-β would, rescaled, converge
+    to a non-zero solution, so even an approximation is out of reach. For k = 1 (the control)
+    non-zero solutions exist: Theorem 1's. First, a random MambaZero (2 heads, conv bias,
+    selective Δ) is checked to lie in the span, so the span is the model's and not an idea of it.
+    """
+    sequences = all_binary_sequences(length + 1)
+    inputs, targets = sequences[:, :-1], sequences[:, 1:]
+    span = mambazero_logit_span(inputs, window)
+    torch.manual_seed(0)
+    config = MambaZeroConfig(d_model=8, d_state=5, headdim=4, d_conv=window, decay=False,
+                             kernel="torch")
+    core = build_model("mambazero", config, IOSpec("tokens", 2, 2, 64)).double().core
+    with torch.no_grad():
+        for param in core.parameters():
+            param.copy_(torch.randn_like(param) * 0.5)
+        embedded = core.embedding(inputs)
+        logits = core.lm_head(embedded + core.mixer(embedded)).reshape(-1, 2)
+    columns = span.reshape(-1, span.shape[-1])
+    fit = torch.linalg.lstsq(columns, logits, driver="gelsd").solution
+    assert (columns @ fit - logits).norm() < 1e-10 * logits.norm()
+
+    from tasks.markov import context_ids, counts_in_context
+    first = order  # the positions after the first full context (that one admits solutions)
+    scores = (counts_in_context(context_ids(inputs, order, 2), targets, 2) + 1.0)[:, first:]
+    rows = span[:, first:].reshape(-1, span.shape[-1])
+    scores = scores.reshape(-1, 2)
+    zero = torch.zeros_like(rows)
+    constraints = torch.unique(torch.cat([rows * scores[:, 1:], -rows * scores[:, :1]], 1), dim=0)
+    logit_rows = torch.unique(torch.cat([torch.cat([rows, zero], 1), torch.cat([zero, rows], 1)]),
+                              dim=0)
+    solutions_have_logits = (numerical_rank(torch.cat([constraints, logit_rows]))
+                             > numerical_rank(constraints))
+    assert solutions_have_logits == (order == 1)
 
 
 def test_mambazero_l1_scores_start_positive_so_none_is_clamped():
