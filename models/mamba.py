@@ -301,8 +301,13 @@ class Mamba(Core):
 #
 # a_t and Δ_t are learned as in the full model (the paper reports a_t -> 1 at convergence, Fig. 4;
 # its constructions set a = 0 and Δ = 1); `decay=False` fixes a_t = 1. The canonical model of
-# Theorem 1 has N = S, d = 2S, e = 1, w = k + 1: for binary first-order chains d_model = 4,
-# d_state = 2, d_conv = 2, one head.
+# Theorem 1 has N = S, d = 2S, e = 1, w = 2: for binary chains d_model = 4, d_state = 2,
+# d_conv = 2, one head.
+#
+# `constructed=True` loads the paper's analytical parameters for first-order add-β (App. C.2-C.3),
+# chosen by the size: d_model = 2S, d_state = S is Theorem 1 (exact for any S); d_model =
+# d_state = 2 on binary chains is Theorem 4 (KL(add-β ‖ model) <= log(1 + ε)). Both are
+# first-order only: the paper proves nothing for k > 1 (arXiv version, Conjecture 1).
 
 L1_FLOOR = 1e-6  # logits are clamped here before the L1 normalisation, so log() stays finite
 
@@ -319,10 +324,28 @@ class MambaZeroConfig:
     kernel: str = "auto"       # auto | torch | sequential | mamba_ssm
     decay: bool = True         # False fixes a_t = 1
     l1_prediction: bool = False  # predict logit / sum(logit) (paper §4.1) instead of softmax
+    constructed: bool = False  # the paper's first-order add-β parameters (Thm. 1, Thm. 4)
+    beta: float = 1.0          # β of the constructed estimator (set it to the task's β)
+    epsilon: float = 0.01      # Thm. 4 (d_model = 2) only: KL(add-β ‖ model) <= log(1 + ε)
 
     def __post_init__(self):
         _check_mixer_shape(self.d_model, self.expand, self.headdim, self.ngroups, self.d_state,
                            self.d_conv, self.chunk_size, self.kernel)
+        if not self.constructed:
+            return
+        if (self.decay or not self.l1_prediction or self.expand * self.d_model != self.headdim
+                or self.ngroups != 1 or self.d_conv != 2):
+            raise ValueError("mambazero: constructed=true is the paper's first-order construction "
+                             "(App. C.2-C.3): it needs decay=false (a_t = 1), l1_prediction=true, "
+                             "one head (headdim = expand * d_model), ngroups=1 and d_conv=2")
+        if (self.d_model, self.d_state) != (2, 2) and self.d_model != 2 * self.d_state:
+            raise ValueError(f"mambazero: constructed=true needs the canonical sizes d_model = "
+                             f"2 * d_state (Thm. 1) or d_model = d_state = 2 (Thm. 4), got "
+                             f"d_model={self.d_model}, d_state={self.d_state}")
+        if not self.beta >= L1_FLOOR or not 0 < self.epsilon < 1:
+            raise ValueError(f"mambazero: constructed=true needs beta >= {L1_FLOOR} (the smallest "
+                             f"score; lower ones are clamped) and 0 < epsilon < 1, got "
+                             f"beta={self.beta}, epsilon={self.epsilon}")
 
 
 class MambaZero(Core):
@@ -345,7 +368,20 @@ class MambaZero(Core):
                                  activation="identity", gate=False, skip=False, out_norm=False)
         self.lm_head = nn.Linear(c.d_model, io.output_dim, bias=False)
         self.outputs_log_probs = c.l1_prediction
-        if c.l1_prediction:
+        if c.constructed:
+            symbols = io.input_dim
+            if io.output_dim != symbols:
+                raise ValueError(f"mambazero: constructed=true predicts the next of {symbols} "
+                                 f"input symbols, but the task has {io.output_dim} outputs")
+            if (c.d_model, c.d_state) == (2 * symbols, symbols):
+                construct_laplace_smoothing(self, c.beta)
+            elif (c.d_model, c.d_state, symbols) == (2, 2, 2):
+                construct_binary_laplace_smoothing(self, c.beta, c.epsilon)
+            else:
+                raise ValueError(f"mambazero: constructed=true for {symbols} symbols needs "
+                                 f"d_model={2 * symbols}, d_state={symbols} (Thm. 1)"
+                                 + (" or d_model = d_state = 2 (Thm. 4)" if symbols == 2 else ""))
+        elif c.l1_prediction:
             # L1 normalisation needs positive scores, and a clamped score gets no gradient: with
             # the default signed initialisation ~60% of scores start clamped and training stalls
             # (gap 0.095 at any lr). Positive embeddings and head start every score positive.
@@ -367,3 +403,83 @@ class MambaZero(Core):
 
     def state_size(self, seq_len: int) -> int:
         return self.mixer.state_size()
+
+
+# --- the paper's constructions (paper 000 App. C.2-C.3) --------------------------------------
+# In mamba_ssm's layout in_proj's rows are [x (d_inner), B (N), C (N), dt (heads)] and conv1d's
+# channels [x, B, C]; conv1d is causal with taps weight[..., -1] on the current step and
+# weight[..., -2] on the previous one. Both constructions fix a = 0 and Δ_t = 1 (dt rows zero,
+# softplus(dt_bias) = 1), so a_t = 1 and H_t sums x~_s b_s^T over the whole sequence.
+SOFTPLUS_INVERSE_OF_1 = math.log(math.e - 1.0)
+
+
+def _mixer_rows(core: MambaZero) -> tuple[slice, slice, slice]:
+    """in_proj rows and conv1d channels of x, B and C."""
+    d_inner, n = core.mixer.d_inner, core.mixer.d_state
+    return slice(0, d_inner), slice(d_inner, d_inner + n), slice(d_inner + n, d_inner + 2 * n)
+
+
+@torch.no_grad()
+def construct_laplace_smoothing(core: MambaZero, beta: float) -> None:
+    """Theorem 1 (App. C.2): the canonical d = 2S, N = S model whose L1-normalised prediction is
+    add-β, (n_ij + β) / (Σ_k n_ik + Sβ) for x_t = i, with n_ij the transitions i → j in x_1^t.
+
+    Symbol i is embedded at coordinate 2i. W_X moves it to coordinate 2i + 1 and conv_X keeps the
+    current step, so x~_t = e'_{x_t}; W_B and W_C read it as the one-hot u_i ∈ R^S, conv_B keeps
+    the previous step (b_t = u_{x_{t-1}}, zero at t = 1) and conv_C the current one (c_t =
+    u_{x_t}). Then b_s^T c_t = [x_{s-1} = x_t] and y_t = H_t c_t = Σ_j n_{x_t j} e'_j: the counts
+    out of the current symbol at the odd coordinates. W_o = I, and W_ℓ reads count j into logit
+    j and β·1 from the embedding coordinate, so logit_t = β·1 + n_{x_t ·}."""
+    symbols = core.io.input_dim
+    x_rows, b_rows, c_rows = _mixer_rows(core)
+    mixer = core.mixer
+    for param in core.parameters():
+        param.zero_()
+    for i in range(symbols):
+        core.embedding.weight[i, 2 * i] = 1.0
+        mixer.in_proj.weight[x_rows.start + 2 * i + 1, 2 * i] = 1.0  # W_X: shift by one coordinate
+        mixer.in_proj.weight[b_rows.start + i, 2 * i] = 1.0
+        mixer.in_proj.weight[c_rows.start + i, 2 * i] = 1.0
+        core.lm_head.weight[:, 2 * i] = beta
+        core.lm_head.weight[i, 2 * i + 1] = 1.0
+    mixer.conv1d.weight[x_rows, 0, -1] = 1.0
+    mixer.conv1d.weight[b_rows, 0, -2] = 1.0
+    mixer.conv1d.weight[c_rows, 0, -1] = 1.0
+    mixer.dt_bias.fill_(SOFTPLUS_INVERSE_OF_1)
+    mixer.out_proj.weight.copy_(torch.eye(mixer.d_inner))
+
+
+@torch.no_grad()
+def construct_binary_laplace_smoothing(core: MambaZero, beta: float, epsilon: float) -> None:
+    """Theorem 4 (App. C.3): binary chains with d = N = 2. The prediction is add-β except when
+    x_1 = x_t, where the count of the other symbol gets an extra βε (Eq. 30-31), so
+    KL(add-β ‖ model) <= log(1 + ε) (and -> 0 only as ε -> 0: two coordinates cannot hold both
+    the symbol and the constant β·1 that d = 2S keeps apart).
+
+    conv_X = (α_0, α_1) and conv_B = (γ_0, γ_1) (previous, current step) on both coordinates
+    with α_0 γ_0 + α_1 γ_1 = 0, κ = α_0 γ_1 + α_1 γ_0 > 0 and α_0 γ_1 / κ = -βε (Eq. 18), here
+    α = (a, 1), γ = (1, -a) with a² = βε / (1 + βε), so κ = 1 / (1 + βε). W_X = W_B map the
+    embeddings to the one-hots, W_C = c W_X with c = 1/κ, W_o = W_ℓ = I, and the embeddings
+    e_00 = e_11 = c(κβ - α_1 γ_1), e_01 = e_10 = c(κβ - α_0 γ_1) (Eq. 28-29) make
+    logit_t = (n_{x_t 0} + β, n_{x_t 1} + β) + βε [x_1 = x_t] e_{1 - x_t}."""
+    a = math.sqrt(beta * epsilon / (1.0 + beta * epsilon))
+    kappa = 1.0 - a * a
+    c = 1.0 / kappa
+    same, other = c * (kappa * beta + a), c * (kappa * beta + a * a)  # e_00 = e_11, e_01 = e_10
+    det = same * same - other * other  # > 0: a > a² for 0 < a < 1, so e_0, e_1 are independent
+    embedding = torch.tensor([[same, other], [other, same]])
+    to_one_hot = torch.tensor([[same, -other], [-other, same]]) / det  # W_X = [e_0 e_1]⁻¹
+    x_rows, b_rows, c_rows = _mixer_rows(core)
+    mixer = core.mixer
+    for param in core.parameters():
+        param.zero_()
+    core.embedding.weight.copy_(embedding)
+    mixer.in_proj.weight[x_rows] = to_one_hot
+    mixer.in_proj.weight[b_rows] = to_one_hot
+    mixer.in_proj.weight[c_rows] = c * to_one_hot
+    mixer.conv1d.weight[x_rows, 0, -2], mixer.conv1d.weight[x_rows, 0, -1] = a, 1.0
+    mixer.conv1d.weight[b_rows, 0, -2], mixer.conv1d.weight[b_rows, 0, -1] = 1.0, -a
+    mixer.conv1d.weight[c_rows, 0, -1] = 1.0
+    mixer.dt_bias.fill_(SOFTPLUS_INVERSE_OF_1)
+    mixer.out_proj.weight.copy_(torch.eye(2))
+    core.lm_head.weight.copy_(torch.eye(2))

@@ -21,6 +21,12 @@ Variants:
 `models.scan.linear_scan` over the pairs (Ā_t, B̄_t ⊙ x_t), valid for decays of any sign;
 `forward_sequential` (`models.scan.sequential_scan`) is its step-by-step twin and the test
 oracle, and returns the final states, which is what `state_size` counts.
+
+`construct_kalman_predictor` is Lemma 4.1 (App. A.1) for one known LG-SSM θ, in the form this
+model can hold: the steady-state Kalman predictor. The lemma's time-varying gains K_t need
+selective maps that know t, but s_t sees only x_t, and a diagonal state cannot follow the
+changing eigenvectors of A - K_t C; the steady-state filter is time-invariant, so it needs no
+selectivity at all (W_A = W_B = 0; the non-selective ablation holds it too).
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.backbone import Core, IOSpec, mark_recurrent
+from models.backbone import Backbone, Core, IOSpec, mark_recurrent
 from models.scan import linear_scan, sequential_scan
 
 TRANSITIONS = ("linear", "exp")
@@ -162,3 +168,69 @@ class SelectiveSSM(Core):
     def state_size(self, seq_len: int) -> int:
         """d_model floats per layer, whatever the sequence length."""
         return self.config.n_layers * self.config.d_model
+
+
+# --- paper 004 Lemma 4.1: the Kalman filter of a known LG-SSM ---------------------------------
+def steady_state_kalman(A: Tensor, C: Tensor, Q: Tensor, R: Tensor, max_steps: int = 100_000
+                        ) -> tuple[Tensor, Tensor]:
+    """(P, K) of z_{t+1} = A z_t + N(0, Q), x_t = C z_t + N(0, R) at the steady state: P the
+    fixed point of the Riccati recursion of the predicted covariance Cov[z_t | x_<t],
+    P = A (P - P Cᵀ S⁻¹ C P) Aᵀ + Q with S = C P Cᵀ + R, and K = A P Cᵀ S⁻¹ the gain of the
+    one-step predictor ẑ_{t+1|t} = (A - K C) ẑ_{t|t-1} + K x_t. Iterated from Q in float64 until
+    P stops changing (it converges geometrically for a stable A)."""
+    A, C, Q, R = (m.to(torch.float64) for m in (A, C, Q, R))
+    P = Q
+    for _ in range(max_steps):
+        gain = torch.linalg.solve(C @ P @ C.mT + R, C @ P).mT  # P Cᵀ S⁻¹
+        new = A @ (P - gain @ C @ P) @ A.mT + Q
+        new = 0.5 * (new + new.mT)
+        if torch.equal(new, P) or (new - P).abs().max() <= 1e-15 * new.abs().max():
+            P = new
+            break
+        P = new
+    else:
+        raise ValueError("steady_state_kalman: the Riccati recursion did not converge")
+    return P, A @ torch.linalg.solve(C @ P @ C.mT + R, C @ P).mT
+
+
+@torch.no_grad()
+def construct_kalman_predictor(model: Backbone, A: Tensor, C: Tensor, Q: Tensor, R: Tensor
+                               ) -> None:
+    """Set a one-layer selective SSM Backbone (input and output adapters included) so that its
+    prediction after x_1..x_t is the steady-state Kalman predictor C ẑ_{t+1|t} of θ = (A, C, Q,
+    R) from ẑ_{1|0} = 0: E[x_{t+1} | x_1..x_t, θ] exactly when the filter starts at the
+    steady-state covariance, and up to a transient that dies out geometrically otherwise.
+
+    Lemma 4.1 sets Ā_t = A - K_t C, B̄_t = K_t; that is the predictor form (state ẑ_{t+1|t}, gain
+    A P Cᵀ S⁻¹), not the filtered estimate ẑ_{t|t} it names, whose recursion is (I - K_t C) A.
+    The state here is diagonal, so the recurrence runs in the eigenbasis of F = A - K C = V
+    diag(μ) V⁻¹: h_t = V⁻¹ ẑ_{t+1|t}, Ā = μ, B̄ = 1, the input adapter x ↦ V⁻¹ K x and the
+    output adapter h ↦ C V h, biases zero; state coordinates beyond d stay at zero. A real
+    diagonal state holds real poles only: a θ whose F has complex eigenvalues is refused."""
+    core = model.core
+    if not isinstance(core, SelectiveSSM) or core.config.n_layers != 1:
+        raise ValueError("construct_kalman_predictor needs a one-layer selective_ssm")
+    d, m, n = A.shape[-1], C.shape[-2], core.config.d_model
+    if n < d or model.io.input_dim != m or model.io.output_dim != m:
+        raise ValueError(f"construct_kalman_predictor: a system with {d} states and {m} "
+                         f"observations needs d_model >= {d} and {m}-d inputs and outputs")
+    _, gain = steady_state_kalman(A, C, Q, R)
+    mu, basis = torch.linalg.eig(A.to(torch.float64) - gain @ C.to(torch.float64))
+    if mu.imag.abs().max() > 1e-12 * mu.abs().max():
+        raise ValueError("construct_kalman_predictor: A - K C has complex eigenvalues, which a "
+                         "real diagonal state cannot hold")
+    mu, basis = mu.real, basis.real
+    layer = core.layers[0]
+    if layer.transition == "exp" and not ((mu > 0) & (mu < 1)).all():
+        raise ValueError("construct_kalman_predictor: transition=exp holds decays in (0, 1) only")
+    for param in model.parameters():
+        param.zero_()
+    model.encoder.weight[:d] = torch.linalg.solve(basis, gain)
+    model.decoder.weight[:, :d] = C.to(torch.float64) @ basis
+    a_raw = mu if layer.transition == "linear" else torch.log(torch.expm1(-torch.log(mu)))
+    if layer.selective:
+        layer.a_proj.bias[:d] = a_raw
+        layer.b_proj.bias[:d] = 1.0
+    else:
+        layer.a_bar[:d] = a_raw
+        layer.b_bar[:d] = 1.0

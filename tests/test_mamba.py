@@ -1,12 +1,14 @@
 """The Mamba-2 core and MambaZero: the mixer against a hand computation written with explicit
 loops, causality for every ablation, chunked == sequential scan, state size, parameter names,
-and MambaZero's Theorem-1 construction reproducing the add-beta (Laplace) estimator exactly.
+and MambaZero's constructions of paper 000: Theorem 1 reproducing the add-beta (Laplace)
+estimator exactly, Theorem 4 (d = 2) within its ε, each against a perturbed copy that must fail.
 
 Identities are checked in float64; 1e-10 is far above the round-off of these few-hundred-step
 computations (~1e-13) and far below the size of any wrong term."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -225,6 +227,11 @@ def test_yaml_defaults_equal_the_dataclasses():
         fields = OmegaConf.to_container(OmegaConf.load(f"conf/model/{name}.yaml"))
         assert fields.pop("family") == name
         assert fields == dataclasses.asdict(config_class())
+    constructed = OmegaConf.to_container(OmegaConf.load("conf/model/mambazero_constructed.yaml"))
+    assert constructed.pop("family") == "mambazero"
+    assert set(constructed) == set(dataclasses.asdict(MambaZeroConfig()))
+    assert constructed["constructed"] is True
+    MambaZeroConfig(**constructed)
 
 
 def test_mambazero_l1_prediction_gives_log_probabilities():
@@ -258,33 +265,220 @@ def laplace_estimator(tokens, beta, symbols):
     return probs
 
 
-def test_mambazero_theorem_1_construction_is_the_laplace_estimator():
-    """Paper 000 App. C.2 for S = 2 (d = 4, N = 2, e = 1, w = 2, a_t = 1, Δ_t = 1): symbol i is
-    embedded at coordinate 2i, conv_X passes the current token shifted to coordinate 2i+1,
-    conv_B the previous token one-hot, conv_C the current one, so y_t holds the counts n_{x_t,j}
-    at coordinates 2j+1; W_o = I, and W_l adds beta from the embedding coordinates."""
-    beta, symbols = 0.5, 2
-    config = MambaZeroConfig(decay=False, l1_prediction=True, chunk_size=8, kernel="torch")
-    model = build_model("mambazero", config, IOSpec("tokens", symbols, symbols, 64)).double()
-    core, mixer = model.core, model.core.mixer
+# --- the paper's constructions (paper 000 App. C.2-C.3) --------------------------------------
+EXACT = 1e-12  # float64: the constructed model sums integer counts and divides once
+
+
+def constructed_mambazero(symbols: int, beta: float, d_model: int, d_state: int,
+                          epsilon: float = 0.01):
+    """The constructed model built in float64 from the start, so β and softplus⁻¹(1) are not
+    rounded to float32 first (that alone costs ~5e-7 in the probabilities)."""
+    config = MambaZeroConfig(d_model=d_model, d_state=d_state, headdim=d_model, decay=False,
+                             l1_prediction=True, constructed=True, beta=beta, epsilon=epsilon,
+                             kernel="torch", chunk_size=16)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return build_model("mambazero", config, IOSpec("tokens", symbols, symbols, 64))
+    finally:
+        torch.set_default_dtype(default)
+
+
+def markov_batch(symbols: int, beta: float, order: int = 1, seq_len: int = 60, n: int = 64):
+    from tasks.markov import MarkovConfig, MarkovTask
+    task = MarkovTask(MarkovConfig(order=order, vocab_size=symbols, beta=beta, seq_len=seq_len))
+    return task, task.held_out(n)
+
+
+def kl_and_abs(reference_log_probs, model_log_probs) -> tuple[float, float]:
+    """max KL(reference ‖ model) and max |p - q| over positions, sequences and symbols."""
+    model_log_probs = model_log_probs.detach()
+    p = reference_log_probs.exp()
+    kl = (p * (reference_log_probs - model_log_probs)).sum(-1)
+    return float(kl.max()), float((p - model_log_probs.exp()).abs().max())
+
+
+@pytest.mark.parametrize("symbols,beta", [(2, 1.0), (2, 0.3), (3, 1.0), (3, 0.3)])
+def test_theorem_1_construction_is_add_beta(symbols, beta):
+    """Thm. 1: with N = S, d = 2S, e = 1, w = 2 the prediction is add-β for first-order chains
+    at every position, the first included (no transition yet: uniform), against both the task's
+    `bayes` reference and the estimator written out with explicit counts."""
+    model = constructed_mambazero(symbols, beta, 2 * symbols, symbols)
+    task, batch = markov_batch(symbols, beta)
+    predicted = model.predict(batch.inputs)
+    kl, gap = kl_and_abs(task.add_beta(batch), predicted)
+    assert kl < EXACT and gap < EXACT
+    torch.testing.assert_close(predicted.exp(), laplace_estimator(batch.inputs, beta, symbols),
+                               rtol=0, atol=EXACT)
+
+
+def theorem_4_prediction(tokens, beta: float, epsilon: float):
+    """Paper 000 Eq. 30-31: add-β, except that when x_1 = x_t the count of the other symbol
+    gets an extra βε."""
+    batch, length = tokens.shape
+    probs = torch.zeros(batch, length, 2, dtype=torch.float64)
+    for b in range(batch):
+        n = torch.zeros(2, 2, dtype=torch.float64)
+        for t in range(length):
+            if t > 0:
+                n[tokens[b, t - 1], tokens[b, t]] += 1
+            current = int(tokens[b, t])
+            scores = n[current] + beta
+            if current == int(tokens[b, 0]):
+                scores[1 - current] += beta * epsilon
+            probs[b, t] = scores / scores.sum()
+    return probs
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.3])
+@pytest.mark.parametrize("epsilon", [0.1, 1e-3, 1e-6])
+def test_theorem_4_construction_is_within_epsilon_of_add_beta(beta, epsilon):
+    """Thm. 4: binary chains with d = N = 2. The model computes the paper's Eq. 30-31 exactly,
+    so KL(add-β ‖ model) <= log(1 + ε) (the theorem); the worst case is at n = 0 with x_1 = x_t,
+    uniform against (1, 1 + ε)/(2 + ε): KL = ½ log(1 + ε²/(4(1 + ε))) and |p - q| = ε/(4 + 2ε),
+    far inside the bound, and it shrinks like ε² (ε in probability)."""
+    model = constructed_mambazero(2, beta, 2, 2, epsilon)
+    task, batch = markov_batch(2, beta)
+    predicted = model.predict(batch.inputs)
+    torch.testing.assert_close(predicted.exp(), theorem_4_prediction(batch.inputs, beta, epsilon),
+                               rtol=0, atol=EXACT)
+    kl, gap = kl_and_abs(task.add_beta(batch), predicted)
+    assert kl <= math.log1p(epsilon)
+    assert kl == pytest.approx(0.5 * math.log1p(epsilon**2 / (4 * (1 + epsilon))),
+                               rel=1e-6, abs=1e-15)
+    assert gap == pytest.approx(epsilon / (4 + 2 * epsilon), rel=1e-6)
+
+
+PERTURBATIONS = {  # one entry of one constructed parameter each, moved by 0.1
+    "embedding": lambda core: core.embedding.weight[0, 0],
+    "W_B": lambda core: core.mixer.in_proj.weight[core.mixer.d_inner, 0],
+    "conv_B_previous_tap": lambda core: core.mixer.conv1d.weight[core.mixer.d_inner, 0, 0],
+    "conv_X_current_tap": lambda core: core.mixer.conv1d.weight[1, 0, 1],
+    "dt_bias": lambda core: core.mixer.dt_bias[0],
+    "W_o": lambda core: core.mixer.out_proj.weight[1, 1],
+    "W_l": lambda core: core.lm_head.weight[0, 0],
+}
+
+
+@pytest.mark.parametrize("name", PERTURBATIONS)
+@pytest.mark.parametrize("theorem", [1, 4])
+def test_a_perturbed_construction_is_not_add_beta(name, theorem):
+    """Negative control: the comparison can fail. Moving any one of the construction's entries
+    by 0.1 puts the prediction at least 1e-3 from add-β (Thm. 4 with ε = 1e-6 is within 3e-7)."""
+    symbols, beta = 2, 1.0
+    d_model = 4 if theorem == 1 else 2
+    model = constructed_mambazero(symbols, beta, d_model, 2, epsilon=1e-6)
     with torch.no_grad():
-        for p in core.parameters():
-            p.zero_()
-        for i in range(symbols):
-            core.embedding.weight[i, 2 * i] = 1.0
-            mixer.in_proj.weight[2 * i + 1, 2 * i] = 1.0        # W_X: shift by one coordinate
-            mixer.in_proj.weight[4 + i, 2 * i] = 1.0            # W_B
-            mixer.in_proj.weight[4 + symbols + i, 2 * i] = 1.0  # W_C
-            core.lm_head.weight[:, 2 * i] = beta
-            core.lm_head.weight[i, 2 * i + 1] = 1.0
-        mixer.conv1d.weight[:4, 0, 1] = 1.0                      # x~: current input
-        mixer.conv1d.weight[4:4 + symbols, 0, 0] = 1.0           # b: previous input
-        mixer.conv1d.weight[4 + symbols:, 0, 1] = 1.0            # c: current input
-        mixer.dt_bias.fill_(math.log(math.e - 1.0))              # softplus = 1
-        mixer.out_proj.weight.copy_(torch.eye(4))
-    tokens = torch.randint(0, symbols, (5, 30), generator=torch.Generator().manual_seed(4))
-    expected = laplace_estimator(tokens, beta, symbols).log()
-    torch.testing.assert_close(model.predict(tokens), expected, rtol=0, atol=TOL)
+        PERTURBATIONS[name](model.core).add_(0.1)
+    task, batch = markov_batch(symbols, beta)
+    gap = kl_and_abs(task.add_beta(batch), model.predict(batch.inputs))[1]
+    assert gap > 1e-3, (name, gap)
+
+
+def test_constructed_preset_through_the_runner():
+    """`model=mambazero_constructed` as a run builds it (float32): add-β to float32 rounding on
+    the task's held-out sequences (β = 0.5 set on both sides), and the constructed parameters
+    stay trainable (every one gets a gradient)."""
+    from bench.config import compose
+    from bench.train import build, masked_loss
+    task, net = build(compose(["task=markov", "task.beta=0.5", "task.seq_len=64",
+                               "model=mambazero_constructed", "model.beta=0.5"]))
+    batch = task.held_out(32)
+    assert kl_and_abs(task.add_beta(batch), net.predict(batch.inputs).double())[1] < 1e-5
+    masked_loss(task, net(batch.inputs), batch).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model.decay=true"], "decay=false"),
+    (["model.l1_prediction=false"], "l1_prediction=true"),
+    (["model.d_conv=3"], "d_conv=2"),
+    (["model.d_model=6", "model.headdim=6"], "canonical sizes"),
+    (["model.epsilon=0"], "epsilon"),
+    (["task.vocab_size=3"], "d_model=6, d_state=3"),
+    (["task=lgssm"], "tokens task"),
+])
+def test_constructed_preset_refuses_what_the_theorems_do_not_cover(overrides, message):
+    from bench.config import ConfigError, compose
+    args = ["task=markov", "model=mambazero_constructed"]
+    args = [a for a in args if not any(o.split("=")[0] == a.split("=")[0] for o in overrides)]
+    with pytest.raises(ConfigError, match=message):
+        compose([*args, *overrides])
+
+
+# --- orders k > 1: no construction exists with a_t = 1 (the paper's Conjecture 1 regime) ---------
+def all_binary_sequences(length: int) -> torch.Tensor:
+    return torch.tensor(list(itertools.product((0, 1), repeat=length)))
+
+
+def mambazero_logit_span(tokens: torch.Tensor, window: int) -> torch.Tensor:
+    """(n, T, columns) spanning, at every position, every logit of every one-layer MambaZero with
+    a_t = 1 and d_conv = window, whatever its widths, heads and groups: logit_t = W_ℓ e_{x_t} +
+    Σ_s Δ_s (W_ℓ W_o x~_s)(b_s · c_t), where x~_s, b_s are affine in the indicators
+    [x_{s-m} = a] (m < window: the convolution, its bias and zero padding), Δ_s is a function of
+    x_s (Δ reads the current token only) and c_t is affine in the indicators at t. So logit_t is
+    a function of x_t plus Σ_r φ_r(t) ⟨w_r, h(t)⟩ with φ = (1, indicators at t) and h(t) the
+    prefix sums of [x_s = a]·ℓ·ℓ' over literals ℓ, ℓ' ∈ {1, indicators at s}."""
+    n, length = tokens.shape
+    onehot = F.one_hot(tokens, 2).double()
+    lagged = [F.pad(onehot, (0, 0, m, 0))[:, :length] for m in range(window)]
+    literals = torch.cat([onehot.new_ones(n, length, 1), *lagged], -1)
+    i, j = torch.triu_indices(literals.shape[-1], literals.shape[-1])
+    monomials = (onehot[..., :, None] * (literals[..., i] * literals[..., j])[..., None, :])
+    history = monomials.flatten(-2).cumsum(1)
+    return torch.cat([onehot, (literals[..., :, None] * history[..., None, :]).flatten(-2)], -1)
+
+
+def numerical_rank(matrix: torch.Tensor) -> int:
+    """Rank with a visible gap: the singular values of these integer-count matrices are either
+    below 1e-13 or above 1e-5 of the largest, so the 1e-9 threshold is not a judgement call."""
+    values = torch.linalg.svdvals(matrix) / torch.linalg.matrix_norm(matrix, ord=2)
+    assert not ((values > 1e-13) & (values < 1e-5)).any()
+    return int((values > 1e-9).sum())
+
+
+@pytest.mark.parametrize("order,window,length", [(1, 2, 7), (2, 3, 7), (3, 4, 8)])
+def test_one_layer_mambazero_with_unit_decay_holds_add_beta_of_order_one_only(order, window,
+                                                                              length):
+    """Thm. 1 is first-order; arXiv Conjecture 1 says d = N = 2^(k+1), w = k + 1 gets
+    arbitrarily close to add-β of order k. With a_t = 1 (both proofs' and Fig. 4's regime) and
+    positive scores (no clamping) it cannot, at any width: on binary sequences of up to `length`
+    tokens (every position after the first full context, β = 1), a logit vector in the span above whose L1
+    normalisation is add-β must satisfy logit_0 (n_1 + β) = logit_1 (n_0 + β) at every position,
+    and for k = 2, 3 the only solution is zero there: rank([M; L]) = rank(M) for the constraint
+    rows M and the logit rows L. A sequence of models approaching add-β would, rescaled, converge
+    to a non-zero solution, so even an approximation is out of reach. For k = 1 (the control)
+    non-zero solutions exist: Theorem 1's. First, a random MambaZero (2 heads, conv bias,
+    selective Δ) is checked to lie in the span, so the span is the model's and not an idea of it.
+    """
+    sequences = all_binary_sequences(length + 1)
+    inputs, targets = sequences[:, :-1], sequences[:, 1:]
+    span = mambazero_logit_span(inputs, window)
+    torch.manual_seed(0)
+    config = MambaZeroConfig(d_model=8, d_state=5, headdim=4, d_conv=window, decay=False,
+                             kernel="torch")
+    core = build_model("mambazero", config, IOSpec("tokens", 2, 2, 64)).double().core
+    with torch.no_grad():
+        for param in core.parameters():
+            param.copy_(torch.randn_like(param) * 0.5)
+        embedded = core.embedding(inputs)
+        logits = core.lm_head(embedded + core.mixer(embedded)).reshape(-1, 2)
+    columns = span.reshape(-1, span.shape[-1])
+    fit = torch.linalg.lstsq(columns, logits, driver="gelsd").solution
+    assert (columns @ fit - logits).norm() < 1e-10 * logits.norm()
+
+    from tasks.markov import context_ids, counts_in_context
+    first = order  # the positions after the first full context (that one admits solutions)
+    scores = (counts_in_context(context_ids(inputs, order, 2), targets, 2) + 1.0)[:, first:]
+    rows = span[:, first:].reshape(-1, span.shape[-1])
+    scores = scores.reshape(-1, 2)
+    zero = torch.zeros_like(rows)
+    constraints = torch.unique(torch.cat([rows * scores[:, 1:], -rows * scores[:, :1]], 1), dim=0)
+    logit_rows = torch.unique(torch.cat([torch.cat([rows, zero], 1), torch.cat([zero, rows], 1)]),
+                              dim=0)
+    solutions_have_logits = (numerical_rank(torch.cat([constraints, logit_rows]))
+                             > numerical_rank(constraints))
+    assert solutions_have_logits == (order == 1)
 
 
 def test_mambazero_l1_scores_start_positive_so_none_is_clamped():

@@ -10,8 +10,10 @@ from tasks.base import make_generator
 
 TASKS = {"tokens": ["task=markov", "task.seq_len=24"],
          "vectors": ["task=lgssm", "task.seq_len=24"]}
-# The constructed GD-SSM maps raw regression prompts to predictions; it has no token form.
-ONLY = {"gd_ssm_constructed": {"vectors": ["task=linreg_tokens", "task.seq_len=12"]}}
+# The constructed GD-SSM maps raw regression prompts to predictions; it has no token form. The
+# constructed MambaZero predicts next tokens; it has no vector form.
+ONLY = {"gd_ssm_constructed": {"vectors": ["task=linreg_tokens", "task.seq_len=12"]},
+        "mambazero_constructed": {"tokens": TASKS["tokens"]}}
 
 
 @pytest.mark.parametrize("model,task_args", list(model_task_cases(TASKS, ONLY)))

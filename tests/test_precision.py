@@ -37,10 +37,12 @@ U = 2.0 ** -8  # unit roundoff of bfloat16
 TOL = 8 * U
 BF16 = dict(device_type="cpu", dtype=torch.bfloat16)
 
-# The constructed GD-SSM reads raw regression prompts: linreg_tokens only. The others at their
-# tasks' default lengths (markov 256, lgssm 128), long enough for bf16 decays to show.
-ONLY = {"gd_ssm_constructed": {"vectors": ["task=linreg_tokens"]}}
+# The constructed GD-SSM reads raw regression prompts: linreg_tokens only; the constructed
+# MambaZero next tokens: markov only. The others at their tasks' default lengths (markov 256,
+# lgssm 128), long enough for bf16 decays to show.
 TASKS = {"tokens": ["task=markov"], "vectors": ["task=lgssm"]}
+ONLY = {"gd_ssm_constructed": {"vectors": ["task=linreg_tokens"]},
+        "mambazero_constructed": {"tokens": TASKS["tokens"]}}
 
 
 @pytest.mark.parametrize("model,task_args", list(model_task_cases(TASKS, ONLY)))
