@@ -393,6 +393,7 @@ def test_constructed_preset_through_the_runner():
     (["model.decay=true"], "decay=false"),
     (["model.l1_prediction=false"], "l1_prediction=true"),
     (["model.d_conv=3"], "d_conv=2"),
+    (["model.expand=2", "model.headdim=8"], "expand=1"),
     (["model.d_model=6", "model.headdim=6"], "canonical sizes"),
     (["model.epsilon=0"], "epsilon"),
     (["task.vocab_size=3"], "d_model=6, d_state=3"),
