@@ -252,11 +252,16 @@ def probe_summary(task: Task, model, batch: Batch, batch_size: int) -> dict | No
     return summary or None
 
 
+ROUNDING_GAP = 1e-6  # nats/token: how far float32 log-probabilities of the Bayes predictor stray
+
+
 def is_suspicious(metrics: dict) -> bool:
     """A model that beats the exact Bayes predictor beyond its interval signals a bug (unless the
-    held-out set is not drawn from the prior the Bayes predictor assumes)."""
+    held-out set is not drawn from the prior the Bayes predictor assumes). Beyond rounding too:
+    a model that computes the Bayes predictor in float32 (model=mambazero_constructed) beats the
+    float64 reference by ~1e-9 with an interval just as narrow."""
     return (metrics.get("gap_reference_role") == "bayes" and metrics.get("held_out_from_prior", True)
-            and metrics["bayes_gap_ci"][1] < 0)
+            and metrics["bayes_gap_ci"][1] < -ROUNDING_GAP)
 
 
 def fmt(x: float | None, digits: int = 4) -> str:

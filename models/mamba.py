@@ -333,11 +333,11 @@ class MambaZeroConfig:
                            self.d_conv, self.chunk_size, self.kernel)
         if not self.constructed:
             return
-        if (self.decay or not self.l1_prediction or self.expand * self.d_model != self.headdim
-                or self.ngroups != 1 or self.d_conv != 2):
+        if (self.decay or not self.l1_prediction or self.expand != 1
+                or self.headdim != self.d_model or self.ngroups != 1 or self.d_conv != 2):
             raise ValueError("mambazero: constructed=true is the paper's first-order construction "
                              "(App. C.2-C.3): it needs decay=false (a_t = 1), l1_prediction=true, "
-                             "one head (headdim = expand * d_model), ngroups=1 and d_conv=2")
+                             "expand=1 and one head (headdim = d_model), ngroups=1 and d_conv=2")
         if (self.d_model, self.d_state) != (2, 2) and self.d_model != 2 * self.d_state:
             raise ValueError(f"mambazero: constructed=true needs the canonical sizes d_model = "
                              f"2 * d_state (Thm. 1) or d_model = d_state = 2 (Thm. 4), got "

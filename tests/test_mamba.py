@@ -393,6 +393,7 @@ def test_constructed_preset_through_the_runner():
     (["model.decay=true"], "decay=false"),
     (["model.l1_prediction=false"], "l1_prediction=true"),
     (["model.d_conv=3"], "d_conv=2"),
+    (["model.expand=2", "model.headdim=8"], "expand=1"),
     (["model.d_model=6", "model.headdim=6"], "canonical sizes"),
     (["model.epsilon=0"], "epsilon"),
     (["task.vocab_size=3"], "d_model=6, d_state=3"),
@@ -443,8 +444,8 @@ def test_one_layer_mambazero_with_unit_decay_holds_add_beta_of_order_one_only(or
     """Thm. 1 is first-order; arXiv Conjecture 1 says d = N = 2^(k+1), w = k + 1 gets
     arbitrarily close to add-β of order k. With a_t = 1 (both proofs' and Fig. 4's regime) and
     positive scores (no clamping) it cannot, at any width: on binary sequences of up to `length`
-    tokens (every position after the first full context, β = 1), a logit vector in the span above whose L1
-    normalisation is add-β must satisfy logit_0 (n_1 + β) = logit_1 (n_0 + β) at every position,
+    tokens (every position after the first full context, β = 1), a logit vector in the span
+    above whose L1 normalisation is add-β must satisfy logit_0 (n_1 + β) = logit_1 (n_0 + β),
     and for k = 2, 3 the only solution is zero there: rank([M; L]) = rank(M) for the constraint
     rows M and the logit rows L. A sequence of models approaching add-β would, rescaled, converge
     to a non-zero solution, so even an approximation is out of reach. For k = 1 (the control)
