@@ -139,7 +139,7 @@ def test_an_attainment_not_reached_at_reduced_scale_is_no_evidence(tmp_path):
     attained = 'kind: attainment\n    rule: "mamba <= 0.01"'
     for scale, verdict in (("cpu", "not reached at reduced scale"), ("paper", "fails")):
         rules = rules_file(tmp_path, scale=scale)
-        rules.write_text(rules.read_text().replace('control: "mamba <= 0.05"\n', "").replace(
+        rules.write_text(rules.read_text().replace('    control: "mamba <= 0.05"\n', "").replace(
             'rule: "mamba <= 0.01 and noconv >= 5 * mamba"', attained))
         [d] = decide(out, rules)
         assert d.verdict == verdict
@@ -237,7 +237,8 @@ def test_a_claim_never_pools_or_compares_cpu_and_gpu_records(tmp_path):
     assert d.values["mamba"].value == pytest.approx(0.001) and d.machine.device == "cpu"
     put(out, on_gpu(NOCONV, gap=0.5, stamp="20260201-120000"))
     [d] = decide(out, rules_file(tmp_path))  # both on each: as many seeds, the GPU's are newer
-    assert d.machine.device == "cuda: NVIDIA H100 80GB HBM3" and d.verdict == "fails"
+    # there mamba did not learn (its control fails): no verdict either way
+    assert d.machine.device == "cuda: NVIDIA H100 80GB HBM3" and d.verdict == "undecided"
     assert d.values["mamba"].value == pytest.approx(0.5) and d.values["mamba"].seeds == [0, 1]
     assert ("*paper scale, code aaaaaaa, trained on [cuda: NVIDIA H100 80GB HBM3] with SSD kernel "
             "mamba_ssm*") in claims_mod.ours_cell(d)
@@ -272,6 +273,7 @@ def test_metric_paths_indices_slices_and_intervals(tmp_path):
         "      window: {metric: 'per_position.accuracy.model[0:3]'}",
         "      second: {metric: 'metrics.task.excess.model[1]'}",
         "      slope: {metric: metrics.task.slope.model}",
+        "    kind: attainment",
         "    rule: \"loss > 0 and acc > 0 and last > 0 and window > 0 and second > 0\"",
         "    scale: paper", "    command: python -m bench suite name=leaderboard", ""])
     rules = rules_file(tmp_path)

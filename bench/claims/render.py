@@ -23,7 +23,7 @@ def num(x: float, like: float | None = None) -> str:
     """Four significant digits (of `like`, when given: an interval's ends follow its value)."""
     if x is None or not math.isfinite(x):
         return str(x)
-    ref = abs(like if like is not None and like != 0 else x)
+    ref = abs(like if like is not None and math.isfinite(like) and like != 0 else x)
     if ref == 0:
         return "0"
     if ref < 1e-4 or ref >= 1e6:
