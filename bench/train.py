@@ -40,9 +40,15 @@ CHECKPOINT_KEY = "icl_bench"  # where the run's metadata sits in the Lightning c
 def masked_loss(task: Task, output: Tensor, batch: Batch) -> Tensor:
     """Mean training loss over the scored positions: cross-entropy of logits, or squared error."""
     mask = batch.loss_mask
+    return scored_loss(task, output[mask], batch.targets[mask])
+
+
+def scored_loss(task: Task, output: Tensor, targets: Tensor) -> Tensor:
+    """masked_loss of the scored positions' outputs (N, ...) and targets (N, ...), in float32
+    (the pre-run memory estimate measures it with every position scored)."""
     if task.kind == "tokens":
-        return torch.nn.functional.cross_entropy(output[mask].float(), batch.targets[mask])
-    return (output[mask].float() - batch.targets[mask]).pow(2).mean()
+        return torch.nn.functional.cross_entropy(output.float(), targets)
+    return (output.float() - targets).pow(2).mean()
 
 
 def cosine_with_warmup(step: int, warmup: int, total: int, floor: float) -> float:
