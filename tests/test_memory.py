@@ -141,6 +141,14 @@ def text_config(corpus_dir, *extra):
                     *(f"{key}={value}" for key, value in defaults.items())], check=False)
 
 
+def test_the_window_count_is_the_windows_evaluation_builds():
+    from tasks.corpus import evaluation_starts, evaluation_window_count
+    for n_tokens in (2, 17, 33, 34, 100, 257, 1000):
+        for seq_len, stride, cap in ((16, None, None), (16, 5, None), (16, 1, 7), (32, 32, 3)):
+            assert evaluation_window_count(n_tokens, seq_len, stride, cap) == \
+                len(evaluation_starts(n_tokens, seq_len, stride, cap)[0])
+
+
 def test_text_evaluation_is_sized_by_the_windows_it_scores(corpus_dir):
     """The held-out set of text is the split's windows (trainer.eval_sequences does not apply):
     counted before tokenizing from a bound on the split's tokens, exactly once it is cached, and
