@@ -2,22 +2,30 @@
 composed and before anything runs: the hardware it asks for, whether the model fits the task,
 whether it fits in memory, and whether its record can be written.
 
-The model is built under FakeTensorMode (shapes and dtypes without storage), so a model that
-would need 100 GB is refused in a fraction of a second, and its training activations are
-measured by running one forward pass and adding up what autograd saves for the backward pass."""
+The memory check builds the model under FakeTensorMode (shapes and dtypes without storage), so a
+model that would need 100 GB is refused in a fraction of a second, and measures its passes as
+they will run (precision, SSD kernel): a training step's forward pass, loss and backward pass
+and an evaluation call, following every allocation to its peak. With the buffers it counts, the
+estimate is per side, the training device of this rank and the host, each compared with what
+that side has free."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from bench.config import first_line
 
 GIB = 2**30
+MIB = 2**20
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true", "64")
@@ -105,10 +113,20 @@ def check_logger(config) -> None:
                           f"installed: pip install {install} (or use trainer.logger=csv)")
 
 
-def available_bytes(device: str) -> int | None:
-    """Free memory of the training device (the first GPU, or the host's available RAM)."""
-    if device == "cuda":
-        free, _ = torch.cuda.mem_get_info(0)
+def local_rank() -> int:
+    """This process's rank on its node, which Lightning's launcher puts in LOCAL_RANK (0 in the
+    first process, before it launches the others): the index of the GPU it will train on."""
+    try:
+        return int(os.environ.get("LOCAL_RANK", 0))
+    except ValueError:
+        return 0
+
+
+def available_bytes(side: str) -> int | None:
+    """Free memory of `side`: "cuda", this rank's GPU (LOCAL_RANK; asking opens a CUDA context on
+    that GPU only), or "host", the node's available RAM; None when it cannot be read."""
+    if side == "cuda":
+        free, _ = torch.cuda.mem_get_info(local_rank())
         return int(free)
     try:
         with open("/proc/meminfo") as f:
@@ -123,36 +141,132 @@ def available_bytes(device: str) -> int | None:
         return None
 
 
-def model_footprint(config, task, budget: int | None) -> tuple[int, int]:
-    """(parameters, bytes autograd saves in one training forward pass of a batch), measured on
-    models built without storage. A deep model is measured at depths 1 and 2 and extrapolated
-    linearly (its layers are identical), so 10^5 layers cost no more to check than 2."""
+# Allowances for what a run allocates beyond the tensors measured here, after the checks. Host:
+# Lightning's loops, the threads' malloc arenas, allocator slack (the default run's peak RSS is
+# 155 MB above its RSS when checked, with ~40 MB of tensors). CUDA: the host memory of the
+# libraries a run's first kernels load (cuBLAS, cuDNN), and on the GPU their workspaces and the
+# caching allocator's rounding (neither measured: no GPU was lent to this work).
+HOST_RUNTIME = 256 * MIB
+CUDA_HOST_RUNTIME = GIB
+CUDA_RUNTIME = 512 * MIB
+
+
+def parameter_bytes(precision: str) -> int:
+    """Bytes of a parameter, a gradient or an AdamW moment: float64 under 64-true, else float32
+    (*-mixed keeps float32 weights and computes under autocast)."""
+    return 8 if precision in ("64-true", "64") else 4
+
+
+@contextlib.contextmanager
+def precision_context(precision: str):
+    """The forward context Lightning's precision plugin gives a step: autocast for *-mixed (on the
+    CPU device type, where the fake tensors live; as on CUDA, matmuls run in half precision and
+    losses and reductions in float32), float64 as the default dtype for 64-true."""
+    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    if half is not None:
+        with torch.autocast("cpu", dtype=half):
+            yield
+    elif parameter_bytes(precision) == 8:
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(previous)
+    else:
+        yield
+
+
+class Allocations(TorchDispatchMode):
+    """Bytes of the tensors that ops allocate while it is active: `live` now, `peak` so far.
+
+    A storage counts from the op that creates it until it is freed (a weak reference's
+    callback), so what autograd saves counts until the backward pass releases it; results that
+    alias an input (views, in-place ops: the op's schema says so) allocate nothing. Runs on fake
+    tensors, so a model's peak is measured without its memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _free(self, size: int) -> None:
+        self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        returns = func._schema.returns
+        for result, declared in zip(out if len(returns) > 1 else (out,), returns):
+            if declared.alias_info is None:
+                for tensor in tree_leaves(result):
+                    if isinstance(tensor, torch.Tensor):
+                        storage = tensor.untyped_storage()
+                        size = storage.nbytes()
+                        self.live += size
+                        weakref.finalize(storage, self._free, size)
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """A model's parameters, and the peak bytes its passes allocate on one rank (measured on a
+    model without storage): the training forward pass with its loss, that and the backward pass
+    (the new gradients included), and one evaluation call (an evaluation batch; for text, the
+    first chunk of it, bench/evaluate.py token_scores)."""
+
+    params: int
+    forward: int = 0
+    backward: int = 0
+    evaluation: int = 0
+
+
+def scan_kernel(config, device: str, mamba_ssm: bool | None = None) -> str | None:
+    """The SSD scan the run's model will use on `device` (models.ssd.resolve_kernel): "auto" is
+    the mamba_ssm kernel on CUDA when it imports (`mamba_ssm`: whether it does, default: ask
+    this machine) and the precision is not float64. None for a model without an SSD scan."""
+    kernel = getattr(config.model, "kernel", None)
+    if kernel != "auto":
+        return kernel
+    if device != "cuda" or parameter_bytes(config.trainer.precision) == 8:
+        return "torch"
+    if mamba_ssm is None:
+        from models.ssd import mamba_ssm_available
+        mamba_ssm = mamba_ssm_available()
+    return "mamba_ssm" if mamba_ssm else "torch"
+
+
+def model_footprint(config, task, kernel: str | None, eval_rows: int,
+                    budget: int | None = None) -> Footprint:
+    """The Footprint of the run's model at one rank's batch, with the SSD scan `kernel`. A deep
+    model is measured at depths 1 and 2 and extrapolated linearly (its layers are identical), so
+    10^5 layers cost no more to check than 2."""
     depth = getattr(config.model, "n_layers", None)
     if not isinstance(depth, int) or depth <= 2:
-        return _footprint(config, config.model, task, budget)
-    one = _footprint(config, dataclasses.replace(config.model, n_layers=1), task, None)
-    two = _footprint(config, dataclasses.replace(config.model, n_layers=2), task, None)
-    return tuple(a + (depth - 1) * (b - a) for a, b in zip(one, two))
+        return _footprint(config, config.model, task, kernel, eval_rows, budget)
+    one, two = (_footprint(config, dataclasses.replace(config.model, n_layers=layers), task, kernel,
+                           eval_rows, None) for layers in (1, 2))
+    return Footprint(*(a + (depth - 1) * (b - a)
+                       for a, b in zip(dataclasses.astuple(one), dataclasses.astuple(two))))
 
 
-def _footprint(config, model_config, task, budget: int | None) -> tuple[int, int]:
-    """Builds the model without storage; a model constructor's ValueError (a model that does
-    not fit the task) becomes CheckFailed. The forward pass is skipped when the weights alone
-    exceed `budget` bytes."""
+def _footprint(config, model_config, task, kernel: str | None, eval_rows: int,
+               budget: int | None) -> Footprint:
+    """Builds the model without storage and measures its passes (Allocations); a model
+    constructor's ValueError (a model that does not fit the task) becomes CheckFailed. The passes
+    are skipped when the weights, gradients and AdamW state alone exceed `budget` bytes, and
+    measure nothing for a model whose forward pass depends on the data (no estimate)."""
     import logging
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from bench.evaluate import token_scores
+    from bench.train import masked_loss
     from models import build_model
     from models.backbone import IOSpec
+    from models.ssd import kernel_footprint, scan_override
+    from tasks.base import Batch
+    precision = config.trainer.precision
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
-    saved = 0
-
-    def pack(tensor):
-        nonlocal saved
-        saved += tensor.numel() * tensor.element_size()
-        return tensor
-
     with FakeTensorMode(allow_non_fake_inputs=True):
         try:
             model = build_model(config.model_family, model_config, io)
@@ -160,71 +274,179 @@ def _footprint(config, model_config, task, budget: int | None) -> tuple[int, int
             raise CheckFailed(f"model {config.model_name} cannot be built for task "
                               f"{config.task_name}: {first_line(error) or type(error).__name__}") from None
         params = sum(p.numel() for p in model.parameters())
-        if budget is not None and 16 * params > budget:
-            return params, 0
-        shape = (config.trainer.batch_size, task.seq_len)
-        inputs = (torch.zeros(shape, dtype=torch.long) if task.kind == "tokens"
-                  else torch.zeros(*shape, task.input_dim))
+        if budget is not None and 4 * parameter_bytes(precision) * params > budget:
+            return Footprint(params)
+        if parameter_bytes(precision) == 8:
+            model.double()
+
+        def batch(rows: int) -> Batch:
+            shape = (rows, task.seq_len)
+            inputs = (torch.zeros(shape, dtype=torch.long) if task.kind == "tokens"
+                      else torch.zeros(*shape, task.input_dim))
+            targets = (torch.zeros(shape, dtype=torch.long) if task.kind == "tokens"
+                       else torch.zeros(*shape, task.output_dim))
+            return Batch(inputs, targets, torch.ones(shape, dtype=torch.bool))
+
         # an op that cannot run on fake tensors logs a traceback before raising: not for users
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
         level, fake_log.level = fake_log.level, logging.CRITICAL
+        scan = scan_override(kernel_footprint) if kernel == "mamba_ssm" else contextlib.nullcontext()
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-                model(inputs)
+            with scan, precision_context(precision):
+                train = batch(config.trainer.batch_size // world_size(config))
+                with Allocations() as allocated:
+                    output = model(train.inputs)
+                    loss = masked_loss(task, output, train)  # the run's loss, no data-sized op
+                    del output
+                    forward = allocated.peak
+                    loss.backward()
+                    backward = allocated.peak
+                held_out = batch(eval_rows)
+                model.eval()
+                with torch.no_grad(), Allocations() as allocated:
+                    if task.scoring == "perplexity":
+                        token_scores(model, held_out, task.output_dim)
+                    else:
+                        model.predict(held_out.inputs).float()
+                return Footprint(params, forward, backward, allocated.peak)
         except ValueError as error:
             raise CheckFailed(f"model {config.model_name} does not fit task {config.task_name}: "
                               f"{first_line(error) or type(error).__name__}") from None
         except Exception:  # a data-dependent forward pass cannot run without data: no estimate
-            saved = 0
+            return Footprint(params)
         finally:
             fake_log.setLevel(level)
-    return params, saved
 
 
-def memory_estimate(config, task, params: int, activations: int) -> dict[str, int]:
-    """Bytes the run needs at its peak, by phase (a rough upper estimate, not a measurement).
+@dataclasses.dataclass(frozen=True)
+class Term:
+    """A part of the estimate: bytes that live on `side` ("device": one rank's training device;
+    "host": the node's RAM, every rank on it) during `phase` ("training" or "evaluation"), what
+    they hold, and the option that shrinks them (named when the run does not fit)."""
 
-    training: weights, gradients and two AdamW moments in float32, a batch, the activations,
-    the pool of training tasks (task.num_tasks > 0);
-    evaluation: the held-out set, float64 predictions of every reference and of the model
-    (and a few same-sized intermediates), and the bootstrap's resampled index."""
+    side: str
+    phase: str
+    what: str
+    option: str
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """A run's memory at the peak of each phase on each side: a CUDA run's "device" (one rank's
+    GPU) and "host"; a CPU run has only the host, where the device terms of its `ranks`
+    processes add to the host's."""
+
+    device: str
+    params: int
+    ranks: int  # training processes on this node
+    terms: tuple[Term, ...]
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return ("device", "host") if self.device == "cuda" else ("host",)
+
+    def parts(self, side: str, phase: str) -> list[Term]:
+        """The terms of `phase` on `side`, largest first."""
+        if self.device == "cuda":
+            parts = [t for t in self.terms if t.phase == phase and t.side == side]
+        else:
+            parts = [dataclasses.replace(t, bytes=t.bytes * self.ranks) if t.side == "device"
+                     else t for t in self.terms if t.phase == phase]
+        return sorted(parts, key=lambda t: -t.bytes)
+
+    def need(self, side: str, phase: str) -> int:
+        return sum(t.bytes for t in self.parts(side, phase))
+
+
+def memory_estimate(config, task, device: str, kernel: str | None = None,
+                    budget: int | None = None) -> Estimate:
+    """Bytes the run needs at its peaks (an upper estimate from measured passes and counted
+    buffers), for training on `device` ("cpu" or "cuda": this machine need not have it) at the
+    configured precision, with the SSD scan `kernel` (default: scan_kernel on this machine).
+
+    Device, per rank. Training: weights, gradients and two AdamW moments (the last step's
+    gradients live until the next backward pass; AdamW's foreach step adds a parameter-sized
+    temporary), DDP's gradient buckets, the activations and loss measured at their peak, the
+    batch and the pool of training tasks. Evaluation: weights and gradients, one evaluation
+    call, the model outputs gathered from every rank (and their sorted float32 and float64
+    copies).
+    Host, per node. Training: the batches the loader prefetches. Evaluation: on every rank the
+    held-out set, the gathered predictions in float64 and the AdamW state (and on a GPU, the
+    model), which Lightning moves to the host after fitting; on rank 0 the references' float64
+    predictions (and a few same-sized intermediates) and the bootstrap's resampled index.
+    Both sides and phases: the allowances for what is not a tensor counted here (HOST_RUNTIME,
+    CUDA_HOST_RUNTIME, CUDA_RUNTIME)."""
     t = config.trainer
-    layers = max(1, getattr(config.model, "n_layers", 1))
+    kernel = kernel if kernel is not None else scan_kernel(config, device)
+    world = world_size(config)
+    ranks = world // t.num_nodes
+    held_out = task.held_out_size(t.eval_sequences)
+    eval_rows = max(1, min(t.eval_batch_size, -(-held_out // world)))
+    model = model_footprint(config, task, kernel, eval_rows, budget)
+    weights = parameter_bytes(t.precision) * model.params  # one parameter-sized buffer
     per_sequence = task.memory_per_sequence()
-    per_rank = t.batch_size // world_size(config)
-    training = (16 * params + activations * per_rank // t.batch_size + per_rank * per_sequence
-                + task.pool_bytes())  # the finite pool of training tasks, if any
-    predictors = len(task.references()) + 1
-    eval_batch = t.eval_batch_size
-    if task.scoring == "perplexity":
-        # per-position losses only (float64, and the model's top-1 hits), and the logits of one
-        # chunk of an evaluation batch at a time (bench/train.py token_score_chunks)
-        from bench.evaluate import token_score_chunks
-        eval_batch = token_score_chunks(t.eval_batch_size, task.seq_len, task.output_dim)[0].stop
-        prediction = task.seq_len * 16
-        chunk_logits = 3 * 4 * eval_batch * task.seq_len * task.output_dim
+    size = task.eval_size_option
+    if task.scoring == "perplexity":  # per-position losses and top-1 hits, never distributions
+        outputs, prediction = 2, task.seq_len * 16
     else:
-        prediction = task.seq_len * task.output_dim * 8
-        chunk_logits = 0
-    evaluation = (4 * params + t.eval_sequences * (per_sequence + 3 * predictors * prediction)
-                  + 16 * t.bootstrap * t.eval_sequences + chunk_logits
-                  # no_grad: about one layer's activations are alive at a time
-                  + activations * eval_batch // (t.batch_size * layers))
-    return {"training": training, "evaluation": evaluation}
+        outputs, prediction = task.output_dim, task.seq_len * task.output_dim * 8
+    predictors = len(task.references()) + 1
+    runtime = HOST_RUNTIME + (CUDA_HOST_RUNTIME if device == "cuda" else 0)
+    activations = max(model.forward, model.backward - weights, weights)
+    terms = [
+        Term("device", "training", "weights, gradients and AdamW state", "the model size",
+             (5 if world > 1 else 4) * weights),
+        Term("device", "training", "activations and loss", "trainer.batch_size or task.seq_len",
+             activations),
+        Term("device", "training", "the batch", "trainer.batch_size",
+             t.batch_size // world * per_sequence),
+        Term("device", "training", "the pool of training tasks", "task.num_tasks",
+             task.pool_bytes()),
+        Term("device", "evaluation", "weights and gradients", "the model size", 2 * weights),
+        Term("device", "evaluation", "an evaluation batch's forward pass",
+             "trainer.eval_batch_size", model.evaluation),
+        Term("device", "evaluation", "the gathered model outputs", size,
+             24 * held_out * task.seq_len * outputs),
+        Term("host", "training", "the processes' runtime", "", ranks * runtime),
+        Term("host", "training", "prefetched training batches", "trainer.batch_size",
+             ranks * 2 * (t.batch_size // world) * per_sequence),
+        Term("host", "evaluation", "the processes' runtime", "", ranks * runtime),
+        Term("host", "evaluation", "the AdamW state (and a GPU run's model) after fitting",
+             "the model size", ranks * (4 if device == "cuda" else 2) * weights),
+        Term("host", "evaluation", "the held-out set and predictions on every rank", size,
+             ranks * held_out * (per_sequence + prediction)),
+        Term("host", "evaluation", "the references' float64 predictions", size,
+             held_out * 3 * predictors * prediction),
+        Term("host", "evaluation", "the bootstrap", f"trainer.bootstrap or {size}",
+             24 * t.bootstrap * held_out),
+    ]
+    if device == "cuda":
+        terms += [Term("device", phase, "CUDA workspaces", "", CUDA_RUNTIME)
+                  for phase in ("training", "evaluation")]
+    return Estimate(device, model.params, ranks, tuple(terms))
 
 
 def check_memory(config, task, device: str) -> None:
-    have = available_bytes(device)
-    params, activations = model_footprint(config, task, have)
-    need = memory_estimate(config, task, params, activations)
-    if have is not None and max(need.values()) > have:
-        phase = max(need, key=need.get)
-        raise CheckFailed(
-            f"the run needs about {need[phase] / GIB:.1f} GiB for {phase} ({params:,} parameters; "
-            f"training ~{need['training'] / GIB:.1f} GiB, evaluation "
-            f"~{need['evaluation'] / GIB:.1f} GiB) but {device} has {have / GIB:.1f} GiB free; "
-            + ("reduce trainer.batch_size, task.seq_len or the model size" if phase == "training"
-               else "reduce trainer.eval_sequences, trainer.bootstrap or task.seq_len"))
+    """Refuses a run whose estimate exceeds the free memory of a side (the GPU this rank trains
+    on, the host), naming the largest part and the option that shrinks it."""
+    free = {"host": available_bytes("host")}
+    if device == "cuda":
+        free["device"] = available_bytes("cuda")
+    estimate = memory_estimate(config, task, device, budget=free.get("device", free["host"]))
+    short = [(estimate.need(side, phase) / free[side], side, phase)
+             for side in estimate.sides for phase in ("training", "evaluation")
+             if free[side] is not None and estimate.need(side, phase) > free[side]]
+    if not short:
+        return
+    _, side, phase = max(short)
+    largest = next((t for t in estimate.parts(side, phase) if t.option), None)
+    where = f"cuda:{local_rank()}" if side == "device" else "the host"
+    raise CheckFailed(
+        f"the run needs about {estimate.need(side, phase) / GIB:.1f} GiB for {phase} on {where} "
+        f"but it has {free[side] / GIB:.1f} GiB free ({estimate.params:,} parameters" +
+        (f"; the largest part, ~{largest.bytes / GIB:.1f} GiB: {largest.what}); reduce "
+         f"{largest.option}" if largest else "); free some memory"))
 
 
 def check_out_dir(out_dir: str) -> None:

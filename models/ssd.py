@@ -17,12 +17,19 @@ Three implementations of the same map, all returning (y, final_state):
   reached through `ssd_scan(..., kernel="mamba_ssm")`; `ssd_scan` also dispatches to the other
   two ("torch" = chunked, "sequential").
 
+`scan_override` makes every `ssd_scan` in a block run another function instead; with
+`kernel_footprint`, a stand-in that allocates what the kernel allocates and computes nothing,
+the pre-run memory estimate (bench/checks.py) measures a model as the kernel will run it, on a
+machine without the kernel or a GPU.
+
 Shapes: x (B, T, H, P), dt (B, T, H) positive (already softplus'd), A (H,) (negative for a
 decay; zero gives a_t = 1), B and C (B, T, G, N) with G dividing H (head h reads group
 h // (H // G), the mamba_ssm convention), D (H,) or None, initial_state (B, H, P, N) or None.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import importlib.util
 import sys
@@ -325,10 +332,74 @@ def ssd_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor |
              kernel: str = "auto") -> tuple[Tensor, Tensor]:
     """The SSD scan through the chosen implementation: "torch" (`ssd_chunked`), "sequential"
     (`ssd_sequential`, the oracle), "mamba_ssm" (the Triton kernel; CUDA only) or "auto" (the
-    kernel on CUDA when it imports and the dtype is one it supports, otherwise torch)."""
+    kernel on CUDA when it imports and the dtype is one it supports, otherwise torch); inside
+    `scan_override(scan)`, `scan` whatever the kernel."""
+    override = _scan_override.get()
+    if override is not None:
+        return override(x, dt, A, B, C, D, initial_state, chunk_size)
     kernel = resolve_kernel(kernel, x.device, x.dtype)
     if kernel == "mamba_ssm":
         return _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size)
     if kernel == "sequential":
         return ssd_sequential(x, dt, A, B, C, D, initial_state)
     return ssd_chunked(x, dt, A, B, C, D, initial_state, chunk_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring memory without the kernel.
+
+_scan_override: contextvars.ContextVar[Callable | None] = contextvars.ContextVar(
+    "ssd_scan_override", default=None)
+
+
+@contextlib.contextmanager
+def scan_override(scan: Callable):
+    """Within the block (in this thread or task), every `ssd_scan` call runs
+    `scan(x, dt, A, B, C, D, initial_state, chunk_size)` whatever kernel it names; the previous
+    setting comes back on exit. For measuring a model as another kernel will run it."""
+    token = _scan_override.set(scan)
+    try:
+        yield
+    finally:
+        _scan_override.reset(token)
+
+
+class _KernelFootprint(torch.autograd.Function):
+    """Allocates what `mamba_chunk_scan_combined` allocates, computes nothing (the values are
+    garbage): forward, the output, the final state and, float32, the per-chunk cumulative decays
+    (B, H, chunks, L) and chunk states (B, chunks, H, P, N), with the (L x L) chunk products
+    C·B per group as a temporary; saved for the backward pass, the inputs, the output, the
+    decays and the chunk states (the kernel recomputes these from the inputs; keeping them
+    bounds that recomputation). None of ssd_chunked's per-chunk (L x L) decay matrices: the
+    kernel never stores them."""
+
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, D, initial_state, chunk_size):
+        batch, length, heads, headdim = x.shape
+        groups, state_dim = B.shape[2:]
+        chunks = -(-length // chunk_size)
+        decays = x.new_empty(batch, heads, chunks, chunk_size, dtype=torch.float32)
+        states = x.new_empty(batch, chunks, heads, headdim, state_dim, dtype=torch.float32)
+        products = x.new_empty(batch, chunks, groups, chunk_size, chunk_size, dtype=torch.float32)
+        y = torch.empty_like(x)
+        final = x.new_empty(batch, heads, headdim, state_dim)
+        del products  # a temporary of the kernel's forward pass
+        ctx.save_for_backward(x, dt, A, B, C, D, initial_state, decays, states, y)
+        return y, final
+
+    @staticmethod
+    def backward(ctx, dy, dfinal):
+        x, dt, A, B, C, D, initial_state, *_ = ctx.saved_tensors
+        grads = [torch.empty_like(t) if t is not None and needed else None
+                 for t, needed in zip((x, dt, A, B, C, D, initial_state), ctx.needs_input_grad)]
+        return (*grads, None)
+
+
+def kernel_footprint(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                     D: Tensor | None = None, initial_state: Tensor | None = None,
+                     chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """A stand-in for the mamba_ssm kernel (same arguments as `ssd_chunked`) with its memory and
+    none of its arithmetic: `with scan_override(kernel_footprint):` measures a model's memory as
+    the kernel runs it (see _KernelFootprint)."""
+    _check_shapes(x, dt, A, B, C)
+    return _KernelFootprint.apply(x, dt, A, B, C, D, initial_state, chunk_size)

@@ -133,6 +133,9 @@ class Task(L.LightningDataModule, abc.ABC):
     # names of model probes (per-position internals, models/backbone.py Backbone.probe) the task
     # summarises in the record's metrics.probe (summarize_probes), when the model has them
     probes: ClassVar[tuple[str, ...]] = ()
+    # the option that sets how many held-out sequences evaluation scores (held_out_size), which
+    # the memory check names when evaluation does not fit
+    eval_size_option: ClassVar[str] = "trainer.eval_sequences"
 
     def __init__(self, config=None, *, batch_size: int = 32, seed: int = 0):
         super().__init__()
@@ -263,6 +266,11 @@ class Task(L.LightningDataModule, abc.ABC):
         """Bytes one sampled sequence holds: inputs, targets, mask and latent, in 8-byte units."""
         width = 1 if self.kind == "tokens" else self.input_dim + self.output_dim
         return 8 * ((self.seq_len + 1) * (width + 1) + self.latent_floats())
+
+    def held_out_size(self, n: int) -> int:
+        """The number of sequences held_out(n) will hold, known before it is drawn (for the
+        memory estimate): n. A task whose data decides (text) overrides it."""
+        return n
 
     @property
     def held_out_from_prior(self) -> bool:

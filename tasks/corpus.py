@@ -672,6 +672,25 @@ def cached_tokens(corpus: Corpus, split: str, tokenizer: TextTokenizer,
     return TokenSplit(tokens, meta)
 
 
+def cached_meta(corpus: Corpus, split: str, tokenizer: TextTokenizer,
+                cache_dir: str | os.PathLike) -> dict | None:
+    """The sidecar of the split's token cache when the cache is complete, else None; tokenizes
+    nothing."""
+    bin_path, meta_path = cache_paths(corpus, split, tokenizer, cache_dir)
+    return _read_meta(meta_path, bin_path, tokenizer, token_dtype(tokenizer.vocab_size))
+
+
+def split_tokens_bound(corpus: Corpus, split: str) -> int:
+    """An upper bound on the tokens of a split before it is tokenized: every tokenizer here is
+    byte-level (bytes, GPT-2's BPE, a trained byte-level BPE), so a token covers at least one
+    UTF-8 byte, and joining rows adds at most two tokens a row (document_texts, the end-of-document
+    id). Counted on the Arrow column, without reading the text into Python."""
+    import pyarrow.compute as pc
+    dataset = corpus[split]
+    text_bytes = pc.sum(pc.binary_length(dataset.data.column("text"))).as_py() or 0
+    return int(text_bytes) + 2 * len(dataset)
+
+
 def _read_meta(meta_path: Path, bin_path: Path, tokenizer: TextTokenizer,
                dtype: np.dtype) -> dict | None:
     """The sidecar if it describes a complete cache made by this tokenizer, else None."""
@@ -824,6 +843,20 @@ def evaluation_starts(n_tokens: int, seq_len: int, stride: int | None = None,
         keep = np.unique(np.linspace(0, len(starts) - 1, max_windows).round().astype(np.int64))
         starts, first = starts[keep], first[keep]
     return starts, first
+
+
+def evaluation_window_count(n_tokens: int, seq_len: int, stride: int | None = None,
+                            max_windows: int | None = None) -> int:
+    """len(evaluation_starts(...)[0]) without building them: the memory estimate counts the
+    windows of a split that may not be tokenized yet."""
+    stride = seq_len if stride is None else stride
+    n_targets = n_tokens - 1
+    if n_targets <= seq_len:
+        return 1
+    count = (n_targets - seq_len) // stride + 1
+    if (count - 1) * stride + seq_len < n_targets:  # the tail window
+        count += 1
+    return count if max_windows is None else min(count, max_windows)
 
 
 def windows_at(tokens: np.ndarray, starts: np.ndarray, first_scored: np.ndarray,

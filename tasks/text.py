@@ -77,6 +77,7 @@ class TextTask(Task):
     scoring = "perplexity"
     Config = TextConfig
     description = "language modelling on a text corpus (WikiText-103, PG-19, local files); perplexity"
+    eval_size_option = "task.eval_windows"  # the split decides the held-out size, not n
 
     def __init__(self, config: TextConfig | None = None, *, batch_size: int = 32, seed: int = 0):
         super().__init__(config, batch_size=batch_size, seed=seed)
@@ -152,6 +153,23 @@ class TextTask(Task):
             len(tokens), c.seq_len, c.eval_stride or None, c.eval_windows or None)
         inputs, targets, mask = text_corpus.windows_at(tokens, starts, first, c.seq_len)
         return Batch(inputs, targets, mask)
+
+    def held_out_size(self, n: int) -> int:
+        """The number of windows held_out scores (`n` does not apply), without tokenizing: from the
+        split's token cache when it is there, else from a bound on its tokens."""
+        c = self.config
+        meta = (text_corpus.cached_meta(self.corpus, c.eval_split, self._tokenizer, self.cache_dir())
+                if self._tokenizer is not None else None)
+        n_tokens = meta["n_tokens"] if meta else text_corpus.split_tokens_bound(self.corpus,
+                                                                                c.eval_split)
+        return text_corpus.evaluation_window_count(n_tokens, c.seq_len, c.eval_stride or None,
+                                                   c.eval_windows or None)
+
+    def latent_floats(self) -> int:
+        """The n-gram baselines' scoring workspace, per window: CacheModel.nll sorts events of
+        every position, ~20 int64 arrays of the held-out set's size (164 bytes a position,
+        measured on pydoc); 24 floats a position."""
+        return 24 * self.seq_len
 
     def bytes_per_token(self) -> float:
         """UTF-8 bytes of the evaluation split's text per token: bits per byte = nats per token
