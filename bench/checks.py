@@ -59,6 +59,18 @@ def training_device(config) -> str:
             else "cpu")
 
 
+def loader_workers(config) -> int:
+    """Processes that sample training batches (trainer.loader_workers; -1: automatic). On a
+    GPU, sampling in the training process would sit between steps: up to 4 workers per rank, as
+    the host's cores allow. On the CPU the cores are training: batches are sampled in-process."""
+    if config.trainer.loader_workers >= 0:
+        return config.trainer.loader_workers
+    if training_device(config) != "cuda":
+        return 0
+    ranks_here = max(1, world_size(config) // config.trainer.num_nodes)
+    return max(1, min(4, (os.cpu_count() or 1) // ranks_here - 1))
+
+
 def check_hardware(config) -> str:
     """The device type the run will train on ("cpu" or "cuda"), or CheckFailed when the
     configuration asks for hardware this machine does not have."""
@@ -359,6 +371,14 @@ class Estimate:
         return sum(t.bytes for t in self.parts(side, phase))
 
 
+def batches_in_flight(config) -> int:
+    """Training batches of one rank alive on the host at once: each loader worker's prefetch
+    and the pinned copy, or the one being made and the one training when sampled in-process."""
+    from tasks.base import Task
+    workers = loader_workers(config)
+    return 2 if workers == 0 else workers * Task.PREFETCH + 1
+
+
 def memory_estimate(config, task, device: str, kernel: str | None = None,
                     budget: int | None = None) -> Estimate:
     """Bytes the run needs at its peaks (an upper estimate from measured passes and counted
@@ -409,8 +429,9 @@ def memory_estimate(config, task, device: str, kernel: str | None = None,
         Term("device", "evaluation", "the gathered model outputs", size,
              24 * held_out * task.seq_len * outputs),
         Term("host", "training", "the processes' runtime", "", ranks * runtime),
-        Term("host", "training", "prefetched training batches", "trainer.batch_size",
-             ranks * 2 * (t.batch_size // world) * per_sequence),
+        Term("host", "training", "training batches sampled ahead (loader workers, pinned)",
+             "trainer.batch_size or trainer.loader_workers",
+             ranks * batches_in_flight(config) * (t.batch_size // world) * per_sequence),
         Term("host", "evaluation", "the processes' runtime", "", ranks * runtime),
         Term("host", "evaluation", "the AdamW state (and a GPU run's model) after fitting",
              "the model size", ranks * (4 if device == "cuda" else 2) * weights),

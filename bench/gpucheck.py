@@ -199,7 +199,8 @@ def section_speed(args: dict) -> dict:
                     rows.append({**setting, **timing})
                     print(f"speed {label} {setting}: {timing}", file=sys.stderr, flush=True)
             if compiled == "off":
-                from bench.train import build, loader_workers
+                from bench.checks import loader_workers
+                from bench.train import build
                 task, _ = build(config)
                 sampler = sampler_cost(task, 10)
                 best = min((r["step_s"] for r in rows if "step_s" in r), default=None)
@@ -214,7 +215,7 @@ def section_speed(args: dict) -> dict:
 def section_lm(args: dict) -> dict:
     import torch
 
-    from bench.checks import memory_estimate, model_footprint
+    from bench.checks import memory_estimate
     from bench.speed import configured, time_training
     from bench.train import apply_tf32_policy, build
     apply_tf32_policy(False)
@@ -225,8 +226,10 @@ def section_lm(args: dict) -> dict:
     for model in ("mamba_lm14m", "transformer_lm14m", "mamba_lm110m", "mamba_lm200m"):
         config = _compose([*text, f"model={model}"])
         task, _ = build(config)
-        params, activations = model_footprint(config, task, None)
-        estimate = memory_estimate(config, task, params, activations)
+        estimate = memory_estimate(config, task, "cuda")
+        params = estimate.params
+        estimate = {f"{side}_{phase}": estimate.need(side, phase) for side in estimate.sides
+                    for phase in ("training", "evaluation")}
         for compiled in ((False, True) if model.endswith("14m") else (False,)):
             if time.monotonic() > deadline:
                 rows.append({"model": model, "compile": compiled, "skipped": "budget"})

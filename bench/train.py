@@ -371,6 +371,7 @@ def build(config: RunConfig) -> tuple[Task, Backbone]:
     task = task_families()[config.task_family](
         config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
     task.progress = config.trainer.progress  # for tasks with long preparation (text: tokenizing)
+    from bench.checks import loader_workers
     task.loader_workers = loader_workers(config)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     torch.manual_seed(config.seed)  # parameter initialisation
@@ -379,19 +380,6 @@ def build(config: RunConfig) -> tuple[Task, Backbone]:
         # in place: parameter names (checkpoints) stay those of the eager model
         model.compile()
     return task, model
-
-
-def loader_workers(config: RunConfig) -> int:
-    """Processes that sample training batches (trainer.loader_workers; -1: automatic). On a
-    GPU, sampling in the training process would sit between steps: up to 4 workers per rank, as
-    the host's cores allow. On the CPU the cores are training: batches are sampled in-process."""
-    if config.trainer.loader_workers >= 0:
-        return config.trainer.loader_workers
-    from bench.checks import training_device, world_size
-    if training_device(config) != "cuda":
-        return 0
-    ranks_here = max(1, world_size(config) // config.trainer.num_nodes)
-    return max(1, min(4, (os.cpu_count() or 1) // ranks_here - 1))
 
 
 LOG_ROOT = "logs"  # training logs: out_dir/logs/<run_id>/

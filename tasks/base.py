@@ -293,6 +293,7 @@ class Task(L.LightningDataModule, abc.ABC):
 
     # --- Lightning: training batches are sampled on the CPU, in loader workers -------------
     loader_workers: int = 0  # processes sampling training batches (bench sets it per run)
+    PREFETCH = 4  # batches each loader worker keeps ready
 
     def training_batch(self, step: int, rank: int = 0,
                        pool: dict[str, Tensor] | None = None) -> Batch:
@@ -320,7 +321,7 @@ class Task(L.LightningDataModule, abc.ABC):
         return torch.utils.data.DataLoader(
             TrainingBatches(self, rank, pool), batch_size=None, sampler=Steps(start),
             num_workers=workers, pin_memory=device.type == "cuda",
-            prefetch_factor=4 if workers else None, multiprocessing_context=context)
+            prefetch_factor=self.PREFETCH if workers else None, multiprocessing_context=context)
 
     def set_held_out(self, n: int, batch_size: int, batch: Batch | None = None) -> Batch:
         """Fix the held-out set that `trainer.test` evaluates (`test_dataloader`): `batch` when
