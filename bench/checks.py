@@ -170,6 +170,18 @@ def parameter_bytes(precision: str) -> int:
 
 
 @contextlib.contextmanager
+def default_dtype(dtype: torch.dtype | None):
+    """torch's default floating dtype set to `dtype` inside (None: unchanged), restored after."""
+    previous = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@contextlib.contextmanager
 def precision_context(precision: str):
     """The forward context Lightning's precision plugin gives a step: autocast for *-mixed (on the
     CPU device type, where the fake tensors live; as on CUDA, matmuls run in half precision and
@@ -179,12 +191,8 @@ def precision_context(precision: str):
         with torch.autocast("cpu", dtype=half):
             yield
     elif parameter_bytes(precision) == 8:
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float64)
-        try:
+        with default_dtype(torch.float64):
             yield
-        finally:
-            torch.set_default_dtype(previous)
     else:
         yield
 
@@ -281,15 +289,16 @@ def _footprint(config, model_config, task, kernel: str | None, eval_rows: int,
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     with FakeTensorMode(allow_non_fake_inputs=True):
         try:
-            model = build_model(config.model_family, model_config, io)
+            # a float64 run's model is built in float64: module.double() cannot swap the
+            # parameters of a model without storage
+            with default_dtype(torch.float64 if parameter_bytes(precision) == 8 else None):
+                model = build_model(config.model_family, model_config, io)
         except ValueError as error:
             raise CheckFailed(f"model {config.model_name} cannot be built for task "
                               f"{config.task_name}: {first_line(error) or type(error).__name__}") from None
         params = sum(p.numel() for p in model.parameters())
         if budget is not None and 4 * parameter_bytes(precision) * params > budget:
             return Footprint(params)
-        if parameter_bytes(precision) == 8:
-            model.double()
 
         def batch(rows: int) -> Batch:
             shape = (rows, task.seq_len)

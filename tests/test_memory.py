@@ -180,3 +180,21 @@ def test_a_refused_text_evaluation_names_task_eval_windows(corpus_dir, monkeypat
     with pytest.raises(ConfigError, match=r"for evaluation on the host .* task\.eval_windows$"):
         compose(["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=byte",
                  "task.seq_len=32", "task.eval_stride=1", "model.d_model=16", "out_dir=/tmp"])
+
+
+@pytest.mark.parametrize("task", ["markov", "linreg"])
+def test_a_float64_run_is_checked_like_any_other(task):
+    """64-true: the model without storage is built in float64 (module.double() cannot swap the
+    parameters of fake tensors), and its weights count 8 bytes each."""
+    from bench.config import compose
+    from bench.checks import memory_estimate
+    from tasks import task_families
+    config = compose([f"task={task}", "trainer.precision=64-true"])  # the whole check runs
+    single = compose([f"task={task}"])
+    sampled = task_families()[config.task_family](config.task, batch_size=32)
+
+    def weights(c) -> int:
+        return next(t.bytes for t in memory_estimate(c, sampled, "cpu").terms
+                    if t.what == "weights, gradients and AdamW state")
+
+    assert weights(config) == 2 * weights(single)
