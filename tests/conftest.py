@@ -111,3 +111,24 @@ def check_score_last(every, final, last: int, sequences: int = 200) -> None:
         curve = scored["per_position"][f"loss.{name}"]
         assert curve[last] == pytest.approx(point, rel=1e-12, abs=1e-15)
         assert all(v is None for i, v in enumerate(curve) if i != last)
+
+
+def nan_loss_from(step: int, monkeypatch) -> None:
+    """Make the training loss NaN from training step `step` (0-based) on: the model's output is
+    multiplied by NaN in those steps (a forward hook), as a run that diverges there would see it.
+    Keyed by the step, not by calls of the loss, which the pre-run memory check makes too."""
+    import math
+
+    import bench.train
+    real = bench.train.ICLModule.training_step
+
+    def training_step(self, batch, batch_idx):
+        if int(self.global_step) < step:
+            return real(self, batch, batch_idx)
+        hook = self.model.register_forward_hook(lambda module, args, output: output * math.nan)
+        try:
+            return real(self, batch, batch_idx)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(bench.train.ICLModule, "training_step", training_step)

@@ -19,6 +19,7 @@ import bench.train
 from bench.__main__ import main
 from bench.config import compose
 from bench.records import SCHEMA, RunFailed, write_record
+from conftest import nan_loss_from
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["task.seq_len=24", "trainer.max_steps=4", "trainer.warmup_steps=2",
@@ -86,18 +87,6 @@ def test_a_failed_write_leaves_no_file_at_all(tmp_path, monkeypatch):
 
 
 # --- divergence and other exceptions -------------------------------------------------------
-
-def nan_loss_from(step: int, monkeypatch) -> None:
-    """Make the training loss NaN from the step-th call of masked_loss on."""
-    calls = []
-    real = bench.train.masked_loss
-
-    def loss(task, output, batch):
-        calls.append(1)
-        value = real(task, output, batch)
-        return value * math.nan if len(calls) > step else value
-    monkeypatch.setattr(bench.train, "masked_loss", loss)
-
 
 def test_a_nan_loss_stops_training_at_that_step(tmp_path, monkeypatch, capsys):
     nan_loss_from(3, monkeypatch)

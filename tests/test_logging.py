@@ -14,6 +14,7 @@ import torch
 import bench.train
 from bench.__main__ import main
 from bench.train import cosine_with_warmup
+from conftest import nan_loss_from
 
 # 20 steps, a row every 3 (0, 3, ..., 18), a checkpoint at step 10: the resume cuts an interval
 RUN = ["task.seq_len=24", "trainer.max_steps=20", "trainer.warmup_steps=2",
@@ -106,14 +107,7 @@ def test_logger_none_writes_no_log(tmp_path):
 
 
 def test_a_failed_run_leaves_a_valid_log_of_the_steps_it_did(tmp_path, monkeypatch, capsys):
-    calls = []
-    real = bench.train.masked_loss
-
-    def nan_from_step_3(task, output, batch):
-        calls.append(1)
-        value = real(task, output, batch)
-        return value * math.nan if len(calls) > 3 else value
-    monkeypatch.setattr(bench.train, "masked_loss", nan_from_step_3)
+    nan_loss_from(3, monkeypatch)
     assert main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=50",
                                                       "trainer.log_every=1")]) == 1
     err = capsys.readouterr().err
