@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
+from tasks.smc import DiagonalSystem, ParameterPrior
 
 
 # --- the Kalman filter, shared with tasks/lgssm_colored.py ----------------------------------
@@ -170,6 +171,114 @@ def _simulation_noise(state_noise: Tensor, obs_noise: Tensor, init_cov: Tensor, 
     w = state_chol.unsqueeze(1) @ torch.randn(n, steps, d, 1, **draw)
     v = obs_chol.unsqueeze(1) @ torch.randn(n, steps, m, 1, **draw)
     return z, w, v
+
+
+# --- the prior in the coordinates of the Bayes reference's sampler ----------------------------
+def symmetric_from_upper(values: Tensor, dim: int) -> Tensor:
+    """The symmetric (..., dim, dim) matrices whose upper triangles (row by row) are values
+    (..., dim (dim + 1) / 2)."""
+    rows, cols = torch.triu_indices(dim, dim)
+    matrix = values.new_zeros(values.shape[:-1] + (dim, dim))
+    matrix[..., rows, cols] = values
+    matrix[..., cols, rows] = values
+    return matrix
+
+
+def upper_of_symmetric(matrix: Tensor) -> Tensor:
+    rows, cols = torch.triu_indices(matrix.shape[-1], matrix.shape[-1])
+    return matrix[..., rows, cols]
+
+
+def uniform_spectrum_matrices(n: int, dim: int, generator: torch.Generator) -> Tensor:
+    """n symmetric matrices V diag(ν) Vᵀ, V Haar-orthogonal, ν_i ~ U[0, 1] independently."""
+    spectrum = torch.rand(n, dim, generator=generator, device=generator.device,
+                          dtype=torch.float64)
+    basis = random_orthogonal(n, dim, generator)
+    return basis @ torch.diag_embed(spectrum) @ basis.mT
+
+
+def log_vandermonde(spectrum: Tensor) -> Tensor:
+    """Σ_{i<j} log |ν_j - ν_i| of spectra (..., k) sorted ascending."""
+    k = spectrum.shape[-1]
+    rows, cols = torch.triu_indices(k, k, offset=1)
+    return torch.log(spectrum[..., cols] - spectrum[..., rows]).sum(-1)
+
+
+class LGSSMPrior(ParameterPrior):
+    """The task's prior over θ = (A, C, Q, R), in coordinates where a random walk can move it.
+
+    Rotating the latent state by the eigenbasis U of A (z → Uᵀz) maps θ to (Λ, CU, UᵀQU, R),
+    which gives every sequence the same law; under the prior, CU is again i.i.d. N(0, 1) and
+    UᵀQU again Q's law (U is Haar and independent of C and Q). So A = diag(λ) loses nothing:
+    λ_i = eig_min + (eig_max - eig_min) f_i with f ~ U[0, 1]^d. The noise covariances are
+    Q = exp(log q_min + (log q_max - log q_min) N_Q), N_Q = V diag(ν) Vᵀ with ν ~ U[0, 1]^d and
+    V Haar (a matrix exponential acts on the spectrum), and R likewise with N_R (m × m). The
+    coordinates are (f, C, upper triangle of N_Q, of N_R): d + md + d(d+1)/2 + m(m+1)/2 of them
+    (25 for d = 4, m = 2), and the prior density there is exp(-|C|²/2) / Π_{i<j} |ν_i - ν_j|
+    over both spectra (Weyl's formula: Lebesgue measure on symmetric matrices is
+    Π_{i<j} |ν_i - ν_j| dν dV), on the support f, ν ∈ [0, 1].
+
+    The remaining symmetries, z_i → ±z_{π(i)} (permuting λ, C's columns and N_Q's rows and
+    columns; flipping the signs of a column of C and of a row and column of N_Q), leave the
+    prior and the likelihood unchanged. The coordinates are restricted to one copy of the
+    fundamental region, f sorted ascending and the first row of C non-negative, so that the
+    particle population has one mode per posterior mode rather than 2^d d! copies, and its
+    covariance shapes the random-walk proposals well; the predictive mean is the same."""
+
+    def __init__(self, config: "LGSSMConfig"):
+        self.config = config
+        d, m = config.state_dim, config.obs_dim
+        self.sizes = (d, m * d, d * (d + 1) // 2, m * (m + 1) // 2)
+        self.dim = sum(self.sizes)
+
+    def sample(self, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+        d, m, n = self.config.state_dim, self.config.obs_dim, math.prod(shape)
+        draw = dict(generator=generator, device=generator.device, dtype=torch.float64)
+        fractions, order = torch.rand(n, d, **draw).sort(-1)
+        emission = torch.randn(n, m, d, **draw)
+        emission = emission.gather(-1, order[:, None, :].expand(-1, m, -1))
+        state_noise = uniform_spectrum_matrices(n, d, generator)
+        state_noise = state_noise.gather(-2, order[:, :, None].expand(-1, -1, d)).gather(
+            -1, order[:, None, :].expand(-1, d, -1))
+        signs = torch.where(emission[:, 0] < 0, -1.0, 1.0)  # z_i → -z_i where C_0i < 0
+        emission = emission * signs[:, None, :]
+        state_noise = state_noise * signs[:, :, None] * signs[:, None, :]
+        obs_noise = uniform_spectrum_matrices(n, m, generator)
+        coords = torch.cat([fractions, emission.flatten(1), upper_of_symmetric(state_noise),
+                            upper_of_symmetric(obs_noise)], -1)
+        return coords.T.contiguous().reshape(self.dim, *shape)
+
+    def evaluate(self, coords: Tensor) -> tuple[Tensor, DiagonalSystem]:
+        c = self.config
+        d, m = c.state_dim, c.obs_dim
+        fractions, emission, state_upper, obs_upper = coords.split(self.sizes)
+        emission = emission.unflatten(0, (m, d))
+        # eigh wants the matrix axes last; the rest of the sampler has them first
+        state_spectrum, state_basis = torch.linalg.eigh(
+            symmetric_from_upper(state_upper.movedim(0, -1), d))
+        obs_spectrum, obs_basis = torch.linalg.eigh(symmetric_from_upper(obs_upper.movedim(0, -1),
+                                                                         m))
+        inside = ((fractions >= 0).all(0) & (fractions <= 1).all(0)
+                  & (fractions[1:] >= fractions[:-1]).all(0) & (emission[0] >= 0).all(0)
+                  & (state_spectrum[..., 0] >= 0) & (state_spectrum[..., -1] <= 1)
+                  & (obs_spectrum[..., 0] >= 0) & (obs_spectrum[..., -1] <= 1))
+        log_density = (-0.5 * emission.square().sum((0, 1)) - log_vandermonde(state_spectrum)
+                       - log_vandermonde(obs_spectrum))
+        log_density = torch.where(inside, log_density, -math.inf)
+
+        def log_scale(spectrum: Tensor, low: float, high: float) -> Tensor:
+            return torch.exp(math.log(low) + (math.log(high) - math.log(low)) * spectrum)
+
+        state_noise = (state_basis * log_scale(state_spectrum, c.state_noise_min,
+                                               c.state_noise_max)[..., None, :]) @ state_basis.mT
+        state_noise = 0.5 * (state_noise + state_noise.mT)
+        system = DiagonalSystem(
+            transition=c.eig_min + (c.eig_max - c.eig_min) * fractions, emission=emission,
+            state_noise=state_noise.movedim((-2, -1), (0, 1)).contiguous(),
+            obs_basis=obs_basis.movedim((-2, -1), (0, 1)).contiguous(),
+            obs_variances=log_scale(obs_spectrum, c.obs_noise_min,
+                                    c.obs_noise_max).movedim(-1, 0).contiguous())
+        return log_density, system
 
 
 # --- the task ---------------------------------------------------------------------------------
