@@ -11,10 +11,13 @@ ess_fraction · N, the particles are resampled (systematic resampling) and each 
 a Gaussian fitted to the population (half of it: see _independent_metropolis_move) and
 accepting with the exact likelihood of the whole prefix x_1..x_t (a Kalman filter from
 scratch: the cost of a move). Independent proposals rejuvenate a resampled population in few
-steps where a random walk of the same cost barely moves it: on paper 004's prior, at equal cost,
-the Monte Carlo variance of the prediction was 2-3 times lower. Every step is exact, so the
-estimate converges to the posterior predictive mean as N grows; at fixed N it carries Monte
-Carlo error, which tasks/lgssm.py measures with independent runs.
+steps where a random walk of the same cost barely moves it: on paper 004's prior, at equal cost
+(8 moves of 128 particles), they left 2-3 times less Monte Carlo variance in the prediction than
+a random walk scaled by the population's covariance (both measured with proposals fitted to the
+whole population, before the split into halves). Every step is exact, so the estimate
+converges to the posterior predictive mean as N grows; at fixed N it carries Monte Carlo error:
+a variance, which tasks/lgssm.py measures with independent runs, and an O(1/N) bias that such
+runs share.
 
 A prior (`ParameterPrior`) gives θ in coordinates where it has a density (-inf outside the
 support), and the state-space system of each θ, with a diagonal transition (a prior that is
