@@ -20,20 +20,32 @@ sequence simulating one of them picked uniformly, as the paper meta-trains on N_
 still draws a fresh system per sequence from the prior, so what it measures is generalisation to
 new tasks.
 
-References: `clairvoyant`, the Kalman filter with the true θ (E[x_{t+1} | x_1..x_t, θ]), a
-bound; `erm`, the paper's Transformer-as-GD predictor argmin_y Σ_i ||y - x_i||² + λ||y||²
-= Σ_i x_i / (t + λ) (λ = 0: the pooled mean). There is no exact `bayes` reference: the posterior
-over the 31 free parameters of θ has no closed form (the paper samples it by HMC).
+References:
+- `bayes`: the posterior predictive mean E[x_{t+1} | x_1..x_t] under the prior of θ, whose
+  posterior (31 free parameters, 25 once the rotation of the latent state is factored out) has
+  no closed form; the paper samples it by HMC at one context length. Here resample-move SMC over
+  θ with exact Kalman likelihoods (tasks/smc.py, `LGSSMPrior` below) estimates it at every
+  position in one pass: the mean of two independent runs of `bayes_particles` particles each.
+  `bayes_run1` and `bayes_run2` (baselines) are those two runs: their spread measures the Monte
+  Carlo error, which `summarize` reports (`bayes_particles = 0` turns all three off).
+- `clairvoyant`, the Kalman filter with the true θ (E[x_{t+1} | x_1..x_t, θ]), a bound;
+- `erm`, the paper's Transformer-as-GD predictor argmin_y Σ_i ||y - x_i||² + λ||y||²
+  = Σ_i x_i / (t + λ) (λ = 0: the pooled mean).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
+from tasks.smc import DiagonalSystem, ParameterPrior, smc_predictive
+
+SMC_RUNS = 2  # independent runs of the bayes reference: their mean, and their spread as its error
 
 
 # --- the Kalman filter, shared with tasks/lgssm_colored.py ----------------------------------
@@ -172,6 +184,114 @@ def _simulation_noise(state_noise: Tensor, obs_noise: Tensor, init_cov: Tensor, 
     return z, w, v
 
 
+# --- the prior in the coordinates of the Bayes reference's sampler ----------------------------
+def symmetric_from_upper(values: Tensor, dim: int) -> Tensor:
+    """The symmetric (..., dim, dim) matrices whose upper triangles (row by row) are values
+    (..., dim (dim + 1) / 2)."""
+    rows, cols = torch.triu_indices(dim, dim)
+    matrix = values.new_zeros(values.shape[:-1] + (dim, dim))
+    matrix[..., rows, cols] = values
+    matrix[..., cols, rows] = values
+    return matrix
+
+
+def upper_of_symmetric(matrix: Tensor) -> Tensor:
+    rows, cols = torch.triu_indices(matrix.shape[-1], matrix.shape[-1])
+    return matrix[..., rows, cols]
+
+
+def uniform_spectrum_matrices(n: int, dim: int, generator: torch.Generator) -> Tensor:
+    """n symmetric matrices V diag(ν) Vᵀ, V Haar-orthogonal, ν_i ~ U[0, 1] independently."""
+    spectrum = torch.rand(n, dim, generator=generator, device=generator.device,
+                          dtype=torch.float64)
+    basis = random_orthogonal(n, dim, generator)
+    return basis @ torch.diag_embed(spectrum) @ basis.mT
+
+
+def log_vandermonde(spectrum: Tensor) -> Tensor:
+    """Σ_{i<j} log |ν_j - ν_i| of spectra (..., k) sorted ascending."""
+    k = spectrum.shape[-1]
+    rows, cols = torch.triu_indices(k, k, offset=1)
+    return torch.log(spectrum[..., cols] - spectrum[..., rows]).sum(-1)
+
+
+class LGSSMPrior(ParameterPrior):
+    """The task's prior over θ = (A, C, Q, R), in coordinates where a random walk can move it.
+
+    Rotating the latent state by the eigenbasis U of A (z → Uᵀz) maps θ to (Λ, CU, UᵀQU, R),
+    which gives every sequence the same law; under the prior, CU is again i.i.d. N(0, 1) and
+    UᵀQU again Q's law (U is Haar and independent of C and Q). So A = diag(λ) loses nothing:
+    λ_i = eig_min + (eig_max - eig_min) f_i with f ~ U[0, 1]^d. The noise covariances are
+    Q = exp(log q_min + (log q_max - log q_min) N_Q), N_Q = V diag(ν) Vᵀ with ν ~ U[0, 1]^d and
+    V Haar (a matrix exponential acts on the spectrum), and R likewise with N_R (m × m). The
+    coordinates are (f, C, upper triangle of N_Q, of N_R): d + md + d(d+1)/2 + m(m+1)/2 of them
+    (25 for d = 4, m = 2), and the prior density there is exp(-|C|²/2) / Π_{i<j} |ν_i - ν_j|
+    over both spectra (Weyl's formula: Lebesgue measure on symmetric matrices is
+    Π_{i<j} |ν_i - ν_j| dν dV), on the support f, ν ∈ [0, 1].
+
+    The remaining symmetries, z_i → ±z_{π(i)} (permuting λ, C's columns and N_Q's rows and
+    columns; flipping the signs of a column of C and of a row and column of N_Q), leave the
+    prior and the likelihood unchanged. The coordinates are restricted to one copy of the
+    fundamental region, f sorted ascending and the first row of C non-negative, so that the
+    particle population has one mode per posterior mode rather than 2^d d! copies, and its
+    covariance shapes the random-walk proposals well; the predictive mean is the same."""
+
+    def __init__(self, config: "LGSSMConfig"):
+        self.config = config
+        d, m = config.state_dim, config.obs_dim
+        self.sizes = (d, m * d, d * (d + 1) // 2, m * (m + 1) // 2)
+        self.dim = sum(self.sizes)
+
+    def sample(self, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+        d, m, n = self.config.state_dim, self.config.obs_dim, math.prod(shape)
+        draw = dict(generator=generator, device=generator.device, dtype=torch.float64)
+        fractions, order = torch.rand(n, d, **draw).sort(-1)
+        emission = torch.randn(n, m, d, **draw)
+        emission = emission.gather(-1, order[:, None, :].expand(-1, m, -1))
+        state_noise = uniform_spectrum_matrices(n, d, generator)
+        state_noise = state_noise.gather(-2, order[:, :, None].expand(-1, -1, d)).gather(
+            -1, order[:, None, :].expand(-1, d, -1))
+        signs = torch.where(emission[:, 0] < 0, -1.0, 1.0)  # z_i → -z_i where C_0i < 0
+        emission = emission * signs[:, None, :]
+        state_noise = state_noise * signs[:, :, None] * signs[:, None, :]
+        obs_noise = uniform_spectrum_matrices(n, m, generator)
+        coords = torch.cat([fractions, emission.flatten(1), upper_of_symmetric(state_noise),
+                            upper_of_symmetric(obs_noise)], -1)
+        return coords.T.contiguous().reshape(self.dim, *shape)
+
+    def evaluate(self, coords: Tensor) -> tuple[Tensor, DiagonalSystem]:
+        c = self.config
+        d, m = c.state_dim, c.obs_dim
+        fractions, emission, state_upper, obs_upper = coords.split(self.sizes)
+        emission = emission.unflatten(0, (m, d))
+        # eigh wants the matrix axes last; the rest of the sampler has them first
+        state_spectrum, state_basis = torch.linalg.eigh(
+            symmetric_from_upper(state_upper.movedim(0, -1), d))
+        obs_spectrum, obs_basis = torch.linalg.eigh(symmetric_from_upper(obs_upper.movedim(0, -1),
+                                                                         m))
+        inside = ((fractions >= 0).all(0) & (fractions <= 1).all(0)
+                  & (fractions[1:] >= fractions[:-1]).all(0) & (emission[0] >= 0).all(0)
+                  & (state_spectrum[..., 0] >= 0) & (state_spectrum[..., -1] <= 1)
+                  & (obs_spectrum[..., 0] >= 0) & (obs_spectrum[..., -1] <= 1))
+        log_density = (-0.5 * emission.square().sum((0, 1)) - log_vandermonde(state_spectrum)
+                       - log_vandermonde(obs_spectrum))
+        log_density = torch.where(inside, log_density, -math.inf)
+
+        def log_scale(spectrum: Tensor, low: float, high: float) -> Tensor:
+            return torch.exp(math.log(low) + (math.log(high) - math.log(low)) * spectrum)
+
+        state_noise = (state_basis * log_scale(state_spectrum, c.state_noise_min,
+                                               c.state_noise_max)[..., None, :]) @ state_basis.mT
+        state_noise = 0.5 * (state_noise + state_noise.mT)
+        system = DiagonalSystem(
+            transition=c.eig_min + (c.eig_max - c.eig_min) * fractions, emission=emission,
+            state_noise=state_noise.movedim((-2, -1), (0, 1)).contiguous(),
+            obs_basis=obs_basis.movedim((-2, -1), (0, 1)).contiguous(),
+            obs_variances=log_scale(obs_spectrum, c.obs_noise_min,
+                                    c.obs_noise_max).movedim(-1, 0).contiguous())
+        return log_density, system
+
+
 # --- the task ---------------------------------------------------------------------------------
 @dataclass
 class LGSSMConfig:
@@ -186,6 +306,8 @@ class LGSSMConfig:
     obs_noise_max: float = 0.5
     erm_ridge: float = 0.0  # λ of the erm baseline (0: pooled mean)
     num_tasks: int = 0  # training systems: a pool of this many (paper 004 Fig. 2 left); 0: fresh
+    bayes_particles: int = 512  # SMC particles per sequence in each run of bayes; 0: no bayes
+    bayes_moves: int = 2  # Metropolis-Hastings moves of every particle after each resampling
 
     def __post_init__(self):
         if self.seq_len < 1 or self.state_dim < 1 or self.obs_dim < 1:
@@ -200,14 +322,18 @@ class LGSSMConfig:
             raise ValueError("lgssm needs 0 < *_noise_min <= *_noise_max")
         if self.erm_ridge < 0:
             raise ValueError("lgssm needs erm_ridge >= 0")
+        if self.bayes_particles == 1 or self.bayes_particles < 0 or self.bayes_moves < 0:
+            raise ValueError("lgssm needs bayes_particles = 0 (no bayes reference) or >= 2, and "
+                             "bayes_moves >= 0")
 
 
 class LGSSMTask(Task):
     family = "lgssm"
     kind = "vectors"
     Config = LGSSMConfig
-    description = ("random LG-SSMs (d=4 latent, m=2 observed), stationary start; bound = "
-                   "Kalman filter with the true system; baseline = pooled ridge mean")
+    description = ("random LG-SSMs (d=4 latent, m=2 observed), stationary start; Bayes = SMC "
+                   "over the system; bound = Kalman filter with the true system; baseline = "
+                   "pooled ridge mean")
 
     def latent_floats(self) -> int:
         d, m = self.config.state_dim, self.config.obs_dim  # A, C, Q, R; the Kalman covariances
@@ -248,13 +374,42 @@ class LGSSMTask(Task):
                      latent=theta)
 
     def references(self) -> dict[str, Reference]:
-        return {
-            "clairvoyant": Reference("clairvoyant", "bound", "Kalman filter with the true "
-                                     "(A, C, Q, R) of each sequence (knows the latent)",
-                                     self.clairvoyant),
-            "erm": Reference("erm", "baseline", "pooled ridge mean Σx_i/(t+λ): the paper's "
-                             "Transformer-as-gradient-descent (ERM) predictor", self.erm),
-        }
+        refs = {}
+        if self.config.bayes_particles:
+            refs["bayes"] = Reference(
+                "bayes", "bayes", "posterior predictive mean under the prior of (A, C, Q, R): "
+                "resample-move SMC over the parameters with exact Kalman likelihoods, the mean of "
+                f"{SMC_RUNS} independent runs of bayes_particles particles", self.bayes)
+            for run in range(SMC_RUNS):
+                name = f"bayes_run{run + 1}"
+                refs[name] = Reference(name, "baseline", f"SMC run {run + 1} of the {SMC_RUNS} "
+                                       "that bayes averages: their spread is its Monte Carlo "
+                                       "error", partial(self.bayes_run, run))
+        refs["clairvoyant"] = Reference("clairvoyant", "bound", "Kalman filter with the true "
+                                        "(A, C, Q, R) of each sequence (knows the latent)",
+                                        self.clairvoyant)
+        refs["erm"] = Reference("erm", "baseline", "pooled ridge mean Σx_i/(t+λ): the paper's "
+                                "Transformer-as-gradient-descent (ERM) predictor", self.erm)
+        return refs
+
+    def smc_run(self, inputs: Tensor, run: int) -> Tensor:
+        """SMC run number `run` (its seed) on inputs (B, T, m): E[x_{t+1} | x_1..x_t], float64."""
+        c = self.config
+        return smc_predictive(inputs, LGSSMPrior(c), c.bayes_particles, c.bayes_moves,
+                              seed=run).prediction
+
+    def bayes(self, batch: Batch) -> Tensor:
+        """The mean of the SMC runs. The runs are kept for bayes_run to hand out once each (the
+        evaluation asks for every reference on the same batch; a run is a function of the
+        inputs and its seed, so a kept one is what it would compute)."""
+        runs = [self.smc_run(batch.inputs, run) for run in range(SMC_RUNS)]
+        key = _content_key(batch.inputs)
+        self.__dict__["_unread_runs"] = {(key, run): p for run, p in enumerate(runs)}
+        return torch.stack(runs).mean(0)
+
+    def bayes_run(self, run: int, batch: Batch) -> Tensor:
+        kept = self.__dict__.get("_unread_runs", {}).pop((_content_key(batch.inputs), run), None)
+        return kept if kept is not None else self.smc_run(batch.inputs, run)
 
     def clairvoyant(self, batch: Batch) -> Tensor:
         theta = {k: v.double() for k, v in batch.latent.items()}
@@ -264,3 +419,64 @@ class LGSSMTask(Task):
 
     def erm(self, batch: Batch) -> Tensor:
         return pooled_ridge_mean(batch.inputs.double(), self.config.erm_ridge)
+
+    # --- the excess risk against context length, and the Monte Carlo error of bayes ----------
+    def summarize(self, batch: Batch, losses: dict[str, Tensor],
+                  scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
+        """Per context-length bin k ∈ {8, 16, .., seq_len} (the context lengths k/2 < t <= k, as
+        tasks/lgssm_colored.py bins them), the excess loss of every predictor over `bayes` and
+        over `clairvoyant`, with standard errors over sequences, and the Monte Carlo error of
+        `bayes`, from its two runs a and b (ŷ = (a + b)/2, per-position losses L):
+
+        - bayes_mc_inflation: E[L_bayes] exceeds the exact posterior predictive's loss by the
+          variance of ŷ's Monte Carlo error, estimated without bias by |a - b|²/(4m)
+          = (L_a + L_b - 2 L_bayes)/2 (the parallelogram law; the runs are independent), so
+          the excess over the exact Bayes predictor is excess_over_bayes + bayes_mc_inflation
+          (excess_over_exact_bayes); bayes_mc_inflation_all is the mean over every scored
+          position, the correction of the record's bayes_gap. Neither sees the sampler's
+          finite-N bias, which is common to both runs (README: measured against larger runs);
+        - bayes_mc_stderr: the standard error that the runs' randomness adds to the mean of
+          L_bayes over the bin, sqrt(Σ_i D_i²)/(2n), D_i the bin mean of L_a - L_b of sequence
+          i (L_a - L_b ≈ 2(a - b)·(ŷ - x)/m, twice the spread of L_bayes's fluctuation)."""
+        from tasks.lgssm_colored import binned_means, context_bins, doubling_lengths
+        ks = doubling_lengths(8, self.config.seq_len)
+        mask = batch.loss_mask.cpu()
+        predictors = [n for n in losses if not n.startswith("bayes_run")]
+        summary: dict = {"context_lengths": ks}
+        for base in ("bayes", "clairvoyant"):
+            if base not in losses:
+                continue
+            excess = {name: binned_means(losses[name].double() - losses[base].double(), mask, ks)
+                      for name in predictors if name != base}
+            summary[f"excess_over_{base}"] = {name: e[0] for name, e in excess.items()}
+            summary[f"excess_over_{base}_stderr"] = {name: e[1] for name, e in excess.items()}
+        if "bayes" not in losses:
+            return summary
+        run_a, run_b, bayes = (losses[n].double().cpu() for n in ("bayes_run1", "bayes_run2",
+                                                                  "bayes"))
+        inflation = (run_a + run_b - 2 * bayes) / 2
+        summary["bayes_mc_inflation"] = binned_means(inflation, mask, ks)[0]
+        summary["bayes_mc_inflation_all"] = float((inflation * mask).sum() / mask.sum())
+        summary["excess_over_exact_bayes"] = {
+            name: [e + i if e is not None and i is not None else None
+                   for e, i in zip(summary["excess_over_bayes"][name],
+                                   summary["bayes_mc_inflation"])]
+            for name in summary["excess_over_bayes"]}
+        bins = context_bins(ks, mask.shape[1])
+        counts = mask.double() @ bins.T  # (B, K) scored positions per sequence and bin
+        has = counts > 0
+        run_difference = torch.where(has, ((run_a - run_b) * mask) @ bins.T / counts.clamp_min(1),
+                                     0.0)
+        sequences = has.sum(0)
+        stderr = run_difference.square().sum(0).sqrt() / (2 * sequences.clamp_min(1))
+        summary["bayes_mc_stderr"] = [float(e) if c > 0 else None
+                                      for e, c in zip(stderr, sequences)]
+        return summary
+
+
+def _content_key(tensor: Tensor) -> str:
+    """A digest of a tensor's shape, dtype and values."""
+    data = tensor.detach().cpu().contiguous()
+    digest = hashlib.sha256(str((tuple(data.shape), data.dtype)).encode())
+    digest.update(data.numpy().tobytes())
+    return digest.hexdigest()
