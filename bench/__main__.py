@@ -92,8 +92,11 @@ def cmd_list(argv: list[str]) -> int:
 def cmd_run(argv: list[str]) -> int:
     config = compose(argv)
     from bench.report import print_run
-    from bench.train import run
-    record, path = run(config)
+    from bench.train import end_distributed, run
+    try:
+        record, path = run(config)
+    finally:
+        end_distributed()
     if path:
         print_run(record, path)
     return 0
@@ -292,9 +295,19 @@ def cmd_suite(argv: list[str]) -> int:
     configs = [compose(entry) for entry in suite]
     for config in configs:
         config.origin = f"suite:{name}"
+    from bench.train import end_distributed
+    try:
+        return run_suite(name, size, numbers, suite, configs, rerun == "true")
+    finally:
+        end_distributed()
+
+
+def run_suite(name: str, size: int, numbers: list[int], suite: list[list[str]],
+              configs: list, rerun: bool) -> int:
+    """Runs the suite's entries in turn (one process group for all of them under DDP)."""
     from bench.records import RunFailed
     from bench.train import run
-    done = {} if rerun == "true" else finished_runs(configs)
+    done = {} if rerun else finished_runs(configs)
     failed = []
     for i, (number, entry, config) in enumerate(zip(numbers, suite, configs)):
         print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}", flush=True)

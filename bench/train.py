@@ -767,6 +767,17 @@ def leave_run_together(trainer: L.Trainer, signals: SignalGuard, failure: RunFai
     return error
 
 
+def end_distributed() -> None:
+    """Destroys this process's process groups (the training backend's and the lifecycle group)
+    once its runs are over, on every path out. Left to the interpreter's exit, gloo's worker
+    threads can outlive it and abort the process (SIGABRT, "terminate called without an active
+    exception") after its work is done: seen on rank 1 of a 2-rank suite. Local, no collective:
+    every rank has left its last run together with the others (leave_run_together)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    _lifecycle.pop("group", None)
+
+
 def wait_for_rank_zero(timeout: float = 30.0) -> None:
     """On a rank that Lightning's launcher started (its parent is rank 0's process), wait for
     rank 0 to exit first, up to `timeout` seconds: the launcher kills every process of a job as
