@@ -28,7 +28,8 @@ from torch import Tensor
 from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
 from bench import reference_cache
 from bench.evaluate import probe_summary, score_predictions, token_scores
-from bench.records import SCHEMA, RunFailed, new_run_id, provenance, write_record
+from bench.records import (SCHEMA, RunFailed, new_run_id, planned_environment, provenance,
+                           write_record)
 from models import build_model
 from models.backbone import Backbone, IOSpec
 from models.ssd import kernel_fallback
@@ -589,6 +590,15 @@ def _differences(saved, current, prefix: str) -> list[str]:
     return [] if saved == current else [f"{prefix}={saved!r} in the checkpoint, {current!r} now"]
 
 
+# Trainer settings a resumed run may change: how it is evaluated, logged and checkpointed, and
+# how batches are fed; none changes what is trained. Every other setting (and the seed, the
+# environment, the code) must be the checkpoint's: the optimizer, its schedule over max_steps
+# and the batches continue from the checkpoint as they were.
+RESUME_MAY_CHANGE = frozenset({"eval_sequences", "eval_batch_size", "bootstrap", "reference_cache",
+                               "log_every", "checkpoint_every", "progress", "threads", "logger",
+                               "loader_workers"})
+
+
 def check_resume(config: RunConfig) -> dict:
     """Validate `resume=<checkpoint>` before anything runs or is written: the file exists and is
     readable, this runner wrote it, and it was made with the same task and model (name and
@@ -608,12 +618,27 @@ def check_resume(config: RunConfig) -> dict:
         raise ConfigError(f"resume: '{path}' is not a checkpoint written by this runner "
                           f"(no '{CHECKPOINT_KEY}' metadata of format {CHECKPOINT_FORMAT})")
     described = config.describe()
-    for group in ("task", "model"):
-        diffs = _differences(meta.get(group), described[group], group)
+
+    def trained_by(trainer: dict | None) -> dict:
+        settings = (trainer or {}).get("config") or {}
+        return {key: value for key, value in settings.items() if key not in RESUME_MAY_CHANGE}
+
+    now, code_now = planned_environment(config), provenance()["code"]
+    compared = {  # what the checkpoint was made with, what this run would use
+        "task": (meta.get("task"), described["task"]),
+        "model": (meta.get("model"), described["model"]),
+        "seed": (meta.get("seed"), described["seed"]),
+        "trainer": (trained_by(meta.get("trainer")), trained_by(described["trainer"])),
+        # older checkpoints carry no environment or code: nothing to compare them with
+        "environment": (meta.get("environment", now._asdict()), now._asdict()),
+        "code": (meta.get("code", code_now), code_now)}
+    for group, (then, current) in compared.items():
+        diffs = _differences(then, current, group)
         if diffs:
             more = f" (and {len(diffs) - 2} more)" if len(diffs) > 2 else ""
             raise ConfigError(f"resume: '{path}' was made with a different {group}: "
-                              f"{'; '.join(diffs[:2])}{more}")
+                              f"{'; '.join(diffs[:2])}{more}; a resumed run trains on as it "
+                              "started, or its record would not say what ran")
     return meta
 
 
@@ -656,7 +681,8 @@ def run(config: RunConfig) -> tuple[dict, str]:
     log_dir = run_log_dir(run_id, resumed)  # relative to out_dir
     record["log_dir"] = log_dir if config.trainer.logger != "none" else None
     run_info = {"run_id": run_id, **{k: described[k] for k in ("task", "model", "trainer", "seed")},
-                "log_dir": log_dir}
+                "log_dir": log_dir, "environment": planned_environment(config)._asdict(),
+                "code": record["provenance"]["code"]}
     start = time.perf_counter()
     trainer = module = model = None
     path, failure = "", None

@@ -236,14 +236,38 @@ def bad_checkpoints(tmp_path: Path, good: Path) -> list[tuple[list[str], str]]:
         ([f"resume={good}", "model.d_state=8"],
          "different model: model.config.d_state=16 in the checkpoint, 8 now"),
         ([f"resume={good}", "model=transformer"], "different model: model.name='mamba'"),
+        # what the record would misreport: the seed, a trainer setting, the schedule's length
+        ([f"resume={good}", "seed=7"], "different seed: seed=0 in the checkpoint, 7 now"),
+        ([f"resume={good}", "trainer.lr=0.1"], "different trainer: trainer.lr="),
+        ([f"resume={good}", "trainer.max_steps=20"],
+         "different trainer: trainer.max_steps=8 in the checkpoint, 20 now"),
+        ([f"resume={good}", "trainer.precision=64-true"], "different trainer: trainer.precision="),
+        ([f"resume={edited(good, tmp_path, 'environment', 'device', 'cuda: NVIDIA H100')}"],
+         "different environment: environment.device='cuda: NVIDIA H100' in the checkpoint, "
+         "'cpu' now"),
+        ([f"resume={edited(good, tmp_path, 'code', None, 'f' * 12)}"],
+         "different code: code='ffffffffffff' in the checkpoint"),
     ]
+
+
+def edited(checkpoint: Path, tmp_path: Path, key: str, inner: str | None, value) -> Path:
+    """A copy of `checkpoint` whose run metadata says `key` (or key.inner) was `value`."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    if inner is None:
+        state["icl_bench"][key] = value
+    else:
+        state["icl_bench"][key][inner] = value
+    path = tmp_path / f"edited-{key}.ckpt"
+    torch.save(state, path)
+    return path
 
 
 def test_resume_is_refused_before_anything_is_written(first_run, tmp_path, capsys):
     _, checkpoint = first_run
     out = tmp_path / "results"
     for overrides, needle in bad_checkpoints(tmp_path, checkpoint):
-        code = main(["run", f"out_dir={out}", *tiny("trainer.max_steps=8"), *overrides])
+        given = {o.split("=", 1)[0]: o for o in ["trainer.max_steps=8", *overrides]}
+        code = main(["run", f"out_dir={out}", *tiny(*given.values())])
         line = one_error_line(capsys.readouterr().err)
         assert code == 2 and needle in line, (overrides, line)
         assert not out.exists(), overrides  # no record, no checkpoint directory
