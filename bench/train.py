@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime
+import functools
 import math
 import os
 import signal
@@ -590,6 +591,14 @@ def _differences(saved, current, prefix: str) -> list[str]:
     return [] if saved == current else [f"{prefix}={saved!r} in the checkpoint, {current!r} now"]
 
 
+@functools.cache
+def code_of_this_process() -> dict:
+    """provenance() as it was at this process's first run: the code a suite's later runs execute
+    is what was loaded then, whatever the checkout holds (a new commit, an edit) by the time they
+    start, so every record of the process names that code."""
+    return provenance()
+
+
 # Trainer settings a resumed run may change: how it is evaluated, logged and checkpointed, and
 # how batches are fed; none changes what is trained. Every other setting (and the seed, the
 # environment, the code) must be the checkpoint's: the optimizer, its schedule over max_steps
@@ -623,7 +632,7 @@ def check_resume(config: RunConfig) -> dict:
         settings = (trainer or {}).get("config") or {}
         return {key: value for key, value in settings.items() if key not in RESUME_MAY_CHANGE}
 
-    now, code_now = planned_environment(config), provenance()["code"]
+    now, code_now = planned_environment(config), code_of_this_process()["code"]
     compared = {  # what the checkpoint was made with, what this run would use
         "task": (meta.get("task"), described["task"]),
         "model": (meta.get("model"), described["model"]),
@@ -674,7 +683,7 @@ def run(config: RunConfig) -> tuple[dict, str]:
     run_id = new_run_id(config.task_name, config.model_name, config.seed)
     described = config.describe()
     record: dict = {"schema": SCHEMA, "run_id": run_id, **described,
-                    "provenance": provenance(), "status": "running"}
+                    "provenance": code_of_this_process(), "status": "running"}
     if resumed is not None:
         record["resumed_from"] = os.path.abspath(config.resume)
         record["resumed_run_id"] = resumed.get("run_id")

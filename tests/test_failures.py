@@ -2,6 +2,7 @@
 any exception) leaves exactly one `failed` record that says why, a one-line error and a non-zero
 exit status; a bad resume checkpoint is refused before anything is written; a resumed run's
 record covers the whole run."""
+import functools
 import json
 import math
 import os
@@ -328,8 +329,9 @@ def test_a_suite_run_again_skips_the_runs_it_finished(tmp_path, monkeypatch, cap
     monkeypatch.setattr(bench.config, "load_suite", lambda name: [["seed=0", *tiny],
                                                                   ["seed=1", *tiny]])
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
-    for module in (bench.records, bench.train):
-        monkeypatch.setattr(module, "provenance", lambda: dict(version))
+    # each main() call stands for a process of its own: the code it reports is `version` now
+    monkeypatch.setattr(bench.records, "provenance", lambda: dict(version))
+    monkeypatch.setattr(bench.train, "code_of_this_process", lambda: dict(version))
     suite = ["suite", "name=leaderboard", f"out_dir={tmp_path}"]
     assert main([*suite, "entries=1"]) == 0  # "interrupted" after seed 0
     assert len(list(tmp_path.glob("*.json"))) == 1
@@ -409,3 +411,19 @@ def test_a_non_finite_loss_stops_a_run_at_once_except_an_overflow_under_16_mixed
             module._check_step(nan, last)
     with pytest.raises(Diverged, match=f"diverged at step {last}: loss nan"):
         module._check_step(nan, last)
+
+
+def test_every_record_of_a_process_names_the_code_it_loaded(tmp_path, monkeypatch, capsys):
+    """A suite's later runs execute the code loaded at its first run: a commit or an edit made
+    while it runs must not change the code their records name."""
+    import bench.train
+    monkeypatch.setattr(bench.train, "code_of_this_process",
+                        functools.cache(bench.train.code_of_this_process.__wrapped__))
+    versions = iter([{"commit": c * 40, "code": c * 12, "dirty": False, "version": None,
+                      "torch": "t"} for c in "ab"])
+    monkeypatch.setattr(bench.train, "provenance", lambda: next(versions))
+    for seed in (0, 1):
+        assert main(["run", f"out_dir={tmp_path}", f"seed={seed}", *tiny("trainer.max_steps=2")]) == 0
+    capsys.readouterr()
+    records = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert [r["provenance"]["commit"] for r in records] == ["a" * 40] * 2
