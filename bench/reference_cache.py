@@ -8,25 +8,30 @@ held-out inputs, targets and mask (not the latent parameters: only the reference
 and their scores are in the file) and the references' per-position scores.
 
 Files live in <out_dir>/cache/references/, are written whole (a temporary file, then a rename)
-so that concurrent runs and interrupted ones never leave a partial file, and are recomputed when
-unreadable. Delete the folder to recompute everything."""
+so that concurrent runs and interrupted ones never leave a partial file, carry a digest of their
+content, and are recomputed (and replaced) when unreadable or when their content does not match
+the digest: a flipped byte must not become a Bayes loss. A cache that cannot be written costs the
+next run the recomputation, never this run its result. Delete the folder to recompute
+everything."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 import tasks
 from bench import evaluate
-from bench.config import RunConfig
+from bench.config import RunConfig, first_line
 from bench.evaluate import ReferenceScores, reference_scores
 from tasks.base import TEST_STREAM, Batch, Task
 
-FORMAT = "icl-bench/reference-cache/1"
+FORMAT = "icl-bench/reference-cache/2"  # 2: with a content digest
 CACHE_DIR = os.path.join("cache", "references")  # under out_dir
 
 
@@ -48,6 +53,28 @@ def cache_key(task: Task, n: int) -> str:
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def content_digest(value) -> str:
+    """sha256 of nested dicts/lists of tensors: every tensor's name path, dtype, shape and bytes."""
+    digest = hashlib.sha256()
+
+    def visit(item, where: str) -> None:
+        if isinstance(item, dict):
+            for key in sorted(item, key=str):
+                visit(item[key], f"{where}/{key}")
+        elif isinstance(item, (list, tuple)):
+            for i, element in enumerate(item):
+                visit(element, f"{where}/{i}")
+        elif isinstance(item, Tensor):
+            flat = item.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"{where}:{flat.dtype}:{tuple(item.shape)}".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(f"{where}={item!r}".encode())
+
+    visit(value, "")
+    return digest.hexdigest()
+
+
 def cache_path(out_dir: str, task: Task, n: int) -> Path:
     return Path(out_dir) / CACHE_DIR / f"{task.family}-{cache_key(task, n)[:20]}.pt"
 
@@ -62,6 +89,9 @@ def load(out_dir: str, task: Task, n: int) -> tuple[Batch, ReferenceScores] | No
         data = torch.load(path, map_location="cpu", weights_only=True)
         if data.get("format") != FORMAT or data.get("key") != cache_key(task, n):
             return None
+        if data.get("digest") != content_digest(data["content"]):
+            return None  # damaged on disk: recomputed and replaced
+        data = data["content"]
         batch = Batch(data["inputs"], data["targets"], data["loss_mask"])
         return batch, ReferenceScores(data["scores"], data["reference_probs"])
     except Exception:  # a damaged file is recomputed (and replaced) rather than trusted
@@ -72,9 +102,11 @@ def save(out_dir: str, task: Task, n: int, batch: Batch, references: ReferenceSc
     """Write the cache file whole: a temporary file in the same folder, then an atomic rename."""
     path = cache_path(out_dir, task, n)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"format": FORMAT, "key": cache_key(task, n), "inputs": batch.inputs.cpu(),
-            "targets": batch.targets.cpu(), "loss_mask": batch.loss_mask.cpu(),
-            "scores": references.scores, "reference_probs": references.reference_probs}
+    content = {"inputs": batch.inputs.cpu(), "targets": batch.targets.cpu(),
+               "loss_mask": batch.loss_mask.cpu(), "scores": references.scores,
+               "reference_probs": references.reference_probs}
+    data = {"format": FORMAT, "key": cache_key(task, n), "digest": content_digest(content),
+            "content": content}
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as file:
@@ -107,5 +139,10 @@ def complete(config: RunConfig, task: Task, batch: Batch,
     if config.trainer.reference_cache:
         # keyed by the requested size, as held_out_set looks it up (a text task's split
         # decides its own number of windows)
-        save(config.out_dir, task, config.trainer.eval_sequences, batch, references)
+        try:
+            save(config.out_dir, task, config.trainer.eval_sequences, batch, references)
+        except Exception as error:  # read-only, a file in the way, a full disk: not this run's loss
+            print(f"warning: the reference cache was not written ({type(error).__name__}: "
+                  f"{first_line(error)}); the next run of this task recomputes it",
+                  file=sys.stderr)
     return references

@@ -84,3 +84,42 @@ def test_runs_reuse_the_cache_and_report_it(tmp_path, capsys):
     other = tmp_path / "off"
     assert main(["run", f"out_dir={other}", "trainer.reference_cache=false", *TINY]) == 0
     assert not (other / "cache").exists()
+
+
+def test_a_cache_whose_content_does_not_match_its_digest_is_recomputed(tmp_path):
+    """A flipped byte in a cached score (or input) must not become a Bayes loss: the file's
+    content is checked against the digest it was written with."""
+    config = compose([f"out_dir={tmp_path}", *TINY])
+    task, _ = build(config)
+    batch, _ = reference_cache.held_out_set(config, task)
+    fresh = reference_cache.complete(config, task, batch, None)
+    path = reference_cache.cache_path(str(tmp_path), task, 24)
+    for damage in ("scores", "inputs"):
+        data = torch.load(path, weights_only=True)
+        holder, key = data["content"], "inputs"
+        if damage == "scores":
+            holder = next(iter(data["content"]["scores"].values()))
+            key = next(iter(holder))
+        tensor = holder[key].contiguous().clone()
+        flat = tensor.view(-1).view(torch.uint8)
+        flat[flat.numel() // 2] ^= 0x40  # one bit, as a disk or a copy would flip it
+        holder[key] = tensor
+        damaged = tmp_path / "damaged.pt"
+        torch.save(data, damaged)
+        damaged.replace(path)
+        assert reference_cache.load(str(tmp_path), task, 24) is None, damage
+        # the next run recomputes and replaces it: the same scores as before the damage
+        batch, cached = reference_cache.held_out_set(config, task)
+        assert cached is None
+        again = reference_cache.complete(config, task, batch, None)
+        assert reference_cache.content_digest(again.scores) == \
+            reference_cache.content_digest(fresh.scores)
+        assert reference_cache.load(str(tmp_path), task, 24) is not None
+
+
+def test_a_cache_that_cannot_be_written_costs_no_result(tmp_path, capsys):
+    (tmp_path / "cache").write_text("a file where the cache folder would go")
+    assert main(["run", f"out_dir={tmp_path}", *TINY]) == 0
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert record["status"] == "ok" and not record["eval"]["references_cached"]
+    assert "warning: the reference cache was not written" in capsys.readouterr().err
