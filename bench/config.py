@@ -10,6 +10,7 @@ error is a `ConfigError` whose message is one line naming the valid choices."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,12 @@ def first_line(error: BaseException) -> str:
     """The first line of an error's message ("" when it has none): messages here are one line."""
     text = str(error)
     return text.splitlines()[0] if text.strip() else ""
+
+
+# Numbers YAML 1.1 (OmegaConf's parser) reads other than a reader would: octal 010 = 8,
+# sexagesimal 1:04 = 64, 0x10, 0b10. In an override they are refused, not reinterpreted.
+YAML11_NUMBER = re.compile(r"[-+]?(0[0-9_]+|0[xob][0-9a-f_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)",
+                           re.IGNORECASE)
 
 
 @dataclass
@@ -162,6 +169,11 @@ def _typed(group: str, name: str, schema_cls: type, values: dict, overrides: lis
         if types.get(key) in (bool, "bool") and value.strip().lower() not in BOOLEANS:
             raise ConfigError(f"{group}.{key}: invalid value {value} (override); expected bool "
                               "(true or false)")
+        odd = next((token for token in re.split(r"[\[\],\s]+", value)
+                    if YAML11_NUMBER.fullmatch(token)), None)
+        if odd is not None:
+            raise ConfigError(f"{group}.{key}: '{odd}' is not a plain decimal number (YAML 1.1 "
+                              f"reads it as {yaml.safe_load(odd)!r}); write the number you mean")
     schema = OmegaConf.structured(schema_cls)
     for source, layer in (("file", values), ("override", overrides)):
         try:
@@ -188,14 +200,18 @@ def _typed(group: str, name: str, schema_cls: type, values: dict, overrides: lis
 
 
 def check_fields(group: str, schema) -> None:
-    """NaN and infinities, which OmegaConf lets through as floats but no field of ours means;
-    checked before the dataclass's own range checks so the message names the value."""
+    """NaN and infinities, which OmegaConf lets through as floats but no field of ours means, and
+    integers beyond 64 bits, which torch and the samplers cannot hold (OverflowError after the
+    run started); checked before the dataclass's own range checks so the message names the
+    value."""
     import math
     for key, value in schema.items():
         values = value if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
         for v in values:
             if isinstance(v, float) and not math.isfinite(v):
                 raise ConfigError(f"{group}.{key}: {v} is not a finite number")
+            if isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63:
+                raise ConfigError(f"{group}.{key}: {v} does not fit a 64-bit integer")
 
 
 def load_suite(name: str) -> list[list[str]]:
@@ -277,6 +293,6 @@ def parse_seed(value) -> int:
     """A seed is a non-negative integer below 2^63: `1.5`, `true` or `-1` are errors, never
     silently rounded or reinterpreted."""
     text = str(value).strip()
-    if not text.isdigit() or int(text) >= 2**63:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) >= 2**63:  # isdigit() takes '²' too
         raise ConfigError(f"seed: invalid value '{value}'; expected an integer in [0, 2^63)")
     return int(text)
