@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 import time
 from collections import defaultdict
@@ -474,7 +475,10 @@ def header(selection: Selection) -> list[str]:
 
 
 def output_path(out: str) -> Path:
-    """out= of a generated report (leaderboard, claims): a file name in an existing directory."""
+    """out= of a generated report (leaderboard, claims): a file name in an existing directory,
+    naming nothing or a regular file. The report replaces the file whole (a rename), so a symlink
+    would become a file and a FIFO or a device node would be replaced: refused, as is a figures
+    folder beside it that is not a plain folder."""
     if not out:
         raise ConfigError("out= needs a file name")
     out_path = Path(out)
@@ -482,7 +486,27 @@ def output_path(out: str) -> Path:
         raise ConfigError(f"out '{out}' is a directory; give a file name")
     if not out_path.resolve().parent.is_dir():
         raise ConfigError(f"out '{out}': directory {out_path.parent} does not exist")
+    not_plain = not_a_regular_file(out_path)
+    if not_plain:
+        raise ConfigError(f"out '{out}' is {not_plain}; reports are written only as regular "
+                          "files: give the path of one, or of none yet")
     return out_path
+
+
+def not_a_regular_file(path: Path, folder: bool = False) -> str:
+    """What path is when it is neither absent nor a regular file (a plain folder with
+    `folder`): "a symlink", "a FIFO", "a device", "a socket"...; "" otherwise."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return ""
+    kinds = [(stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+             (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")]
+    if folder:
+        kinds.append((stat.S_ISREG, "a file"))
+    else:
+        kinds.append((stat.S_ISDIR, "a directory"))
+    return next((name for test, name in kinds if test(mode)), "")
 
 
 def write_leaderboard(selection: Selection, out: str = "leaderboard.md") -> Path:
@@ -494,6 +518,9 @@ def write_leaderboard(selection: Selection, out: str = "leaderboard.md") -> Path
         why = f" ({'; '.join(notes)})" if notes else f" in {selection.out_dir.rstrip('/')}/"
         raise ConfigError(f"no usable run record{why}; {out} not written")
     figures = figures_dir(Path(selection.out_dir), out_path)
+    not_plain = not_a_regular_file(figures, folder=True)
+    if not_plain:
+        raise ConfigError(f"the figures folder {figures} is {not_plain}; {out} not written")
     lines = header(selection)
     for section in selection.sections:
         figure = figures / f"{section.task}-{section.task_digest}-n{section.sequences}.png"

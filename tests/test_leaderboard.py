@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -370,3 +371,34 @@ def test_the_committed_records_still_make_a_board(tmp_path):
     text = board.read_text()
     assert len(model_rows(text)) > 0 and text.count("![per-position gap](lb-figures/") == 2
     assert not (results / "figures").exists()
+
+
+@pytest.mark.parametrize("command,kind", [
+    *(("leaderboard", kind) for kind in ("symlink", "fifo", "figures-symlink", "figures-file")),
+    ("claims", "symlink"), ("claims", "fifo")])  # claims.md has no figures
+def test_a_report_is_never_written_through_a_path_it_did_not_create(tmp_path, capsys, command,
+                                                                     kind):
+    """out= naming a symlink, a FIFO (or a device), or a figures folder that is a link or a
+    file: one line, exit 2, and every one of them as it was."""
+    results = tmp_path / "results"
+    put(results, record())
+    target = tmp_path / "target.md"
+    target.write_text("the link's target")
+    out = tmp_path / "report.md"
+    if kind == "symlink":
+        out.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(out)
+    elif kind == "figures-symlink":
+        (tmp_path / "report-figures").symlink_to(tmp_path)
+    else:
+        (tmp_path / "report-figures").write_text("a file")
+    assert main([command, f"out_dir={results}", f"out={out}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1
+    assert ("a symlink" if "symlink" in kind else "a FIFO" if kind == "fifo" else "a file") in err
+    assert target.read_text() == "the link's target"
+    if kind == "symlink":
+        assert out.is_symlink()
+    if kind == "fifo":
+        assert stat.S_ISFIFO(os.lstat(out).st_mode)
