@@ -71,6 +71,12 @@ def loader_workers(config) -> int:
     return max(1, min(4, (os.cpu_count() or 1) // ranks_here - 1))
 
 
+# What a multi-node launcher puts in each process's environment (torchrun, SLURM, MPI-style
+# launchers set some of them; Lightning reads them to find the other nodes).
+MULTI_NODE_LAUNCH = ("NODE_RANK", "GROUP_RANK", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
+                     "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
 def check_hardware(config) -> str:
     """The device type the run will train on ("cpu" or "cuda"), or CheckFailed when the
     configuration asks for hardware this machine does not have."""
@@ -79,6 +85,10 @@ def check_hardware(config) -> str:
         raise CheckFailed("trainer.strategy=ddp_spawn is not supported: its processes return "
                           "their results through the launcher, not records; use "
                           "trainer.strategy=ddp (trainer=ddp)")
+    if t.num_nodes > 1 and not any(os.environ.get(name) for name in MULTI_NODE_LAUNCH):
+        raise CheckFailed(f"trainer.num_nodes={t.num_nodes} needs a multi-node launcher that "
+                          "starts every node (torchrun --nnodes, SLURM's srun); started alone, "
+                          "this process would wait forever for the other nodes")
     gpus = cuda_devices()
     if t.accelerator in ("gpu", "cuda") and gpus == 0:
         raise CheckFailed(f"trainer.accelerator={t.accelerator} (trainer={config.trainer_name}) "

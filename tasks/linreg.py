@@ -176,6 +176,9 @@ def pinv_response(e: Tensor) -> Tensor:
     return torch.where(keep, 1.0 / torch.where(keep, e, torch.ones_like(e)), torch.zeros_like(e))
 
 
+MAX_GD_STEPS = 1000  # K of a gd<K> reference: its response is iterated K times, its step tuned
+
+
 def gd_response(steps: int, rate: Tensor):
     """K steps of W ← W - c (W S_xx - S_xyᵀ) from 0 give h(e) = c Σ_{i<K} (1 - c e)^i; rate is c per
     context size (n,) broadcast over the (B, n, f) eigenvalues."""
@@ -259,6 +262,9 @@ class LinearRegression(Task):
                 raise ValueError("linreg needs noise_std >= 0")
             if any(k < 1 for k in self.gd_steps):
                 raise ValueError("linreg gd_steps must be positive step counts")
+            if any(k > MAX_GD_STEPS for k in self.gd_steps):  # the GD references run step by step
+                raise ValueError(f"linreg gd_steps must be at most {MAX_GD_STEPS}, got "
+                                 f"{max(self.gd_steps)}")
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)

@@ -54,6 +54,9 @@ class MarkovConfig:
     def __post_init__(self):
         if self.order < 1 or self.vocab_size < 2 or self.beta <= 0 or self.seq_len < 1:
             raise ValueError("markov needs order >= 1, vocab_size >= 2, beta > 0, seq_len >= 1")
+        if self.order * math.log2(self.vocab_size) >= 62:  # context ids S^k (+ 1) are int64
+            raise ValueError(f"{self.vocab_size}^{self.order} contexts do not fit a "
+                             "64-bit index; lower task.order")
         if self.num_tasks < 0:
             raise ValueError(f"markov needs num_tasks >= 0 (0: a fresh kernel per training "
                              f"sequence), got {self.num_tasks}")

@@ -56,6 +56,9 @@ class SwitchingMarkovConfig:
         if self.order < 1 or self.vocab_size < 2 or self.beta <= 0 or self.seq_len < 1:
             raise ValueError("switching_markov needs order >= 1, vocab_size >= 2, beta > 0, "
                              "seq_len >= 1")
+        if self.order * math.log2(self.vocab_size) >= 62:  # context ids S^k (+ 1) are int64
+            raise ValueError(f"{self.vocab_size}^{self.order} contexts do not fit a "
+                             "64-bit index; lower task.order")
         if not 0 <= self.p_switch < 1:
             raise ValueError("switching_markov needs 0 <= p_switch < 1")
 

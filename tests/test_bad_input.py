@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
+from bench.checks import MULTI_NODE_LAUNCH
 
 REPO = Path(__file__).resolve().parents[1]
 HUGE = 10**9
@@ -64,6 +65,13 @@ CASES = [
      "trainer.max_steps: 1000000000000000000000000000000 does not fit a 64-bit integer"),
     ("type", ["run", "task.seq_len=-1000000000000000000000000000000"],
      "does not fit a 64-bit integer"),
+    # values that used to hang before the start (a 2^(10^18) integer, 10^8 GD iterations, a wait
+    # for a second node nobody starts)
+    ("range", ["run", "task.order=1000000000000000000"], "contexts do not fit a 64-bit index"),
+    ("range", ["run", "task=switching_markov", "task.order=100"], "do not fit a 64-bit index"),
+    ("range", ["run", "task=linreg", "task.gd_steps=[1,100000000]"],
+     "gd_steps must be at most 1000"),
+    ("hardware", ["run", "trainer.num_nodes=2"], "needs a multi-node launcher"),
     ("type", ["run", "task.order=abc"], "task.order: invalid value abc"),
     ("type", ["run", "task.order=1.5"], "task.order: invalid value 1.5"),
     ("type", ["run", "task.order=true"], "task.order: invalid value true"),
@@ -237,6 +245,8 @@ def test_malformed_invocation_is_one_line_and_exit_2(category, args, needle, fix
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)  # the default out_dir `results` would land here
+    for name in MULTI_NODE_LAUNCH:  # as started by hand, not by a multi-node launcher
+        monkeypatch.delenv(name, raising=False)
     args = [a.replace("{fixtures}", str(fixtures)) for a in args]
     needle = needle.replace("{fixtures}", str(fixtures))
     before = files_under(fixtures)
