@@ -81,7 +81,7 @@ class Diverged(FloatingPointError):
 
 
 class Interrupted(Exception):
-    """SIGINT or SIGTERM asked the run to stop (an Exception, unlike KeyboardInterrupt and
+    """SIGINT, SIGTERM or SIGHUP asked the run to stop (an Exception, unlike KeyboardInterrupt and
     Lightning's SIGTERMException, so that Lightning tears down normally and re-raises it)."""
 
     def __init__(self, signum: int | None):
@@ -94,7 +94,7 @@ def signal_name(signum: int | None) -> str:
 
 
 class SignalGuard:
-    """SIGINT and SIGTERM handlers for the duration of a run; the previous ones come back on exit.
+    """SIGINT, SIGTERM and SIGHUP handlers for the duration of a run; the previous ones come back on exit.
 
     What a signal does depends on the phase (`mode`):
     - "flag" (training): only note it; the training step raises Interrupted at the next batch,
@@ -111,7 +111,8 @@ class SignalGuard:
     ours back (KeepSignalHandlers). Signal handlers can only be set in the main thread;
     elsewhere the guard does nothing, and an ignored signal stays ignored."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    # SIGHUP: the terminal closed or the SSH connection dropped; it ends a run like SIGTERM
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self):
         self.signum: int | None = None

@@ -157,7 +157,8 @@ def test_other_ranks_write_no_record(tmp_path, monkeypatch):
 
 # --- signals -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_signal_during_training_writes_a_failed_record(tmp_path, signum):
     """A real process: started for 100000 steps, signalled once it has written a checkpoint
     (so it is surely training), it must end promptly with 128 + signal number."""
