@@ -120,6 +120,12 @@ def code_label(commit: str | None, dirty: bool | None) -> str:
     return commit[:7] + {True: "+dirty", False: "", None: "?"}[dirty]
 
 
+def number_or_null(value) -> bool:
+    """A number as records hold them: finite, or null where it was not (strict JSON)."""
+    return value is None or (isinstance(value, Real) and not isinstance(value, bool)
+                             and math.isfinite(value))
+
+
 def unusable(record: dict) -> str | None:
     """Why an `ok` record cannot be shown (missing or mistyped fields), or None."""
     bad = []
@@ -131,11 +137,28 @@ def unusable(record: dict) -> str | None:
         value = record
         for key in keys:
             value = value.get(key) if isinstance(value, dict) else None
-        if not isinstance(value, kind):
-            bad.append(".".join(keys))
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            bad.append(".".join(keys))  # JSON's true is no seed 1
+        elif kind is Real and not math.isfinite(value):
+            bad.append(f"{'.'.join(keys)} (not a finite number)")
+        elif kind is list and not all(number_or_null(v) for v in value):
+            bad.append(f"{'.'.join(keys)} (not a list of numbers)")
+    overrides = record.get("overrides", [])
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        bad.append("overrides")
     if bad:
         return f"missing or malformed {', '.join(bad)}"
     m = record["metrics"]
+    intervals = [m["bayes_gap_ci"]] if scoring == "gap" else []
+    intervals += list((m["gap_ci"] if scoring == "gap" else m["perplexity_ci"]).values())
+    if not all(isinstance(ci, list) and len(ci) == 2 and all(number_or_null(v) for v in ci)
+               for ci in intervals):
+        return "malformed confidence interval (not a pair of numbers)"
+    tables = ("loss", "gap") if scoring == "gap" else ("loss", "perplexity", "bits_per_byte")
+    odd = [f"metrics.{table}.{name}" for table in tables for name, value in m[table].items()
+           if not number_or_null(value)]
+    if odd:
+        return f"not a finite number: {', '.join(odd)}"
     if scoring == "perplexity":
         lacking = [name for name in ["model", *m["roles"]]
                    if not all(name in m[key] for key in ("loss", "perplexity", "perplexity_ci"))]

@@ -177,6 +177,9 @@ def read_records(out_dir: str | Path) -> tuple[list[dict], list[tuple[str, str]]
         except (json.JSONDecodeError, UnicodeDecodeError):
             bad.append((str(path), "not valid JSON"))
             continue
+        except RecursionError:
+            bad.append((str(path), "JSON nested too deeply to be a record"))
+            continue
         except OSError as error:
             bad.append((str(path), f"cannot be read ({error.strerror or error})"))
             continue

@@ -402,3 +402,49 @@ def test_a_report_is_never_written_through_a_path_it_did_not_create(tmp_path, ca
         assert out.is_symlink()
     if kind == "fifo":
         assert stat.S_ISFIFO(os.lstat(out).st_mode)
+
+
+def _malformed(change: str) -> dict:
+    rec = record(seed=1, gap=0.3)
+    m = rec["metrics"]
+    if change == "seed-true":
+        rec["seed"] = True
+    elif change == "nan-gap":
+        m["bayes_gap"] = float("nan")
+    elif change == "ci-of-three":
+        m["bayes_gap_ci"] = [0.1, 0.2, 0.3]
+    elif change == "string-curve":
+        rec["per_position"]["gap.model"] = ["0.1", 0.2]
+    elif change == "overrides-number":
+        rec["overrides"] = 5
+    elif change == "huge-gap":
+        m["gap"]["model"] = float("inf")
+    return rec
+
+
+@pytest.mark.parametrize("change,reason", [
+    ("seed-true", "seed"), ("nan-gap", "metrics.bayes_gap (not a finite number)"),
+    ("ci-of-three", "not a pair of numbers"), ("string-curve", "per_position.gap.model"),
+    ("overrides-number", "overrides"), ("huge-gap", "not a finite number: metrics.gap.model")])
+def test_a_malformed_record_is_named_and_left_out_not_pooled(tmp_path, capsys, change, reason):
+    """A schema-valid record with a mistyped field is named in a warning and left out: JSON's
+    `true` is not seed 1 (it replaced the real seed-1 record), a NaN does not blank a row."""
+    results = tmp_path / "results"
+    good = record(seed=1, gap=0.1)
+    bad_path = put(results, good, _malformed(change))[1]
+    board = tmp_path / "lb.md"
+    assert main(["leaderboard", f"out_dir={results}", f"out={board}"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: skipped {bad_path}" in err
+    assert any(part in err for part in reason.split("|")), err
+    rows = model_rows(board.read_text())
+    assert len(rows) == 1 and rows[0]["gap"] == pytest.approx(0.1)
+
+
+def test_a_record_nested_too_deeply_is_named(tmp_path, capsys):
+    results = tmp_path / "results"
+    put(results, record())
+    deep = results / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    assert main(["leaderboard", f"out_dir={results}", f"out={tmp_path / 'lb.md'}"]) == 0
+    assert f"warning: skipped {deep}: JSON nested too deeply" in capsys.readouterr().err
