@@ -89,6 +89,29 @@ class Interrupted(Exception):
         super().__init__(f"interrupted ({signal_name(signum)})")
 
 
+class ReferenceNotFinite(ArithmeticError):
+    """The gap reference's loss on the held-out set is not a number: so is every gap."""
+
+
+def check_references(metrics: dict) -> None:
+    """References whose held-out loss is not finite (a task configured beyond what they can
+    compute: linreg inputs scaled by 1e30 gave gd5 NaN in an `ok` record, unflagged) are named
+    in metrics.nonfinite_references and a warning; when the gap reference is one of them the run
+    fails, as its gap would be undefined."""
+    losses = metrics.get("loss") or {}
+    broken = [name for name in metrics.get("roles") or {}
+              if not isinstance(losses.get(name), (int, float)) or not math.isfinite(losses[name])]
+    if not broken:
+        return
+    reference = metrics.get("gap_reference")
+    if reference in broken:
+        raise ReferenceNotFinite(f"the loss of the gap reference {reference} on the held-out set "
+                                 "is not finite; the task's settings are beyond what it computes")
+    metrics["nonfinite_references"] = broken
+    print(f"warning: the held-out loss of {', '.join(broken)} is not finite (the task's settings "
+          "are beyond what they compute); named in metrics.nonfinite_references", file=sys.stderr)
+
+
 def signal_name(signum: int | None) -> str:
     return signal.Signals(signum).name if signum is not None else "on another rank"
 
@@ -730,6 +753,7 @@ def run(config: RunConfig) -> tuple[dict, str]:
                     task, held_out, getattr(module, "test_predictions", None),
                     config.trainer.bootstrap, references, getattr(module, "test_scores", None)))
                 times["scoring"] = lap()
+                check_references(record["metrics"])
                 probe = probe_summary(task, model, held_out, config.trainer.eval_batch_size)
                 if probe is not None:
                     record["metrics"]["probe"] = probe

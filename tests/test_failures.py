@@ -428,3 +428,17 @@ def test_every_record_of_a_process_names_the_code_it_loaded(tmp_path, monkeypatc
     capsys.readouterr()
     records = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert [r["provenance"]["commit"] for r in records] == ["a" * 40] * 2
+
+
+def test_a_reference_that_is_not_finite_is_named_and_the_gap_reference_fails_the_run(capsys):
+    from bench.train import ReferenceNotFinite, check_references
+    fine = {"gap_reference": "bayes", "roles": {"bayes": "bayes", "gd5": "baseline"},
+            "loss": {"bayes": 1.0, "gd5": 2.0, "model": 1.5}}
+    check_references(fine)
+    assert "nonfinite_references" not in fine and capsys.readouterr().err == ""
+    baseline = {**fine, "loss": {"bayes": 1.0, "gd5": math.nan, "model": 1.5}}
+    check_references(baseline)
+    assert baseline["nonfinite_references"] == ["gd5"]
+    assert "warning: the held-out loss of gd5 is not finite" in capsys.readouterr().err
+    with pytest.raises(ReferenceNotFinite, match="gap reference bayes"):
+        check_references({**fine, "loss": {"bayes": math.inf, "gd5": 2.0, "model": 1.5}})
