@@ -323,23 +323,33 @@ def _load_files(source: str, files: dict[str, list[Path]], text_field: str, samp
             raise CorpusError(f"the {split} split mixes file types ({examples}); keep one type "
                               f"per split")
         by_builder.setdefault(builders.pop(), {})[split] = [str(p) for p in paths]
+    all_files = sorted(p for paths in files.values() for p in paths)
+    identity = _files_identity(base, all_files, text_field, sample_by)
+    # datasets keys its Arrow copy of a local file by path and modification time: a file edited
+    # at the same size with its mtime restored (cp -p, rsync -t) would load stale. A cache folder
+    # per content digest cannot be stale.
+    content_cache = os.path.join(cache_dir or datasets.config.HF_DATASETS_CACHE, "icl-bench",
+                                 identity[:20])
     loaded = {}
     for builder, data_files in by_builder.items():
         options = dict(sample_by=sample_by, keep_linebreaks=True) if builder == "text" else {}
         with _hub_mode(online=False):  # local files never need the hub
             loaded.update(datasets.load_dataset(builder, data_files=data_files,
-                                                cache_dir=cache_dir, **options))
-    all_files = sorted(p for paths in files.values() for p in paths)
-    return Corpus(source, {s: loaded[s] for s in files}, sample_by, description,
-                  _files_identity(base, all_files, text_field, sample_by))
+                                                cache_dir=content_cache, **options))
+    return Corpus(source, {s: loaded[s] for s in files}, sample_by, description, identity)
 
 
 def _files_identity(base: Path | None, files: Iterable[Path], *extra: str) -> str:
+    """A digest of the files' names and contents (not their size and mtime, which an edit can
+    keep: cp -p, rsync -t, touch -r), and of `extra`: the key of every cache made from them."""
     digest = hashlib.sha256(json.dumps(extra).encode())
     for path in files:
-        stat = path.stat()
         name = path.relative_to(base).as_posix() if base else path.resolve().as_posix()
-        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        digest.update(f"{name}\0".encode())
+        with open(path, "rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\n")
     return digest.hexdigest()
 
 

@@ -1,6 +1,7 @@
 """tasks/corpus.py: finding text corpora offline, tokenizers, the token cache, windows, metrics
 and n-gram baselines. No network: the hub is switched off for every test, and HF's caches point
 into tmp_path."""
+import os
 import json
 import math
 import time
@@ -618,3 +619,22 @@ def test_baselines_on_a_token_cache(pydoc, tmp_path):
     assert losses["unigram_cache"] < losses["unigram"]
     assert 3.5 < losses["unigram"] / math.log(2) < 5.5
     assert int(mask.sum()) == meta["n_tokens"] - 1
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_seen(tmp_path):
+    """cp -p, rsync -t, touch -r keep a file's size and modification time: the corpus's identity
+    (the key of the token and baseline caches) and datasets' own copy must follow the content."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_txt_lines(data)
+    options = dict(hf_cache_dir=tmp_path / "hf", hub=False, sample_by="line")
+    before = C.load_splits("mine", data_dir=data, **options)
+    train = data / "train.txt"
+    text, times = train.read_text(encoding="utf-8"), os.stat(train)
+    edited = text.replace(text[0], "X" if text[0] != "X" else "Y", 1)
+    assert len(edited.encode()) == len(text.encode()) and edited != text
+    train.write_text(edited, encoding="utf-8")
+    os.utime(train, ns=(times.st_atime_ns, times.st_mtime_ns))
+    after = C.load_splits("mine", data_dir=data, **options)
+    assert after.identity != before.identity
+    assert "".join(rows(after, "train")) == edited
