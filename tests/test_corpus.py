@@ -1,9 +1,9 @@
 """tasks/corpus.py: finding text corpora offline, tokenizers, the token cache, windows, metrics
 and n-gram baselines. No network: the hub is switched off for every test, and HF's caches point
 into tmp_path."""
-import os
 import json
 import math
+import os
 import time
 
 import numpy as np
