@@ -15,6 +15,7 @@ next run the recomputation, never this run its result. Delete the folder to reco
 everything."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -35,9 +36,11 @@ FORMAT = "icl-bench/reference-cache/2"  # 2: with a content digest
 CACHE_DIR = os.path.join("cache", "references")  # under out_dir
 
 
+@functools.cache
 def _source_digest() -> str:
     """A digest of the code the cached values depend on: every module of the `tasks` package
-    (samplers and references) and the scoring code."""
+    (samplers and references) and the scoring code, as this process loaded it (read once: an
+    edit while a suite runs must not send its later runs to another cache key)."""
     digest = hashlib.sha256()
     files = sorted(Path(tasks.__file__).parent.glob("*.py")) + [Path(evaluate.__file__)]
     for path in files:
