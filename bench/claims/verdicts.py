@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from bench.claims.rules import Interval, RuleUndefined
 from bench.claims.spec import Claim, Quantity
-from bench.config import ConfigError
 from bench.leaderboard import Selection, across_seeds, code_label, commit_of
 from bench.records import Environment, environment, record_matches
 
@@ -181,11 +180,7 @@ def on_one_machine(quantities: dict[str, Quantity], rows: list[list[dict]]
 
 def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
     """The quantity pooled over the seeds of row (one code version in one environment)."""
-    try:
-        read = [read_metric(record, quantity) for record in row]
-    except MetricMissing as error:
-        raise ConfigError(f"claim {claim}, quantity {quantity.name}: unknown metric path: "
-                          f"{error}") from None
+    read = [read_metric(record, quantity) for record in row]  # MetricMissing: decide's
     values = [v for v, _ in read]
     mean, half = across_seeds(values)
     if half is not None:
@@ -242,12 +237,19 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
         missing = [name for name in quantities if name not in found]
         if not missing:
             break
-    values = {name: measure(quantities[name], found[name], claim.id)
-              for name in quantities if name in found}
-    if missing:
-        note = "needs a GPU" if claim.gpu else ""
-        return Decision(claim, "not measured", missing=missing, note=note, values=values,
-                        machine=machine)
+    values, lacking = {}, []
+    for name in quantities:
+        if name in found:
+            try:
+                values[name] = measure(quantities[name], found[name], claim.id)
+            except MetricMissing as error:  # records of older code: rerun, not a crash
+                lacking.append(f"{name}: {error}")
+    if missing or lacking:
+        note = "; ".join(["needs a GPU"] * bool(claim.gpu and missing) +
+                         [f"records lack the metric ({'; '.join(lacking)}): rerun with the "
+                          "current code"] * bool(lacking))
+        return Decision(claim, "not measured", missing=missing + [m.split(":")[0] for m in lacking],
+                        note=note, values=values, machine=machine)
     reduced = scale == "cpu"
     if claim.control is not None:
         control, why = _evaluate(claim.control, values)
