@@ -89,6 +89,10 @@ def check_hardware(config) -> str:
         raise CheckFailed(f"trainer.num_nodes={t.num_nodes} needs a multi-node launcher that "
                           "starts every node (torchrun --nnodes, SLURM's srun); started alone, "
                           "this process would wait forever for the other nodes")
+    cores = os.cpu_count() or 1
+    if t.threads > 4 * cores:  # torch sized its thread pool by it: 100000 segfaulted
+        raise CheckFailed(f"trainer.threads={t.threads} but this machine has {cores} cores; "
+                          f"use at most {4 * cores} (0: torch's default, one per core)")
     gpus = cuda_devices()
     if t.accelerator in ("gpu", "cuda") and gpus == 0:
         raise CheckFailed(f"trainer.accelerator={t.accelerator} (trainer={config.trainer_name}) "

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from bench.config import ConfigError
 from bench.evaluate import fmt
-from bench.records import RESULT_NEUTRAL, code_digest, environment, read_records
+from bench.records import RESULT_NEUTRAL, code_digest, environment, read_records, shared_mode
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # Student t quantiles (two-sided 95%) by degrees of freedom
@@ -326,9 +326,7 @@ def write_atomic(path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     os.close(fd)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from other users
+        os.chmod(tmp, shared_mode())
         write(tmp)
         os.replace(tmp, path)
     except BaseException:

@@ -134,6 +134,7 @@ def write_record(out_dir: str | Path, record: dict) -> Path:
             json.dump(json_safe(record), f, indent=1, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, shared_mode())
         try:
             os.link(tmp, path)  # fails if path exists: a concurrent writer cannot be overwritten
         except FileExistsError:
@@ -148,6 +149,14 @@ def write_record(out_dir: str | Path, record: dict) -> Path:
     return path
 
 
+def shared_mode() -> int:
+    """The mode a file created the ordinary way would get (0644 under the usual umask 022):
+    mkstemp's 0600 would hide records and reports from the other users of a shared machine."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_json(path: str | Path, value) -> Path:
     """value as strict JSON at path, written whole (a temporary file beside it, then a rename);
     an existing file is replaced."""
@@ -156,7 +165,7 @@ def write_json(path: str | Path, value) -> Path:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(json_safe(value), f, indent=1, allow_nan=False)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, shared_mode())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -30,6 +30,7 @@ import tasks
 from bench import evaluate
 from bench.config import RunConfig, first_line
 from bench.evaluate import ReferenceScores, reference_scores
+from bench.records import shared_mode
 from tasks.base import TEST_STREAM, Batch, Task
 
 FORMAT = "icl-bench/reference-cache/2"  # 2: with a content digest
@@ -114,7 +115,7 @@ def save(out_dir: str, task: Task, n: int, batch: Batch, references: ReferenceSc
     try:
         with os.fdopen(handle, "wb") as file:
             torch.save(data, file)
-        os.chmod(temporary, 0o644)  # mkstemp makes it private; the cache is shared like records
+        os.chmod(temporary, shared_mode())  # mkstemp makes it private; shared like records
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):

@@ -72,6 +72,7 @@ CASES = [
     ("range", ["run", "task=linreg", "task.gd_steps=[1,100000000]"],
      "gd_steps must be at most 1000"),
     ("hardware", ["run", "trainer.num_nodes=2"], "needs a multi-node launcher"),
+    ("hardware", ["run", "trainer.threads=100000"], "trainer.threads=100000 but this machine has"),
     ("type", ["run", "task.order=abc"], "task.order: invalid value abc"),
     ("type", ["run", "task.order=1.5"], "task.order: invalid value 1.5"),
     ("type", ["run", "task.order=true"], "task.order: invalid value true"),

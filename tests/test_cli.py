@@ -33,6 +33,9 @@ def test_run_writes_a_record_and_the_leaderboard_is_regenerated(tmp_path):
     assert len(records) == 2
     record = json.loads(records[0].read_text())
     assert record["schema"] == SCHEMA and record["status"] == "ok" and record["seed"] == 3
+    umask = os.umask(0)
+    os.umask(umask)
+    assert all(p.stat().st_mode & 0o777 == 0o666 & ~umask for p in records)  # not mkstemp's 0600
     for key in ("task", "model", "params", "state_size", "train", "metrics", "per_position"):
         assert key in record
     assert record["task"]["name"] == "markov" and record["task"]["config"]["seq_len"] == 24
