@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     if flag is not None:
         return fail(f"unknown option '{flag}'; arguments are key=value (python -m bench "
                     f"{command} --help)")
-    from bench.records import RunFailed
+    from bench.records import RunFailed, SignalAfterRecord
     try:
         code = {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
                 "claims": cmd_claims, "speed": cmd_speed, "suite": cmd_suite,
@@ -374,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except SignalAfterRecord as error:  # the run ended well; the signal stops the rest
+        print(f"error: {error}", file=sys.stderr)
+        return 128 + error.signum
     except BrokenPipeError:  # `python -m bench list | head`: the reader left, nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

@@ -22,6 +22,17 @@ RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkp
 PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 
 
+class SignalAfterRecord(Exception):
+    """A signal came while a run's `ok` record was written: the record is complete, and the
+    process stops (exit 128 + signal) as the signal asked."""
+
+    def __init__(self, signum: int, path: str):
+        import signal
+        self.signum, self.path = signum, path
+        super().__init__(f"interrupted ({signal.Signals(signum).name}) after the run finished; "
+                         f"its record is complete: {path}")
+
+
 class RunFailed(RuntimeError):
     """A run that started and did not finish: its `failed` record is written (at `path`, or
     nowhere on a non-zero rank). `exit_code` is the process's exit status: 1, or 128 + signal

@@ -29,8 +29,8 @@ from torch import Tensor
 from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
 from bench import reference_cache
 from bench.evaluate import probe_summary, score_predictions, token_scores
-from bench.records import (SCHEMA, RunFailed, new_run_id, planned_environment, provenance,
-                           write_record)
+from bench.records import (SCHEMA, RunFailed, SignalAfterRecord, new_run_id,
+                           planned_environment, provenance, write_record)
 from models import build_model
 from models.backbone import Backbone, IOSpec
 from models.ssd import kernel_fallback
@@ -142,6 +142,7 @@ class SignalGuard:
         self.mode = "raise"
         self.distributed = False
         self._previous: dict[int, object] = {}
+        self.completed = ""  # the path of the run's ok record, once written
 
     def __enter__(self) -> "SignalGuard":
         if threading.current_thread() is threading.main_thread():
@@ -156,9 +157,11 @@ class SignalGuard:
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         installed, self._previous = bool(self._previous), {}
         if installed and exc_type is None and self.signum is not None:
-            # Noted while the record was written and the run ended well: hand the signal on to
-            # the previous handler (e.g. a suite's Ctrl-C), instead of swallowing it.
-            signal.raise_signal(self.signum)
+            # Noted while the record was written and the run ended well: stop (a suite too),
+            # saying that the record is complete, instead of swallowing the signal.
+            if self.completed:
+                raise SignalAfterRecord(self.signum, self.completed)
+            signal.raise_signal(self.signum)  # a rank without the record: its previous handler
 
     def __getstate__(self) -> dict:
         # Pickled with the module (ddp_spawn): handlers belong to the process that set them.
@@ -770,6 +773,7 @@ def run(config: RunConfig) -> tuple[dict, str]:
                 record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
                 signals.mode = "defer"  # the record is written whole; a signal now waits for it
                 path = str(write_record(config.out_dir, record))
+                signals.completed = path  # a signal noted meanwhile must not say otherwise
             signals.mode = "defer"  # the other ranks: waiting for rank 0, a signal is noted
         except BaseException as error:
             # Everything after the run started, SystemExit and KeyboardInterrupt included

@@ -442,3 +442,25 @@ def test_a_reference_that_is_not_finite_is_named_and_the_gap_reference_fails_the
     assert "warning: the held-out loss of gd5 is not finite" in capsys.readouterr().err
     with pytest.raises(ReferenceNotFinite, match="gap reference bayes"):
         check_references({**fine, "loss": {"bayes": math.inf, "gd5": 2.0, "model": 1.5}})
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_record_is_written_says_the_record_is_complete(
+        tmp_path, monkeypatch, capsys, signum):
+    """The record is written whole and stays `ok`; the process then stops as the signal asked,
+    with one line that says the record is complete (it said only 'interrupted')."""
+    import bench.train
+    real = bench.train.write_record
+
+    def signalled_while_writing(out_dir, record):
+        signal.raise_signal(signum)
+        return real(out_dir, record)
+
+    monkeypatch.setattr(bench.train, "write_record", signalled_while_writing)
+    code = main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=2")])
+    line = one_error_line(capsys.readouterr().err)
+    record = only_record(tmp_path)
+    assert code == 128 + signum and record["status"] == "ok"
+    name = signal.Signals(signum).name
+    assert line == (f"error: interrupted ({name}) after the run finished; its record is "
+                    f"complete: {tmp_path / (record['run_id'] + '.json')}")
