@@ -99,6 +99,9 @@ def check_hardware(config) -> str:
                           "but no CUDA GPU is visible; use trainer.accelerator=cpu or "
                           "trainer=default")
     device = training_device(config)
+    if device == "cpu" and t.devices == -1:
+        raise CheckFailed("trainer.devices=-1 means every GPU, and this run trains on the CPU; "
+                          "give the number of CPU processes (trainer.devices=1, 2, ...)")
     if device == "cuda" and t.devices > gpus:
         raise CheckFailed(f"trainer.devices={t.devices} but only {gpus} CUDA GPU(s) are visible")
     if device == "cpu" and t.devices > (os.cpu_count() or 1):

@@ -35,6 +35,9 @@ from models.ssd import KERNELS, ssd_scan
 ACTIVATIONS = {"silu": F.silu, "relu": F.relu, "identity": lambda t: t}
 
 
+MAX_CHUNK = 4096  # 4096^2 float32 decays per head and batch row: 64 MiB
+
+
 def _check_mixer_shape(d_model: int, expand: int, headdim: int, ngroups: int, d_state: int,
                        d_conv: int, chunk_size: int, kernel: str) -> None:
     """Clear errors for dimensions the Mamba-2 mixer cannot be built with."""
@@ -43,6 +46,8 @@ def _check_mixer_shape(d_model: int, expand: int, headdim: int, ngroups: int, d_
                         ("chunk_size", chunk_size)]:
         if value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value}")
+    if chunk_size > MAX_CHUNK:  # the chunked scan holds chunk_size^2 decays per head
+        raise ValueError(f"chunk_size must be at most {MAX_CHUNK}, got {chunk_size}")
     d_inner = expand * d_model
     if d_inner % headdim:
         raise ValueError(f"expand*d_model = {d_inner} must be divisible by headdim = {headdim} "
