@@ -19,6 +19,7 @@ importing this module is cheap and works without the `text` extra.
 from __future__ import annotations
 
 import abc
+import codecs
 import contextlib
 import hashlib
 import json
@@ -330,13 +331,84 @@ def _load_files(source: str, files: dict[str, list[Path]], text_field: str, samp
     # per content digest cannot be stale.
     content_cache = os.path.join(cache_dir or datasets.config.HF_DATASETS_CACHE, "icl-bench",
                                  identity[:20])
+    checked = Path(content_cache) / "files-checked"  # this content was read through once
+    if not checked.is_file():
+        problem = next(filter(None, map(_unreadable, all_files)), None)
+        if problem:
+            raise CorpusError(problem)
+    for split, paths in files.items():
+        if all(path.stat().st_size == 0 for path in paths):
+            raise CorpusError(no_text(split, description))
     loaded = {}
     for builder, data_files in by_builder.items():
         options = dict(sample_by=sample_by, keep_linebreaks=True) if builder == "text" else {}
-        with _hub_mode(online=False):  # local files never need the hub
-            loaded.update(datasets.load_dataset(builder, data_files=data_files,
-                                                cache_dir=content_cache, **options))
-    return Corpus(source, {s: loaded[s] for s in files}, sample_by, description, identity)
+        try:
+            with _hub_mode(online=False):  # local files never need the hub
+                loaded.update(datasets.load_dataset(builder, data_files=data_files,
+                                                    cache_dir=content_cache, **options))
+        except Exception as error:  # datasets names no file: find the one it could not read
+            paths = [Path(p) for split_paths in data_files.values() for p in split_paths]
+            raise CorpusError(next(filter(None, map(_unreadable, paths)), None) or
+                              f"{builder} files {', '.join(map(str, paths))} could not be read: "
+                              f"{type(error).__name__}: {error}".splitlines()[0]) from None
+    corpus = Corpus(source, {s: loaded[s] for s in files}, sample_by, description, identity)
+    for split in files:
+        dataset = corpus[split]
+        if text_field in dataset.column_names and not any(  # lazily: stops at the first text
+                str(text).strip() for rows in dataset.select_columns([text_field]).iter(1024)
+                for text in rows[text_field]):
+            raise CorpusError(no_text(split, description))
+    with contextlib.suppress(OSError):  # only saves the next load the reading
+        checked.touch()
+    return corpus
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why a local data file cannot be read as its type says, naming it and where; None when
+    it reads (text: UTF-8 without NUL bytes; .jsonl: a JSON object a line)."""
+    if _suffix(path) in (".parquet",):
+        return None
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, line_number, pending = 0, 0, ""
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            nul = block.find(b"\0")
+            if nul >= 0:
+                return f"{path}: a NUL byte at offset {offset + nul}: a binary file, not text"
+            try:
+                text = decoder.decode(block)
+            except UnicodeDecodeError as error:
+                return (f"{path}: not UTF-8 at byte {offset + error.start} ({error.reason}); "
+                        "convert it to UTF-8 (for Latin-1: iconv -f latin1 -t utf-8)")
+            offset += len(block)
+            if _suffix(path) == ".jsonl":
+                lines = (pending + text).split("\n")
+                pending = lines.pop()
+                for line in lines:
+                    line_number += 1
+                    problem = _not_a_json_object(line)
+                    if problem:
+                        return f"{path}:{line_number}: {problem}"
+    if _suffix(path) == ".jsonl" and pending.strip():
+        problem = _not_a_json_object(pending)
+        if problem:
+            return f"{path}:{line_number + 1}: {problem}"
+    return None
+
+
+def _not_a_json_object(line: str) -> str | None:
+    if not line.strip():
+        return None
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as error:
+        return f"not JSON ({error.msg} at column {error.colno})"
+    return None if isinstance(value, dict) else f"a JSON {type(value).__name__}, not an object"
+
+
+def no_text(split: str, description: str) -> str:
+    return (f"the {split} split of {description} holds no text (empty or only whitespace); "
+            "nothing to train on or score")
 
 
 def _files_identity(base: Path | None, files: Iterable[Path], *extra: str) -> str:

@@ -638,3 +638,39 @@ def test_an_edit_that_keeps_size_and_mtime_is_seen(tmp_path):
     after = C.load_splits("mine", data_dir=data, **options)
     assert after.identity != before.identity
     assert "".join(rows(after, "train")) == edited
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("binary", "train.txt: a NUL byte at offset"),
+    ("latin1", "train.txt: not UTF-8 at byte"),
+    ("bad-jsonl", "train.jsonl:2: not JSON"),
+    ("list-jsonl", "train.jsonl:1: a JSON list, not an object"),
+    ("whitespace-validation", "the validation split of local folder"),
+    ("empty-train", "the train split of local folder"),
+])
+def test_unreadable_or_empty_data_is_one_line_naming_the_file(tmp_path, case, needle):
+    """datasets says only 'An error occurred while generating the dataset': the file, the place
+    and the fix are named instead; a split of whitespace would score a handful of tokens."""
+    data = tmp_path / "data"
+    data.mkdir()
+    suffix = ".jsonl" if "jsonl" in case else ".txt"
+    text = {".txt": "hello world\n" * 50, ".jsonl": '{"text": "hello world"}\n' * 50}[suffix]
+    for split in ("train", "validation", "test"):
+        (data / f"{split}{suffix}").write_text(text, encoding="utf-8")
+    train = data / f"train{suffix}"
+    if case == "binary":
+        train.write_bytes(b"text then \x00\x01\x02 bytes" * 10)
+    elif case == "latin1":
+        train.write_bytes("caf\xe9 au lait\n".encode("latin-1") * 10)
+    elif case == "bad-jsonl":
+        train.write_text('{"text": "fine"}\n{not json\n', encoding="utf-8")
+    elif case == "list-jsonl":
+        train.write_text('["text", "in a list"]\n', encoding="utf-8")
+    elif case == "whitespace-validation":
+        (data / "validation.txt").write_text("   \n\t\n", encoding="utf-8")
+    else:
+        train.write_text("", encoding="utf-8")
+    with pytest.raises(C.CorpusError) as caught:
+        C.load_splits("mine", data_dir=data, hf_cache_dir=tmp_path / "hf", hub=False,
+                      sample_by="line")
+    assert needle in one_line(caught)
