@@ -651,11 +651,13 @@ def make_tokenizer(name: str, *, path: str | os.PathLike | None = None,
     if name == "bpe":
         if vocab_size is None or vocab_size < 257:
             raise ValueError(f"the bpe tokenizer needs vocab_size >= 257, not {vocab_size}")
+        cached = path is None  # ours to rebuild when it is damaged; a given file is the user's
         if path is None:
             if corpus is None or cache_dir is None:
                 raise ValueError("the bpe tokenizer needs corpus and cache_dir (or path)")
             path = Path(cache_dir) / corpus.key / f"bpe-{vocab_size}" / "tokenizer.json"
-        return _bpe_tokenizer(Path(path), vocab_size, corpus, train_chars, progress, cache_dir)
+        return _bpe_tokenizer(Path(path), vocab_size, corpus, train_chars, progress, cache_dir,
+                              cached)
     raise ValueError(f"unknown tokenizer {name!r}; choose byte, gpt2 or bpe")
 
 
@@ -663,7 +665,7 @@ def _gpt2_tokenizer(path, hub: bool | None, hub_name: str) -> HFTokenizer:
     from tokenizers import Tokenizer
 
     if path is not None and Path(path).is_file():
-        return HFTokenizer(Tokenizer.from_file(str(path)), "gpt2", str(path))
+        return HFTokenizer(read_tokenizer(Path(path)), "gpt2", str(path))
     online = hub_reachable() if hub is None else hub
     try:
         from huggingface_hub import hf_hub_download
@@ -680,12 +682,27 @@ def _gpt2_tokenizer(path, hub: bool | None, hub_name: str) -> HFTokenizer:
                                 f"the hub reachable ({hub_name}; {hub_part}: {why})") from None
 
 
+def read_tokenizer(path: Path):
+    """A tokenizers Tokenizer from a tokenizer.json, or TokenizerNotFound naming the file."""
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers raises a bare Exception for a malformed file
+        raise TokenizerNotFound(f"{path}: not a tokenizer.json the tokenizers library can read "
+                                f"({str(error).splitlines()[0] if str(error) else type(error).__name__})"
+                                ) from None
+
+
 def _bpe_tokenizer(path: Path, vocab_size: int, corpus: Corpus | None, train_chars: int | None,
-                   progress: bool, cache_dir) -> HFTokenizer:
+                   progress: bool, cache_dir, cached: bool = False) -> HFTokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if path.is_file():
-        return HFTokenizer(Tokenizer.from_file(str(path)), "bpe", str(path))
+        try:
+            return HFTokenizer(read_tokenizer(path), "bpe", str(path))
+        except TokenizerNotFound:
+            if not cached:
+                raise  # a damaged cached one is trained again below and replaced
     if corpus is None:
         raise TokenizerNotFound(f"no bpe tokenizer at {path} and no corpus to train one on")
     tokenizer = Tokenizer(models.BPE())

@@ -674,3 +674,22 @@ def test_unreadable_or_empty_data_is_one_line_naming_the_file(tmp_path, case, ne
         C.load_splits("mine", data_dir=data, hf_cache_dir=tmp_path / "hf", hub=False,
                       sample_by="line")
     assert needle in one_line(caught)
+
+
+def test_a_damaged_cached_bpe_is_trained_again_and_a_damaged_given_file_is_named(pydoc, tmp_path):
+    corpus, _, _ = pydoc
+    tok = C.make_tokenizer("bpe", vocab_size=1000, corpus=corpus, cache_dir=tmp_path,
+                           progress=False)
+    path = tmp_path / corpus.key / "bpe-1000" / "tokenizer.json"
+    path.write_text(path.read_text()[:100])  # cut short, as a full disk or a kill leaves it
+    again = C.make_tokenizer("bpe", vocab_size=1000, corpus=corpus, cache_dir=tmp_path,
+                             progress=False)
+    assert again.identity == tok.identity  # trained again, the same, and the file replaced
+    assert C.make_tokenizer("bpe", vocab_size=1000, corpus=corpus, cache_dir=tmp_path).identity \
+        == tok.identity
+    given = tmp_path / "given.json"
+    given.write_text("garbage{")
+    for name in ("bpe", "gpt2"):
+        with pytest.raises(C.TokenizerNotFound) as caught:
+            C.make_tokenizer(name, path=given, vocab_size=1000, corpus=corpus, hub=False)
+        assert one_line(caught).startswith(f"{given}: not a tokenizer.json")
