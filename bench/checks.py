@@ -503,8 +503,14 @@ def check_out_dir(out_dir: str) -> None:
     if not out_dir.strip():
         raise CheckFailed("out_dir is empty; give a directory for the run records")
     path = Path(out_dir)
+    long = next((part for part in path.parts if len(os.fsencode(part)) > 255), None)
+    if long is not None:
+        raise CheckFailed(f"out_dir={out_dir[:60]}...: a folder name of {len(os.fsencode(long))} "
+                          "bytes; file systems allow 255")
     existing = path
     while not existing.exists():
+        if os.path.lexists(existing):  # a link to nothing (or to itself): no record could land
+            raise CheckFailed(f"out_dir={out_dir}: {existing} is a symlink that leads nowhere")
         if existing.parent == existing:
             break
         existing = existing.parent

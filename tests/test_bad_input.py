@@ -205,6 +205,9 @@ CASES = [
     ("path", ["run", "out_dir={fixtures}/notes.txt"], "is not a directory"),
     ("path", ["run", "out_dir={fixtures}/notes.txt/sub"], "is not a directory"),
     ("path", ["run", "out_dir=/proc/icl-bench-results"], "out_dir=/proc/icl-bench-results"),
+    ("path", ["run", "out_dir={fixtures}/dangling"], "is a symlink that leads nowhere"),
+    ("path", ["run", "out_dir={fixtures}/loop/sub"], "is a symlink that leads nowhere"),
+    ("path", ["run", "out_dir={fixtures}/" + "x" * 300], "a folder name of 300 bytes"),
     ("path", ["run", "resume={fixtures}/missing.ckpt"], "missing.ckpt"),
     ("path", ["run", "resume={fixtures}/notes.txt"], "notes.txt"),
     ("path", ["run", "resume={fixtures}/empty"], "empty"),
@@ -231,6 +234,8 @@ def fixtures(tmp_path):
     where = tmp_path / "fixtures"
     (where / "empty").mkdir(parents=True)
     (where / "notes.txt").write_text("not a checkpoint\n")
+    (where / "dangling").symlink_to(where / "nothing-here")
+    (where / "loop").symlink_to(where / "loop")
     return where
 
 
