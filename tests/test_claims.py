@@ -408,7 +408,11 @@ def bad_rules(tmp_path: Path, name: str) -> str:
         "field": good.replace("    scale:", "    colour: red\n    scale:"),
         "paper": good.replace('paper: "000"', 'paper: "007"'),
         "duplicate": good + good.split("claims:\n")[1],
+        "long": good.replace("mamba <= 0.01", " and ".join(["mamba <= 0.01"] * 20000)),
+        "latin1": good,
     }[name])
+    if name == "latin1":
+        bad.write_bytes(good.replace("claim:", "# caf\xe9\n    claim:", 1).encode("latin-1"))
     return str(bad)
 
 
@@ -418,6 +422,7 @@ def bad_rules(tmp_path: Path, name: str) -> str:
     ("scale", "scale must be one of paper, cpu"), ("command", "names no existing suite"),
     ("seed", "task, model and trainer keys only"), ("field", "unknown key 'colour'"),
     ("paper", "paper must be one of 000, 002, 004"), ("duplicate", "claim id 't-conv' also in"),
+    ("long", "rule of 360019 characters; at most 2000"), ("latin1", "latin1.yaml: not UTF-8 text"),
 ])
 def test_a_bad_rules_file_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, name,
                                                                  needle):

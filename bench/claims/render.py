@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.claims.spec import PAPERS, Claim, Quantity, composed, default_rules, load_claims
+from bench.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules, load_claims,
+                               read_rules_text)
 from bench.claims.verdicts import VERDICTS, Decision, Measured, decide_all
 from bench.config import CONF_DIR, ConfigError, RunConfig, load_suite
 from bench.leaderboard import Selection, output_path, plural, write_atomic
@@ -138,7 +139,7 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
 def paper_titles(rules: Path) -> dict[str, str]:
     titles = {}
     for file in (sorted(rules.glob("*.yaml")) if rules.is_dir() else [rules]):
-        data = yaml.safe_load(file.read_text()) or {}
+        data = yaml.safe_load(read_rules_text(file)) or {}
         if isinstance(data, dict) and data.get("title"):
             titles[str(data.get("paper"))] = str(data["title"])
     return titles

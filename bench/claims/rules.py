@@ -112,6 +112,9 @@ class RuleUndefined(ArithmeticError):
     """A rule that cannot be evaluated on these numbers (a division by zero)."""
 
 
+MAX_RULE = 2000  # characters: the longest shipped rule is ~200
+
+
 class Rule:
     """A parsed, checked rule: `Rule(text, names, where)` refuses anything outside the language
     (a ConfigError whose message starts with `where`); `evaluate(values)` gives True, False or
@@ -121,11 +124,13 @@ class Rule:
         self.text, self.names, self.where = text, set(names), where
         if not isinstance(text, str) or not text.strip():
             raise ConfigError(f"{where}: rule must be a non-empty expression")
+        if len(text) > MAX_RULE:  # parsing and evaluating recurse by the expression's depth
+            raise ConfigError(f"{where}: rule of {len(text)} characters; at most {MAX_RULE}")
         try:
             self.tree = ast.parse(text.strip(), mode="eval")
-        except SyntaxError as error:
-            raise ConfigError(f"{where}: rule '{text}' is not an expression "
-                              f"({error.msg})") from None
+        except (SyntaxError, RecursionError, MemoryError) as error:
+            raise ConfigError(f"{where}: rule '{text[:60]}' is not an expression "
+                              f"({getattr(error, 'msg', None) or 'nested too deeply'})") from None
         if self._kind(self.tree.body) != "bool":
             raise ConfigError(f"{where}: rule '{text}' must be a comparison or an and/or/not of "
                               "comparisons, not a number")

@@ -192,6 +192,14 @@ def check_command(command, where: str) -> str:
     return command
 
 
+def read_rules_text(file: Path) -> str:
+    """A rules file's text, or one line naming it when it is not UTF-8."""
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{file}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+
+
 def load_claims(rules: str | Path | None = None) -> list[Claim]:
     """Every claim of the rules file or of the *.yaml files of the rules folder (default
     conf/claims/), validated: any problem is a ConfigError naming the file and the claim."""
@@ -207,7 +215,7 @@ def load_claims(rules: str | Path | None = None) -> list[Claim]:
     claims, seen = [], {}
     for file in files:
         try:
-            data = yaml.safe_load(file.read_text())
+            data = yaml.safe_load(read_rules_text(file))
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             at = f" (line {mark.line + 1})" if mark is not None else ""
