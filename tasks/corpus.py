@@ -52,7 +52,7 @@ SPLIT_KEYWORDS = {
 BUILDERS = {".txt": "text", ".raw": "text", ".parquet": "parquet", ".jsonl": "json",
             ".json": "json"}
 EOT = "<|endoftext|>"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the sidecar holds the tokens' sha256
 # A cache directory carries this tag (https://bford.info/cachedir/), so backup tools skip it and
 # the data-file search below never mistakes a cached sidecar for a data file.
 CACHEDIR_TAG = "CACHEDIR.TAG"
@@ -764,6 +764,8 @@ def cached_tokens(corpus: Corpus, split: str, tokenizer: TextTokenizer,
     bin_path, meta_path = cache_paths(corpus, split, tokenizer, cache_dir)
     dtype = token_dtype(tokenizer.vocab_size)
     meta = _read_meta(meta_path, bin_path, tokenizer, dtype)
+    if meta is not None and _file_sha256(bin_path) != meta.get("sha256"):
+        meta = None  # damaged on disk (a flipped byte would be a wrong token): built again
     if meta is None:
         meta = _build_cache(corpus, split, tokenizer, bin_path, meta_path, dtype, progress,
                             batch_bytes, Path(cache_dir))
@@ -806,6 +808,14 @@ def _read_meta(meta_path: Path, bin_path: Path, tokenizer: TextTokenizer,
     return meta if ok else None
 
 
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _tag_cache_dir(cache_dir: Path) -> None:
     cache_dir.mkdir(parents=True, exist_ok=True)
     tag = cache_dir / CACHEDIR_TAG
@@ -829,6 +839,7 @@ def _build_cache(corpus: Corpus, split: str, tokenizer: TextTokenizer, bin_path:
     document = corpus.sample_by == "document" and tokenizer.eod_id is not None
     eod = np.array([tokenizer.eod_id if document else 0], dtype=dtype)
     n_tokens = n_bytes = n_texts = 0
+    written = hashlib.sha256()  # of the tokens as written: checked on every later load
     start = time.perf_counter()
     total = len(dataset) if hasattr(dataset, "__len__") else None
     bar = tqdm(total=total, unit="row", disable=not progress,
@@ -844,11 +855,14 @@ def _build_cache(corpus: Corpus, split: str, tokenizer: TextTokenizer, bin_path:
                 for ids in tokenizer.encode_batch(pending):
                     if document and n_texts:
                         out.write(eod.tobytes())
+                        written.update(eod.tobytes())
                         n_tokens += 1
                     if len(ids) and int(ids.max()) >= tokenizer.vocab_size:
                         raise ValueError(f"{tokenizer.name} produced id {int(ids.max())} >= its "
                                          f"vocab size {tokenizer.vocab_size}")
-                    out.write(np.asarray(ids, dtype=dtype).tobytes())
+                    chunk = np.asarray(ids, dtype=dtype).tobytes()
+                    out.write(chunk)
+                    written.update(chunk)
                     n_tokens += len(ids)
                     n_texts += 1
                 n_bytes += tokenizer.bytes_encoded - before
@@ -878,6 +892,7 @@ def _build_cache(corpus: Corpus, split: str, tokenizer: TextTokenizer, bin_path:
             "tokenizer": tokenizer.name, "tokenizer_identity": tokenizer.identity,
             "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id if document else None,
             "dtype": dtype.name, "n_tokens": n_tokens, "n_bytes": n_bytes,
+            "sha256": written.hexdigest(),
             "n_documents": n_texts if document else None, "rows": rows_done,
             "seconds": round(seconds, 3), "tokens_per_second": round(n_tokens / max(seconds, 1e-9)),
         }

@@ -693,3 +693,21 @@ def test_a_damaged_cached_bpe_is_trained_again_and_a_damaged_given_file_is_named
         with pytest.raises(C.TokenizerNotFound) as caught:
             C.make_tokenizer(name, path=given, vocab_size=1000, corpus=corpus, hub=False)
         assert one_line(caught).startswith(f"{given}: not a tokenizer.json")
+
+
+def test_a_flipped_byte_in_cached_tokens_is_caught_and_the_cache_rebuilt(pydoc, tmp_path):
+    """Same size, same sidecar: only the digest of the tokens tells a wrong token from a right
+    one."""
+    corpus, _, _ = pydoc
+    tokens, meta = C.cached_tokens(corpus, "test", C.ByteTokenizer(), tmp_path, progress=False)
+    expected = np.array(tokens)
+    del tokens
+    bin_path, _ = C.cache_paths(corpus, "test", C.ByteTokenizer(), tmp_path)
+    with open(bin_path, "r+b") as f:
+        f.seek(meta["n_tokens"] // 2)
+        byte = f.read(1)
+        f.seek(meta["n_tokens"] // 2)
+        f.write(bytes([byte[0] ^ 0x20]))
+    rebuilt = C.ByteTokenizer()
+    tokens, _ = C.cached_tokens(corpus, "test", rebuilt, tmp_path, progress=False)
+    assert rebuilt.texts_encoded > 0 and np.array_equal(np.array(tokens), expected)
