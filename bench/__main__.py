@@ -16,9 +16,13 @@ from __future__ import annotations
 import os
 import sys
 
-from bench.config import ConfigError, choices, compose, describe_choice, first_line
+try:  # Ctrl-C while Python is still importing: the same one line as later, no traceback
+    from bench.commands import COMMANDS
+    from bench.config import ConfigError, choices, compose, describe_choice, first_line
+except KeyboardInterrupt:
+    print("error: interrupted", file=sys.stderr)
+    raise SystemExit(130) from None
 
-from bench.commands import COMMANDS
 OVERRIDES = ("  task=<name> model=<name> trainer=<name>   a file of conf/task, conf/model, conf/trainer\n"
              "  task.<field>=v model.<field>=v trainer.<field>=v   one field of it\n"
              "  seed=<int> out_dir=<dir> name=<tag> resume=<checkpoint>")
