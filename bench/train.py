@@ -783,6 +783,9 @@ def run(config: RunConfig) -> tuple[dict, str]:
             step = int(trainer.global_step) if trainer is not None else 0
             reason, exit_code = _failure(error, signals, step)
             record["status"], record["reason"] = "failed", reason
+            # the per-position curves are for boards of ok runs: without them a failed record
+            # is smaller than the ok one it replaces (which a full disk could not take)
+            record.pop("per_position", None)
             prior = module.prior_train_time if module is not None else 0.0
             record["wall_time_s"] = prior + time.perf_counter() - start
             if module is not None and "train" not in record:

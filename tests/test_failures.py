@@ -464,3 +464,25 @@ def test_a_signal_while_the_record_is_written_says_the_record_is_complete(
     name = signal.Signals(signum).name
     assert line == (f"error: interrupted ({name}) after the run finished; its record is "
                     f"complete: {tmp_path / (record['run_id'] + '.json')}")
+
+
+def test_a_disk_that_refuses_the_ok_record_gets_a_smaller_failed_one(tmp_path, monkeypatch,
+                                                                    capsys):
+    """A full disk: the ok record cannot be written, and the failed record (with the trained
+    metrics, without the per-position curves) is smaller than it, so it has room where the ok
+    record had almost."""
+    import bench.train
+    real, sizes = bench.train.write_record, []
+
+    def full_for_ok_records(out_dir, record):
+        sizes.append(len(json.dumps(record, default=str)))
+        if record["status"] == "ok":
+            raise OSError(28, "No space left on device")
+        return real(out_dir, record)
+
+    monkeypatch.setattr(bench.train, "write_record", full_for_ok_records)
+    assert main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=2")]) == 1
+    assert "No space left on device" in one_error_line(capsys.readouterr().err)
+    record = only_record(tmp_path)
+    assert record["status"] == "failed" and "bayes_gap" in record["metrics"]
+    assert sizes[1] < sizes[0]
