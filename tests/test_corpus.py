@@ -711,3 +711,12 @@ def test_a_flipped_byte_in_cached_tokens_is_caught_and_the_cache_rebuilt(pydoc, 
     rebuilt = C.ByteTokenizer()
     tokens, _ = C.cached_tokens(corpus, "test", rebuilt, tmp_path, progress=False)
     assert rebuilt.texts_encoded > 0 and np.array_equal(np.array(tokens), expected)
+
+
+@pytest.mark.parametrize("text", ["word " * 1000, "x" * 5003, "", "short"])
+def test_bpe_trains_on_long_texts_in_pieces_that_join_back(text):
+    pieces = list(C.training_pieces(text, size=64))
+    assert "".join(pieces) == text
+    assert all(len(piece) <= 64 for piece in pieces)
+    if " " in text:
+        assert all(piece.endswith(" ") for piece in pieces[:-1])  # cut at whitespace
