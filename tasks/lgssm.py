@@ -325,6 +325,9 @@ class LGSSMConfig:
         if self.bayes_particles == 1 or self.bayes_particles < 0 or self.bayes_moves < 0:
             raise ValueError("lgssm needs bayes_particles = 0 (no bayes reference) or >= 2, and "
                              "bayes_moves >= 0")
+        if self.bayes_particles > 65536 or self.bayes_moves > 1000:  # per sequence and position
+            raise ValueError(f"lgssm needs bayes_particles <= 65536 and bayes_moves <= 1000, got "
+                             f"{self.bayes_particles} and {self.bayes_moves}")
 
 
 class LGSSMTask(Task):

@@ -54,6 +54,8 @@ class LGSSMColoredConfig:
     def __post_init__(self):
         if self.seq_len < 1 or self.grid_size < 1:
             raise ValueError("lgssm_colored needs seq_len >= 1 and grid_size >= 1")
+        if self.grid_size > 4096:  # Gauss-Legendre nodes come from an n x n eigenproblem
+            raise ValueError(f"lgssm_colored grid_size must be at most 4096, got {self.grid_size}")
         if not 0 <= self.signal_decay < 1:
             raise ValueError("lgssm_colored needs 0 <= signal_decay < 1")
         if not 0 < self.rho_min <= self.rho_max < 1:

@@ -143,6 +143,9 @@ class SineRegression(Task):
             check_score("nonlinreg", self.score)
             if self.seq_len < 1 or self.grid_phase < 1 or self.knn_k < 1:
                 raise ValueError("nonlinreg needs seq_len, grid_phase and knn_k >= 1")
+            if self.grid_phase > 65536:  # a likelihood per node, position and sequence
+                raise ValueError(f"nonlinreg grid_phase must be at most 65536, got "
+                                 f"{self.grid_phase}")
             if self.noise_std <= 0:
                 raise ValueError("nonlinreg needs noise_std > 0 (the Bayes posterior needs a "
                                  "likelihood with a density)")
