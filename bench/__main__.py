@@ -236,8 +236,8 @@ def entry_numbers(text: str, size: int) -> list[int]:
 
 
 def finished_runs(configs: list) -> dict[int, str]:
-    """{index in configs: record path} of the configs that have an `ok` record in their out_dir
-    with the same seed, made by the current code version (records.code_digest) from a clean
+    """{index in configs: record path} of the configs that have an `ok` suite record in their
+    out_dir with the same seed, made by the current code version (records.code_digest) from a clean
     checkout in the environment the run would train in here (records.planned_environment: a
     CPU record does not finish a GPU run, nor the reverse). Nothing counts as finished when the
     code version is unknown or dirty: then nobody can tell that the record's code is the code
@@ -257,7 +257,10 @@ def finished_runs(configs: list) -> dict[int, str]:
             by_dir[config.out_dir] = [r for r in found if r.get("status") == "ok"]
         for record in by_dir[config.out_dir]:
             try:
-                same = (record.get("seed") == config.seed
+                same = (type(record.get("seed")) is int and record["seed"] == config.seed
+                        # only a suite's record counts where boards and claims count it: an
+                        # ad-hoc run of the same config does not finish a suite entry
+                        and str(record.get("origin") or "").startswith("suite:")
                         and code_version(record) == (here["code"], False)
                         and record_matches(record, config)
                         and environment(record) == planned)

@@ -334,9 +334,18 @@ def test_a_suite_run_again_skips_the_runs_it_finished(tmp_path, monkeypatch, cap
     monkeypatch.setattr(bench.records, "provenance", lambda: dict(version))
     monkeypatch.setattr(bench.train, "code_of_this_process", lambda: dict(version))
     suite = ["suite", "name=leaderboard", f"out_dir={tmp_path}"]
+    # an ad-hoc run of entry 1's config does not finish it: boards and claims count suite runs
+    assert main(["run", f"out_dir={tmp_path / 'adhoc'}", "seed=0", *tiny]) == 0
+    for path in (tmp_path / "adhoc").glob("*.json"):
+        path.rename(tmp_path / path.name)
+    capsys.readouterr()
     assert main([*suite, "entries=1"]) == 0  # "interrupted" after seed 0
+    out = capsys.readouterr().out
+    assert out.startswith("[1/2] seed=0") and "done already" not in out
+    for path in tmp_path.glob("*.json"):  # the ad-hoc record aside, as before
+        if json.loads(path.read_text())["origin"] == "adhoc":
+            path.unlink()
     assert len(list(tmp_path.glob("*.json"))) == 1
-    assert capsys.readouterr().out.startswith("[1/2] seed=0")
     assert main(suite) == 0
     out = capsys.readouterr().out
     assert out.count("done already") == 1 and len(list(tmp_path.glob("*.json"))) == 2
@@ -369,7 +378,8 @@ def test_a_suite_counts_a_run_done_only_in_the_environment_it_would_run_in(tmp_p
 
     def put(name: str, train: dict) -> None:
         write_record(tmp_path, {"schema": SCHEMA, "run_id": name, "status": "ok",
-                                **config.describe(), "provenance": version,
+                                **config.describe(), "origin": "suite:leaderboard",
+                                "provenance": version,
                                 "train": {"steps": 4, "wall_time_s": 1.0, **train}})
 
     put("cpu", {"device": "cpu"})  # as records before device_name, tf32 and kernel were
