@@ -706,6 +706,11 @@ def run(config: RunConfig) -> tuple[dict, str]:
     "" on ranks other than 0. A run that fails after it started writes a `failed` record (rank
     0) and raises RunFailed; a bad resume checkpoint raises ConfigError before anything runs."""
     quiet_lightning()
+    t = config.trainer
+    if t.warmup_steps > t.max_steps:  # legal (a study of warm-up), but rarely what is meant
+        print(f"warning: trainer.warmup_steps={t.warmup_steps} > trainer.max_steps="
+              f"{t.max_steps}: the learning rate stays in its warm-up and never reaches "
+              f"trainer.lr={t.lr}", file=sys.stderr)
     resumed = check_resume(config) if config.resume else None
     run_id = new_run_id(config.task_name, config.model_name, config.seed)
     described = config.describe()

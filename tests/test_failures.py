@@ -496,3 +496,10 @@ def test_a_disk_that_refuses_the_ok_record_gets_a_smaller_failed_one(tmp_path, m
     record = only_record(tmp_path)
     assert record["status"] == "failed" and "bayes_gap" in record["metrics"]
     assert sizes[1] < sizes[0]
+
+
+def test_a_run_that_never_leaves_its_warm_up_says_so(tmp_path, capsys):
+    assert main(["run", f"out_dir={tmp_path}",
+                 *tiny("trainer.max_steps=2", "trainer.warmup_steps=5")]) == 0
+    assert ("warning: trainer.warmup_steps=5 > trainer.max_steps=2: the learning rate stays in "
+            "its warm-up") in capsys.readouterr().err
