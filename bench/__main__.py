@@ -191,7 +191,7 @@ def cmd_speed(argv: list[str]) -> int:
     if out and not os.access(os.path.dirname(os.path.abspath(out)), os.W_OK):
         raise ConfigError(f"out={out}: its folder does not exist or is not writable")
     if out:
-        from bench.leaderboard import output_path
+        from bench.records import output_path
         output_path(out)  # a regular file or none: never through a symlink, FIFO or device
     # A single chosen setting is also the run's: composed with it, it is validated like a run
     # (kernel=mamba_ssm off CUDA, 16-mixed on the CPU, compile without a compiler are refused)

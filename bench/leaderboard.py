@@ -25,7 +25,6 @@ import json
 import math
 import os
 import re
-import stat
 import tempfile
 import time
 from collections import defaultdict
@@ -35,7 +34,8 @@ from pathlib import Path
 
 from bench.config import ConfigError
 from bench.evaluate import fmt
-from bench.records import RESULT_NEUTRAL, code_digest, environment, read_records, shared_mode
+from bench.records import (RESULT_NEUTRAL, code_digest, environment, not_a_regular_file,
+                           output_path, read_records, shared_mode)
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # Student t quantiles (two-sided 95%) by degrees of freedom
@@ -493,41 +493,6 @@ def header(selection: Selection) -> list[str]:
             "used and re-runs or resumed copies are left out. Several seeds: mean gap and 95% "
             "t-interval across seeds (marked `(seeds)`); one seed: bootstrap interval over "
             "held-out sequences.", ""]
-
-
-def output_path(out: str) -> Path:
-    """out= of a generated report (leaderboard, claims): a file name in an existing directory,
-    naming nothing or a regular file. The report replaces the file whole (a rename), so a symlink
-    would become a file and a FIFO or a device node would be replaced: refused, as is a figures
-    folder beside it that is not a plain folder."""
-    if not out:
-        raise ConfigError("out= needs a file name")
-    out_path = Path(out)
-    if out_path.is_dir():
-        raise ConfigError(f"out '{out}' is a directory; give a file name")
-    if not out_path.resolve().parent.is_dir():
-        raise ConfigError(f"out '{out}': directory {out_path.parent} does not exist")
-    not_plain = not_a_regular_file(out_path)
-    if not_plain:
-        raise ConfigError(f"out '{out}' is {not_plain}; reports are written only as regular "
-                          "files: give the path of one, or of none yet")
-    return out_path
-
-
-def not_a_regular_file(path: Path, folder: bool = False) -> str:
-    """What path is when it is neither absent nor a regular file (a plain folder with
-    `folder`): "a symlink", "a FIFO", "a device", "a socket"...; "" otherwise."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return ""
-    kinds = [(stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-             (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")]
-    if folder:
-        kinds.append((stat.S_ISREG, "a file"))
-    else:
-        kinds.append((stat.S_ISDIR, "a directory"))
-    return next((name for test, name in kinds if test(mode)), "")
 
 
 def write_leaderboard(selection: Selection, out: str = "leaderboard.md") -> Path:

@@ -7,12 +7,16 @@ import json
 import math
 import os
 import secrets
+import signal
+import stat
 import subprocess
 import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 from typing import NamedTuple
+
+from bench.config import ConfigError
 
 SCHEMA = "icl-bench/run/1"
 # Trainer keys that change neither training nor evaluation: runs differing only in them pool.
@@ -27,7 +31,6 @@ class SignalAfterRecord(Exception):
     process stops (exit 128 + signal) as the signal asked."""
 
     def __init__(self, signum: int, path: str):
-        import signal
         self.signum, self.path = signum, path
         super().__init__(f"interrupted ({signal.Signals(signum).name}) after the run finished; "
                          f"its record is complete: {path}")
@@ -166,6 +169,39 @@ def shared_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def output_path(out: str) -> Path:
+    """out= of a generated report (leaderboard, claims, speed): a file name in an existing
+    directory, naming nothing or a regular file. The report replaces the file whole (a rename),
+    so a symlink would become a file and a FIFO or a device node would be replaced: refused."""
+    if not out:
+        raise ConfigError("out= needs a file name")
+    out_path = Path(out)
+    if out_path.is_dir():
+        raise ConfigError(f"out '{out}' is a directory; give a file name")
+    if not out_path.resolve().parent.is_dir():
+        raise ConfigError(f"out '{out}': directory {out_path.parent} does not exist")
+    not_plain = not_a_regular_file(out_path)
+    if not_plain:
+        raise ConfigError(f"out '{out}' is {not_plain}; reports are written only as regular "
+                          "files: give the path of one, or of none yet")
+    return out_path
+
+
+def not_a_regular_file(path: Path, folder: bool = False) -> str:
+    """What path is when it is neither absent nor a regular file (a plain folder with
+    `folder`): "a symlink", "a FIFO", "a device", ...; "" otherwise."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return ""
+    if (stat.S_ISDIR if folder else stat.S_ISREG)(mode):
+        return ""
+    kinds = [(stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+             (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+             (stat.S_ISREG, "a file")]
+    return next(name for test, name in kinds if test(mode))
 
 
 def write_json(path: str | Path, value) -> Path:

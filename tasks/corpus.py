@@ -366,7 +366,7 @@ def _load_files(source: str, files: dict[str, list[Path]], text_field: str, samp
 def _unreadable(path: Path) -> str | None:
     """Why a local data file cannot be read as its type says, naming it and where; None when
     it reads (text: UTF-8 without NUL bytes; .jsonl: a JSON object a line)."""
-    if _suffix(path) in (".parquet",):
+    if _suffix(path) == ".parquet":  # binary by design: datasets reads and checks it
         return None
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, line_number, pending = 0, 0, ""
@@ -418,11 +418,17 @@ def _files_identity(base: Path | None, files: Iterable[Path], *extra: str) -> st
     for path in files:
         name = path.relative_to(base).as_posix() if base else path.resolve().as_posix()
         digest.update(f"{name}\0".encode())
-        with open(path, "rb") as file:
-            for block in iter(lambda: file.read(1 << 20), b""):
-                digest.update(block)
+        _hash_file(digest, path)
         digest.update(b"\n")
     return digest.hexdigest()
+
+
+def _hash_file(digest, path: Path):
+    """digest updated with the file's bytes, read in blocks; returns digest."""
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    return digest
 
 
 def _text_column(dataset, text_field: str, title: str, split: str):
@@ -826,11 +832,7 @@ def _read_meta(meta_path: Path, bin_path: Path, tokenizer: TextTokenizer,
 
 
 def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return _hash_file(hashlib.sha256(), path).hexdigest()
 
 
 def _tag_cache_dir(cache_dir: Path) -> None:
