@@ -221,27 +221,19 @@ def score_predictions(task: Task, batch: Batch, model: Tensor | None, resamples:
     return result
 
 
-@torch.no_grad()
 def probe_summary(task: Task, model, batch: Batch, batch_size: int) -> dict | None:
     """The record's metrics.probe: the task's summary (Task.summarize_probes) of the probes it
     asks for (Task.probes) that the model exposes (Backbone.probe), computed on the held-out
     inputs in batches where the model is, and its measures of the predictor as a function
-    (Task.summarize_predictor); None when there are neither."""
+    (Task.summarize_predictor, handed a predictor that autograd can differentiate in its
+    inputs); None when there are neither."""
     device = next(model.parameters()).device
     summary = {}
     if task.probes and hasattr(model, "probe"):
-        parts = []
-        for start in range(0, len(batch), batch_size):
-            found = model.probe(batch.inputs[start:start + batch_size].to(device))
-            parts.append({name: found[name].float().cpu() for name in task.probes
-                          if name in found})
-        if parts and parts[0]:
-            probes = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
-            summary.update(task.summarize_probes(batch, probes))
+        summary.update(summarize_model_probes(task, model, batch, batch_size, device))
 
     def predict(inputs: Tensor) -> Tensor:
-        with torch.no_grad():
-            return model.predict(inputs.to(device)).float().cpu()
+        return model.predict(inputs.to(device)).float().cpu()
 
     training = model.training
     model.eval()  # once for all of the task's calls, then as it was
@@ -250,6 +242,19 @@ def probe_summary(task: Task, model, batch: Batch, batch_size: int) -> dict | No
     finally:
         model.train(training)
     return summary or None
+
+
+@torch.no_grad()
+def summarize_model_probes(task: Task, model, batch: Batch, batch_size: int, device) -> dict:
+    """Task.summarize_probes of the model's probes on the held-out inputs, in batches."""
+    parts = []
+    for start in range(0, len(batch), batch_size):
+        found = model.probe(batch.inputs[start:start + batch_size].to(device))
+        parts.append({name: found[name].float().cpu() for name in task.probes if name in found})
+    if not parts or not parts[0]:
+        return {}
+    probes = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+    return task.summarize_probes(batch, probes)
 
 
 ROUNDING_GAP = 1e-6  # nats/token: how far float32 log-probabilities of the Bayes predictor stray

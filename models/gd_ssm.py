@@ -32,15 +32,13 @@ Its parameters stay trainable, so it can also start training (App. A.8).
 `forward` runs the recurrence with the parallel doubling scan `models.scan.lti_scan`;
 `forward_sequential` is its step-by-step twin and test oracle and returns the state carried
 between steps (per layer the last w-1 inputs and Z), which is what `state_size` counts.
-`comparison_metrics` gives the paper's Fig. 1-2 measures between two predictors: losses, L2
-distance of predictions, cosine similarity and L2 distance of the input sensitivities
-∂ŷ/∂x_query.
+The paper's Fig. 1-2 measures between the trained model and one GD step (prediction distance,
+input sensitivities) are the task's: tasks/linreg.py `comparison_metrics`.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -348,49 +346,3 @@ class GDSSM(Core):
         seq_len (the constructed model also needs the position, an integer, for its 1/j)."""
         layers = [self.layer] if self.config.constructed else [b.layer for b in self.blocks]
         return sum(layer.state_size() for layer in layers)
-
-
-# --- the paper's comparison measures (Fig. 1-2) ---------------------------------------------
-Predictor = Callable[[Tensor], Tensor]
-
-
-def masked_mean(values: Tensor, mask: Tensor) -> float:
-    return float(values[mask].mean())
-
-
-def input_sensitivities(predict: Predictor, inputs: Tensor, query: slice, mask: Tensor) -> Tensor:
-    """∂ŷ_t/∂x_query,t (B, T, N, f) by autograd: the Jacobian of each prediction with respect to
-    the query coordinates of the input at its own position; zero where mask is False. Sequences
-    are independent, so one backward pass per (scored position, output) covers the batch."""
-    inputs = inputs.detach().requires_grad_(True)
-    with torch.enable_grad():
-        prediction = predict(inputs)
-        batch, length, n_outputs = prediction.shape
-        jacobian = inputs.new_zeros(batch, length, n_outputs, query.stop - query.start)
-        for t in torch.nonzero(mask.any(0)).flatten().tolist():
-            for i in range(n_outputs):
-                grad, = torch.autograd.grad(prediction[:, t, i].sum(), inputs, retain_graph=True)
-                jacobian[:, t, i] = grad[:, t, query]
-    return jacobian.detach() * mask[..., None, None]
-
-
-def comparison_metrics(predict: Predictor, reference: Predictor, inputs: Tensor, targets: Tensor,
-                       mask: Tensor, query: slice) -> dict[str, float]:
-    """Paper 002 Fig. 1-2 between a model and a reference predictor (e.g. a trained GD-SSM and
-    the constructed one), averaged over the scored positions: both losses (squared error
-    averaged over target coordinates), the L2 distance of the predictions, and the cosine
-    similarity and L2 distance of the sensitivities ∂ŷ/∂x_query."""
-    with torch.no_grad():
-        ours, theirs = predict(inputs), reference(inputs)
-    sens_ours = input_sensitivities(predict, inputs, query, mask).flatten(-2)
-    sens_theirs = input_sensitivities(reference, inputs, query, mask).flatten(-2)
-    # The cosine is undefined where a sensitivity vanishes (e.g. GD with no example yet).
-    defined = mask & (sens_ours.norm(dim=-1) > 0) & (sens_theirs.norm(dim=-1) > 0)
-    cosine = torch.nn.functional.cosine_similarity(sens_ours, sens_theirs, dim=-1)
-    return {
-        "loss": masked_mean((ours - targets).pow(2).mean(-1), mask),
-        "reference_loss": masked_mean((theirs - targets).pow(2).mean(-1), mask),
-        "prediction_l2": masked_mean((ours - theirs).norm(dim=-1), mask),
-        "sensitivity_cosine": masked_mean(cosine, defined),
-        "sensitivity_l2": masked_mean((sens_ours - sens_theirs).norm(dim=-1), mask),
-    }

@@ -252,8 +252,9 @@ class Task(L.LightningDataModule, abc.ABC):
     def summarize_predictor(self, predict: Callable[[Tensor], Tensor], batch_size: int) -> dict:
         """Measures of the trained predictor as a function, on inputs the task builds itself
         (not the held-out set), for the record's metrics.probe: `predict` maps inputs (B, T, d)
-        to predictions (B, T, ...) on the CPU, `batch_size` sequences at a time at most. The
-        model is a black box here, so a measure holds for every architecture."""
+        to predictions (B, T, ...) on the CPU, `batch_size` sequences at a time at most, and
+        autograd can differentiate it in its inputs (work under torch.no_grad where no gradient
+        is wanted). The model is a black box here, so a measure holds for every architecture."""
         return {}
 
     def latent_floats(self) -> int:

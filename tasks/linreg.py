@@ -61,11 +61,17 @@ S_xyᵀ V diag(h(e)) Vᵀ x_j, one batched eigen-decomposition for all (sequence
   K > 1 numerically on a fixed sample of TUNING_TASKS tasks (seed tag TUNING_STREAM), once per task
   instance.
 - oracle (bound): W x_j, the clairvoyant prediction; its loss is the noise floor σ².
+
+The trained predictor against one GD step as functions (paper 002 §4.1, Fig. 1B/2B;
+`summarize_predictor`, metrics.probe): `gd_match` reads the learned coefficients of y_k x_k x_q
+(Fig. 3), `gd_comparison` compares predictions and input sensitivities ∂ŷ/∂x_q on held-out
+prompts (`comparison_metrics`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -78,6 +84,8 @@ TUNING_STREAM = 4  # seed tag of the step-size tuning sample; disjoint from trai
 TUNING_TASKS = 4096
 PINV_RTOL = 1e-10  # eigenvalues below this fraction of the largest count as zero
 GD_MATCH_MAX_TOKENS = 2 * 10 ** 7  # the most prompt tokens gd_match reads a model on (~1 min)
+COMPARISON_PROMPTS = 512  # held-out prompts of gd_comparison
+COMPARISON_MAX_PASSES = 400  # backward passes (scored positions × outputs) gd_comparison may take
 SCORES = ("all", "last")  # values of `score`: every query, or only the final one (paper 002)
 
 
@@ -229,6 +237,73 @@ def gd_match(coefficients: Tensor, check: Tensor, gd1_step: float) -> dict:
             "cubic": bool(cubic)}
 
 
+# --- the paper's comparison measures between two predictors (002 Fig. 1B/2B) -----------------
+Predictor = Callable[[Tensor], Tensor]
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> float | None:
+    """The mean over the positions where mask is True; None where there are none."""
+    return float(values[mask].mean()) if mask.any() else None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+def input_sensitivities(predict: Predictor, inputs: Tensor, query: slice, mask: Tensor) -> Tensor:
+    """∂ŷ_t/∂x_query,t (B, T, N, f) by autograd: the Jacobian of each prediction with respect to
+    the query coordinates of the input at its own position; zero where mask is False. Sequences
+    are independent, so one backward pass per (scored position, output) covers the batch."""
+    inputs = inputs.detach().requires_grad_(True)
+    with torch.enable_grad():
+        prediction = predict(inputs)
+        batch, length, n_outputs = prediction.shape
+        jacobian = inputs.new_zeros(batch, length, n_outputs, query.stop - query.start)
+        for t in torch.nonzero(mask.any(0)).flatten().tolist():
+            for i in range(n_outputs):
+                grad, = torch.autograd.grad(prediction[:, t, i].sum(), inputs, retain_graph=True)
+                jacobian[:, t, i] = grad[:, t, query]
+    return jacobian.detach() * mask[..., None, None]
+
+
+def comparison_metrics(predict: Predictor, reference: Predictor, inputs: Tensor, targets: Tensor,
+                       mask: Tensor, query: slice, batch_size: int | None = None
+                       ) -> dict[str, float]:
+    """Paper 002 Fig. 1-2 between a model and a reference predictor (e.g. a trained GD-SSM and
+    one GD step), averaged over the scored positions: both losses (squared error averaged over
+    target coordinates), the L2 distance of the predictions, and the cosine similarity and L2
+    distance of the sensitivities ∂ŷ/∂x_query; the distances also relative to the reference's
+    mean norm (the paper's axes have no scale of their own). None where undefined (no
+    position with both sensitivities non-zero, a reference of norm 0). Predictors see at most
+    `batch_size` sequences at a time."""
+    size = batch_size or len(inputs)
+
+    def in_batches(measure) -> Tensor:
+        return torch.cat([measure(slice(i, i + size)) for i in range(0, len(inputs), size)])
+
+    with torch.no_grad():
+        ours = in_batches(lambda part: predict(inputs[part]))
+        theirs = in_batches(lambda part: reference(inputs[part]))
+    sens_ours, sens_theirs = (
+        in_batches(lambda part: input_sensitivities(p, inputs[part], query, mask[part])).flatten(-2)
+        for p in (predict, reference))
+    # The cosine is undefined where a sensitivity vanishes (e.g. GD with no example yet).
+    defined = mask & (sens_ours.norm(dim=-1) > 0) & (sens_theirs.norm(dim=-1) > 0)
+    cosine = torch.nn.functional.cosine_similarity(sens_ours, sens_theirs, dim=-1)
+    prediction_l2 = masked_mean((ours - theirs).norm(dim=-1), mask)
+    sensitivity_l2 = masked_mean((sens_ours - sens_theirs).norm(dim=-1), mask)
+    return {
+        "loss": masked_mean((ours - targets).pow(2).mean(-1), mask),
+        "reference_loss": masked_mean((theirs - targets).pow(2).mean(-1), mask),
+        "prediction_l2": prediction_l2,
+        "prediction_l2_relative": ratio(prediction_l2, masked_mean(theirs.norm(dim=-1), mask)),
+        "sensitivity_cosine": masked_mean(cosine, defined),
+        "sensitivity_l2": sensitivity_l2,
+        "sensitivity_l2_relative": ratio(sensitivity_l2,
+                                         masked_mean(sens_theirs.norm(dim=-1), mask)),
+    }
+
+
 class LinearRegression(Task):
     family = "linreg"
     kind = "vectors"
@@ -343,8 +418,12 @@ class LinearRegression(Task):
         (shown one position earlier). Summing the products directly would make S_xy inconsistent
         with S_xx by their float32 rounding, which a noiseless least-squares fit at j ≈ f amplifies
         by 1/λ_min(S_xx) instead of 1/√λ_min(S_xx)."""
+        return self.examples_of(batch.inputs)
+
+    def examples_of(self, inputs: Tensor) -> tuple[Tensor, Tensor]:
+        """`examples` of prompts (B, T, d); differentiable in the inputs."""
         c = self.config
-        inputs = batch.inputs.to(torch.float64)
+        inputs = inputs.to(torch.float64)
         if c.prompt == "interleaved":
             return split_interleaved(inputs, c.n_features, c.n_outputs)
         split = c.n_outputs * c.n_features
@@ -496,19 +575,53 @@ class LinearRegression(Task):
         return torch.stack(coefficients)
 
     def summarize_predictor(self, predict, batch_size: int) -> dict:
-        """metrics.probe.gd_match (`gd_match`) on interleaved prompts with at least one example
-        before the final query; nothing for constructed tokens, or where reading G would take
-        more than GD_MATCH_MAX_TOKENS prompt tokens (16 j N f² prompts of 2j + 1 tokens: e.g.
+        """metrics.probe: `gd_comparison` (paper 002 Fig. 1B/2B) against one GD step, and
+        `gd_match` (Fig. 3) on interleaved prompts with at least one example before the final
+        query; gd_match is left out for constructed tokens, or where reading G would take more
+        than GD_MATCH_MAX_TOKENS prompt tokens (16 j N f² prompts of 2j + 1 tokens: e.g.
         N = f = 20 with 20 examples)."""
         c = self.config
+        summary = self.gd_comparison(predict, batch_size)
         if c.prompt != "interleaved" or self.n_examples < 2:
-            return {}
+            return summary
         query = self.n_examples - 1
         if 16 * query * c.n_outputs * c.n_features ** 2 * (2 * query + 1) > GD_MATCH_MAX_TOKENS:
-            return {}
+            return summary
         coefficients = self.gd_coefficients(predict, batch_size)
         check = self.gd_coefficients(predict, batch_size, step=0.5)
-        return {"gd_match": gd_match(coefficients, check, float(self.step_sizes(1)[query]))}
+        summary["gd_match"] = gd_match(coefficients, check, float(self.step_sizes(1)[query]))
+        return summary
+
+    def query_coordinates(self) -> slice:
+        """Where the query x sits in the input vector at its own (scored) position."""
+        f = self.config.n_features
+        return slice(0, f) if self.config.prompt == "interleaved" else slice(
+            self.input_dim - f, self.input_dim)
+
+    def gd1_on_prompts(self, inputs: Tensor) -> Tensor:
+        """The gd1 reference as a function of the prompt alone, differentiable in it:
+        ŷ_j = (η_j/j) Σ_{k<j} y_k x_kᵀ x_j (one GD step from W = 0, h(e) = η/j needs no
+        eigen-decomposition, whose gradient is undefined at the repeated zero eigenvalues of
+        S_xx for j < f)."""
+        x, y = self.examples_of(inputs)
+        context = torch.arange(self.n_examples, dtype=torch.float64, device=x.device)
+        rate = self.step_sizes(1).to(x) / context.clamp_min(1)
+        xy = exclusive_cumsum(x.unsqueeze(-1) * y.unsqueeze(-2))  # (B, n, f, N)
+        prediction = rate[:, None] * (xy * x.unsqueeze(-1)).sum(-2)
+        return self._positions(prediction)
+
+    def gd_comparison(self, predict, batch_size: int) -> dict:
+        """metrics.probe.gd_comparison: `comparison_metrics` of the model against `gd1_on_prompts`
+        on the first COMPARISON_PROMPTS held-out prompts at their scored positions (every query,
+        or the final one with score=last), in batches of `batch_size`; {} where that would take
+        more than COMPARISON_MAX_PASSES backward passes (scored positions × outputs)."""
+        batch = self.held_out(COMPARISON_PROMPTS)
+        passes = int(batch.loss_mask.any(0).sum()) * self.config.n_outputs
+        if passes > COMPARISON_MAX_PASSES:
+            return {}
+        summary = comparison_metrics(predict, self.gd1_on_prompts, batch.inputs, batch.targets,
+                                     batch.loss_mask, self.query_coordinates(), batch_size)
+        return {"gd_comparison": {**summary, "prompts": len(batch)}}
 
     def _oracle(self, batch: Batch) -> Tensor:
         query, _ = self.examples(batch)

@@ -19,10 +19,10 @@ import yaml
 
 from conftest import assert_causal, fits_a_fixed_batch, redraw_in_float64
 from models import IOSpec, build_model, model_families
-from models.gd_ssm import (GDSSM, GDSSMConfig, comparison_metrics, input_sensitivities,
-                           query_coordinates)
+from models.gd_ssm import GDSSM, GDSSMConfig, query_coordinates
 from tasks.base import make_generator
-from tasks.linreg import LinearRegression, gd1_step_size
+from tasks.linreg import (LinearRegression, comparison_metrics, gd1_step_size,
+                          input_sensitivities)
 
 TOL = dict(rtol=1e-8, atol=1e-8)
 EXACT = dict(rtol=1e-12, atol=1e-12)
@@ -271,6 +271,9 @@ def test_comparison_metrics_against_their_definitions():
     query = query_coordinates("tokens", tokens.shape[-1], 1)
     same = comparison_metrics(model, model, tokens, y, mask, query)
     assert same["prediction_l2"] == 0 and same["sensitivity_l2"] == 0
+    nothing = comparison_metrics(model, lambda s: 0 * model(s), tokens, y, mask, query)
+    assert nothing["sensitivity_cosine"] is None  # no position where both are non-zero
+    assert nothing["prediction_l2_relative"] is None  # the reference's norm is 0
     assert same["sensitivity_cosine"] == pytest.approx(1.0, abs=1e-12)
     assert same["loss"] == same["reference_loss"]
     double = comparison_metrics(model, lambda s: 2 * model(s), tokens, y, mask, query)
@@ -283,6 +286,45 @@ def test_comparison_metrics_against_their_definitions():
                                                      .mean().item(), rel=1e-12)
     assert double["reference_loss"] == pytest.approx(
         (2 * prediction - y).pow(2).mean().item(), rel=1e-12)
+    # distances relative to the reference's norms: |ŷ - 2ŷ| / |2ŷ| = 1/2
+    assert double["prediction_l2_relative"] == pytest.approx(0.5, rel=1e-12)
+    assert double["sensitivity_l2_relative"] == pytest.approx(0.5, rel=1e-12)
+    in_threes = comparison_metrics(model, lambda s: 2 * model(s), tokens, y, mask, query, 3)
+    assert in_threes == pytest.approx(double, rel=1e-12)  # batches of 3 sequences: 3 + 3 + 2
+
+
+@pytest.mark.parametrize("prompt", ["interleaved", "tokens"])
+def test_gd1_on_prompts_is_the_gd1_reference(prompt):
+    """The differentiable one-step predictor the comparison uses is the gd1 reference."""
+    task = LinearRegression(LinearRegression.Config(
+        seq_len=12 if prompt == "interleaved" else 6, n_features=3, n_outputs=2, prompt=prompt))
+    batch = task.held_out(16)
+    torch.testing.assert_close(task.gd1_on_prompts(batch.inputs),
+                               task.references()["gd1"].predict(batch), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("prompt", ["interleaved", "tokens"])
+def test_gd_comparison_of_the_construction_and_of_twice_it(prompt):
+    """metrics.probe.gd_comparison (paper 002 Fig. 1B/2B), scored at the final query: the
+    constructed GD-SSM with gd1's step there is one GD step (distance 0, cosine 1); with twice
+    the step its predictions and sensitivities are twice GD's (relative distances 1, cosine 1).
+    Tokens agree to float32 rounding only: the model reads the stored products y_k x_k, GD the
+    y_k recovered from them (LinearRegression.examples)."""
+    tol = 1e-9 if prompt == "interleaved" else 1e-6
+    task = LinearRegression(LinearRegression.Config(
+        seq_len=9 if prompt == "interleaved" else 5, n_features=3, prompt=prompt, score="last"))
+    io = IOSpec("vectors", task.input_dim, task.output_dim, task.seq_len)
+    eta = float(task.step_sizes(1)[task.n_examples - 1])
+    for scale in (1, 2):
+        config = GDSSMConfig(constructed=True, prompt=prompt, step_size=scale * eta)
+        model = build_model("gd_ssm", config, io)
+        found = task.summarize_predictor(float64_predictor(model), 100)["gd_comparison"]
+        assert found["prompts"] == 512
+        assert found["sensitivity_cosine"] == pytest.approx(1.0, abs=tol)
+        assert found["prediction_l2_relative"] == pytest.approx(scale - 1, abs=tol)
+        assert found["sensitivity_l2_relative"] == pytest.approx(scale - 1, abs=tol)
+        if scale == 1:
+            assert found["loss"] == pytest.approx(found["reference_loss"], rel=tol)
 
 
 @pytest.mark.parametrize("name,constructed", [("gd_ssm", False), ("gd_ssm_constructed", True)])
@@ -417,7 +459,10 @@ def test_gd_match_of_trained_style_models():
     assert task.summarize_predictor(float64_predictor(
         build_model("mamba", mamba.Config(d_model=16), io)), 64)["gd_match"]["cubic"] is False
     tokens = LinearRegression(LinearRegression.Config(seq_len=5, n_features=3, prompt="tokens"))
-    assert tokens.summarize_predictor(lambda x: x, 64) == {}
+    assert set(tokens.summarize_predictor(lambda x: x[..., -1:], 64)) == {"gd_comparison"}
     # too large to read (16 j N f² prompts of 2j + 1 tokens: 16·20·20·400·41 = 1.05e8 tokens)
     large = gd_task(n_outputs=20, features=20, seq_len=42)
-    assert large.summarize_predictor(lambda x: 1 / 0, 64) == {}
+    assert set(large.summarize_predictor(lambda x: x[..., :20], 64)) == {"gd_comparison"}
+    # every query scored: 21 positions × 20 outputs = 420 backward passes > 400
+    every = LinearRegression(LinearRegression.Config(seq_len=42, n_features=20, n_outputs=20))
+    assert every.summarize_predictor(lambda x: 1 / 0, 64) == {}
