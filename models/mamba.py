@@ -168,7 +168,10 @@ class Mamba2Mixer(nn.Module):
         dt = self.in_proj(u)[..., -self.nheads:]  # in_proj's outputs are [z, xBC, dt]
         return torch.exp(self.step_sizes(dt) * self.decay_rate())
 
-    def forward(self, u: Tensor) -> Tensor:
+    def selective_inputs(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(z, x, B, C, dt) per token: x, B, C after the convolution and activation (B and C
+        (B, T, ngroups * d_state)), z and in_proj's raw dt; the one path of `forward` and of the
+        mechanism probes (MambaZero.probe's b_t and c_t)."""
         length = u.shape[1]
         z, xBC, dt = torch.split(self.in_proj(u), self.split_sizes, dim=-1)
         if self.conv1d is not None:
@@ -176,6 +179,10 @@ class Mamba2Mixer(nn.Module):
         xBC = self.act(xBC)
         x, B, C = torch.split(xBC, [self.d_inner, self.ngroups * self.d_state,
                                     self.ngroups * self.d_state], dim=-1)
+        return z, x, B, C, dt
+
+    def forward(self, u: Tensor) -> Tensor:
+        z, x, B, C, dt = self.selective_inputs(u)
         dt = self.step_sizes(dt)
         y, _ = ssd_scan(x.unflatten(-1, (self.nheads, self.headdim)), dt, self.decay_rate(),
                         B.unflatten(-1, (self.ngroups, self.d_state)),
@@ -403,8 +410,30 @@ class MambaZero(Core):
         return scores.log() - scores.sum(-1, keepdim=True).log()
 
     def probe(self, inputs: Tensor) -> dict[str, Tensor]:
-        """"decay": the mixer's a_t, (B, T, 1, n_heads) (see Mamba.probe)."""
-        return {"decay": self.mixer.decays(self.embedding(inputs)).unsqueeze(2)}
+        """Per-position internals of paper 000's mechanism (§4.2.1, App. C.1, Figs. 4-5):
+        "decay", the mixer's a_t, (B, T, 1, n_heads) (see Mamba.probe); "ssm_b" and "ssm_c", b_t
+        and c_t after their convolutions, (B, T, ngroups, d_state); and, with the L1 head only
+        (where logits are scores proportional to the probabilities, so the paper's reading of
+        them as counts + β holds), the two terms of the logit written out by Eq. (4)-(5):
+        "logit_direct" = W_ℓ x_t, (B, T, S), and "logit_write" = W_ℓ W_o (Δ_t x~_t restricted to
+        each group's heads), (B, T, ngroups, S). With a_t = 1, logit_t = logit_direct_t +
+        Σ_{s<=t} Σ_g logit_write_{s,g} (b_{s,g} · c_{t,g}) exactly."""
+        mixer, x = self.mixer, self.embedding(inputs)
+        _, xs, B, C, dt = mixer.selective_inputs(x)
+        groups = mixer.ngroups
+        found = {"decay": mixer.decays(x).unsqueeze(2),
+                 "ssm_b": B.unflatten(-1, (groups, mixer.d_state)),
+                 "ssm_c": C.unflatten(-1, (groups, mixer.d_state))}
+        if self.config.l1_prediction:
+            step = mixer.step_sizes(dt)  # Δ_t per head, at least float32
+            dtype = torch.promote_types(x.dtype, step.dtype)
+            written = xs.to(dtype).unflatten(-1, (mixer.nheads, mixer.headdim)) * step[..., None]
+            per_group = written.flatten(-2).unflatten(-1, (groups, -1))  # heads are contiguous
+            w_o = mixer.out_proj.weight.to(dtype).unflatten(1, (groups, -1))
+            head = self.lm_head.weight.to(dtype)
+            found["logit_write"] = F.linear(torch.einsum("btgc,dgc->btgd", per_group, w_o), head)
+            found["logit_direct"] = F.linear(x.to(dtype), head)
+        return found
 
     def state_size(self, seq_len: int) -> int:
         return self.mixer.state_size()

@@ -160,12 +160,105 @@ def add_beta_log_probs(counts: Tensor, beta: float) -> Tensor:
                                                  + beta * counts.shape[-1])
 
 
+def decay_summary(decay: Tensor) -> dict:
+    """Mamba's decay a_t (B, T, layers, heads) on the held-out inputs (paper 000 Fig. 4): its
+    mean per position over sequences, layers and heads (`decay_by_position`), the smallest of
+    those means (`decay_min`: "a_t ≈ 1 for all t" asks it to be near 1), the overall mean and
+    the 5th percentile of all a_t values, and per [layer][head] means."""
+    decay = decay.double().cpu()
+    by_position, flat = decay.mean((0, 2, 3)), decay.flatten()
+    return {"decay_by_position": by_position.tolist(),
+            "decay_min": float(by_position.min()), "decay_mean": float(decay.mean()),
+            "decay_p05": float(flat.kthvalue(max(1, math.ceil(0.05 * flat.numel())))[0]),
+            "decay_per_head": decay.mean((0, 1)).tolist()}
+
+
+def group_means(values: Tensor, ids: Tensor, groups: int) -> Tensor:
+    """Mean of values (B, T, ...) over the positions with ids (B, T) == g, for g < groups:
+    (groups, ...), NaN for a group that never occurs."""
+    flat, index = values.reshape(-1, *values.shape[2:]), ids.reshape(-1)
+    sums = flat.new_zeros(groups, *flat.shape[1:]).index_add_(0, index, flat)
+    counts = torch.bincount(index, minlength=groups).to(flat.dtype)
+    return sums / counts.reshape(-1, *[1] * (flat.dim() - 1))
+
+
+def nested(values: Tensor, shape: tuple[int, ...]) -> list:
+    """values as nested lists of `shape` with None where a context never occurred (NaN)."""
+    items = [None if math.isnan(v) else v for v in values.reshape(-1).tolist()]
+    for size in reversed(shape[1:]):
+        items = [items[i:i + size] for i in range(0, len(items), size)]
+    return items
+
+
+def count_probe_summary(tokens: Tensor, probes: dict[str, Tensor], vocab_size: int) -> dict:
+    """Paper 000 App. C.1 / Fig. 5 on a first-order chain over S symbols, from MambaZero's probes
+    (models/mamba.py MambaZero.probe). Positions t >= 2 (1-based: those with a previous token)
+    are grouped by their window (x_{t-1}, x_t); b^(ij) is the mean of b_t over positions with
+    window (i, j), c^(lk) that of c_t over window (l, k), c^(k) over current token k (Fig. 5's
+    index, averaging the previous token out); a mean inner product over all pairs of such
+    positions is the inner product of these means (summed over groups). With w = 2 every b_t, c_t
+    of one window is the same vector, so the means are those vectors. Contexts that do not occur
+    are None and left out of the scalars.
+
+    - bc_inner[i][j][k] = b^(ij)ᵀc^(k); bc_inner_by_window[i][j][l][k] = b^(ij)ᵀc^(lk);
+    - bc_wrong_ratio: max |b^(ij)ᵀc^(lk)| over i ≠ k / min over i = k (windows resolved, so
+      no cancellation between previous tokens; the paper: -> 0). Invariant to the rescalings
+      of B against x~ or C.
+    With the logit probes (the L1 head) and a_t = 1, Eq. (10) reads logit_t = u + Σ n_ij v^(ij):
+    - count_vector_scale[l][k][j] = v^(kj)_j, the coefficient of n_kj in logit j at window (l, k),
+      v^(ij) = W_ℓ W_o x~^(ij) b^(ij)ᵀc^(lk) (mean of logit_write_s b_s over window (i, j));
+    - count_free[x1][l][k] = u = W_ℓ x_t + W_ℓ W_o x~^(x1) b^(x1)ᵀc^(lk), the count-independent
+      vector (its first-token term from the sequences starting with x1);
+    - count_free_beta[x1][l][k][j] = u_j / v^(kj)_j and its min and max over all of them:
+      Fig. 5b's coordinates -> β. Under the L1 normalisation the logits of a window are only
+      defined up to a positive factor, so the raw u is not identifiable; the ratio is, and is
+      β exactly for add-β (logit ∝ n_k· + β·1)."""
+    S = vocab_size
+    tokens = tokens.cpu()
+    window = tokens[:, :-1] * S + tokens[:, 1:]  # (x_{t-1}, x_t) for positions t >= 2
+    current = tokens[:, 1:]
+    b, c = (probes[name].double().cpu() for name in ("ssm_b", "ssm_c"))  # (B, T, groups, N)
+    b_ij = group_means(b[:, 1:], window, S * S)
+    c_lk = group_means(c[:, 1:], window, S * S)
+    c_k = group_means(c[:, 1:], current, S)
+    by_window = torch.einsum("agn,cgn->ac", b_ij, c_lk)  # [ij][lk]
+    source = torch.arange(S * S) // S  # i of row ij
+    target = torch.arange(S * S) % S  # k of column lk
+    wrong = source[:, None] != target[None, :]
+    present = ~by_window.isnan()
+    worst_wrong = by_window[wrong & present].abs().max() if (wrong & present).any() else None
+    least_right = by_window[~wrong & present].abs().min() if (~wrong & present).any() else None
+    summary = {"bc_inner": nested(torch.einsum("agn,kgn->ak", b_ij, c_k), (S, S, S)),
+               "bc_inner_by_window": nested(by_window, (S, S, S, S)),
+               "bc_wrong_ratio": (float(worst_wrong / least_right)
+                                  if worst_wrong is not None and least_right is not None
+                                  else None)}
+    if "logit_write" not in probes or "logit_direct" not in probes:
+        return summary
+    write = probes["logit_write"].double().cpu()  # (B, T, groups, S)
+    direct = probes["logit_direct"].double().cpu()  # (B, T, S)
+    outer = write[..., :, None] * b[..., None, :]  # (B, T, groups, S, N)
+    counted = torch.einsum("agdn,cgn->acd", group_means(outer[:, 1:], window, S * S), c_lk)
+    first = torch.einsum("xgdn,cgn->xcd", group_means(outer[:, :1], tokens[:, :1], S), c_lk)
+    free = group_means(direct[:, 1:], current, S)[target] + first  # [x1][lk][d]
+    rows = target[:, None] * S + torch.arange(S)  # v^(kj) for window lk: row k·S + j
+    scale = counted[rows, torch.arange(S * S)[:, None], torch.arange(S)]  # [lk][j]
+    beta = free / scale
+    finite = beta[~beta.isnan()]
+    summary.update({"count_vector_scale": nested(scale, (S, S, S)),
+                    "count_free": nested(free, (S, S, S, S)),
+                    "count_free_beta": nested(beta, (S, S, S, S)),
+                    "count_free_beta_min": float(finite.min()) if len(finite) else None,
+                    "count_free_beta_max": float(finite.max()) if len(finite) else None})
+    return summary
+
+
 class MarkovTask(Task):
     family = "markov"
     kind = "tokens"
     Config = MarkovConfig
     description = "random order-k Markov chains, rows ~ Dir(beta); Bayes = add-beta smoothing"
-    probes = ("decay",)
+    probes = ("decay", "ssm_b", "ssm_c", "logit_direct", "logit_write")
 
     def latent_floats(self) -> int:
         return self.config.vocab_size ** self.config.order * self.config.vocab_size  # the kernel
@@ -283,20 +376,18 @@ class MarkovTask(Task):
         counts = torch.nn.functional.one_hot(batch.inputs, self.config.vocab_size).double()
         return add_beta_log_probs(counts.cumsum(1), self.config.beta)
 
-    # --- mechanism probe (paper 000 §4.2.1 (i), Fig. 4: a_t ≈ 1 at every position) ----------
+    # --- mechanism probes (paper 000 §4.2.1, App. C.1: Fig. 4's a_t, Fig. 5's b^(ij)ᵀc^(k)) -----
     def summarize_probes(self, batch: Batch, probes: dict[str, Tensor]) -> dict:
-        """Mamba's decay a_t on the held-out inputs: its mean per position over sequences, layers
-        and heads (`decay_by_position`), the smallest of those means (`decay_min`: Fig. 4's
-        "a_t ≈ 1 for all t" asks it to be near 1), the overall mean and the 5th percentile of
-        all a_t values, and per [layer][head] means; {} when the model has no "decay" probe."""
-        if "decay" not in probes:
-            return {}
-        decay = probes["decay"].double().cpu()  # (B, T, layers, heads)
-        by_position, flat = decay.mean((0, 2, 3)), decay.flatten()
-        return {"decay_by_position": by_position.tolist(),
-                "decay_min": float(by_position.min()), "decay_mean": float(decay.mean()),
-                "decay_p05": float(flat.kthvalue(max(1, math.ceil(0.05 * flat.numel())))[0]),
-                "decay_per_head": decay.mean((0, 1)).tolist()}
+        """The "decay" summary (Fig. 4) when the model has that probe, and at order 1 the count
+        mechanism of Fig. 5 when it has "ssm_b" and "ssm_c" (count_probe_summary); {} for a
+        model with neither. Orders k > 1 get no Fig. 5 summary: the paper states it for first
+        order only, and at order k the B and C vectors' contexts are k + 1 and k tokens."""
+        summary = {}
+        if "decay" in probes:
+            summary.update(decay_summary(probes["decay"]))
+        if self.config.order == 1 and "ssm_b" in probes and "ssm_c" in probes:
+            summary.update(count_probe_summary(batch.inputs, probes, self.config.vocab_size))
+        return summary
 
     # --- the hold-out experiment's distance to add-β by context length (paper 000 Table 2) -----
     def summarize(self, batch: Batch, losses: dict[str, Tensor],

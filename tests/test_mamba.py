@@ -533,6 +533,110 @@ def test_mambazero_and_backbone_probe():
     assert lstm.probe(tokens) == {}  # a core without probes
 
 
+# --- the count-mechanism probes (paper 000 App. C.1, Fig. 5) ------------------------------------
+def test_mambazero_probe_is_the_scan_inputs_and_writes_out_the_logit(monkeypatch):
+    """"ssm_b"/"ssm_c" are the B and C the forward pass hands to the scan; with a_t = 1 the logit
+    probes decompose the logit exactly as Eq. (4)-(5): logit_t = logit_direct_t + Σ_{s<=t} Σ_g
+    logit_write_{s,g} (b_{s,g} · c_{t,g}) (4 heads in 2 groups, random weights and conv bias).
+    Without the L1 head there are no logit probes."""
+    torch.manual_seed(0)
+    config = MambaZeroConfig(d_model=8, d_state=3, headdim=2, ngroups=2, decay=False,
+                             l1_prediction=True, kernel="torch", chunk_size=4)
+    model = build_model("mambazero", config, IOSpec("tokens", 3, 3, 64)).double()
+    core = model.core
+    with torch.no_grad():
+        for param in core.parameters():
+            param.copy_(torch.randn_like(param) * 0.5)
+    seen = []
+    scan = mamba_module.ssd_scan
+
+    def spy(x, dt, A, B, C, *args, **kwargs):
+        seen.append((B, C))
+        return scan(x, dt, A, B, C, *args, **kwargs)
+
+    monkeypatch.setattr(mamba_module, "ssd_scan", spy)
+    tokens = torch.randint(0, 3, (4, 13))
+    embedded = core.embedding(tokens)
+    logits = core.lm_head(embedded + core.mixer(embedded)).detach()
+    found = model.probe(tokens)
+    assert set(found) == {"decay", "ssm_b", "ssm_c", "logit_direct", "logit_write"}
+    assert found["ssm_b"].shape == found["ssm_c"].shape == (4, 13, 2, 3)
+    assert found["logit_write"].shape == (4, 13, 2, 3)
+    torch.testing.assert_close(found["ssm_b"], seen[0][0], rtol=0, atol=TOL)
+    torch.testing.assert_close(found["ssm_c"], seen[0][1], rtol=0, atol=TOL)
+    inner = torch.einsum("bsgn,btgn->bstg", found["ssm_b"], found["ssm_c"])
+    causal = torch.ones(13, 13, dtype=torch.bool).triu()[None, :, :, None]  # s <= t
+    written = torch.einsum("bsgd,bstg->btd", found["logit_write"], inner * causal)
+    torch.testing.assert_close(found["logit_direct"] + written, logits, rtol=0, atol=TOL)
+    assert (written.abs().max() > 0.1) and (found["logit_direct"].abs().max() > 0.1)
+    softmax = build_model("mambazero", dataclasses.replace(config, l1_prediction=False),
+                          IOSpec("tokens", 3, 3, 64))
+    assert set(softmax.probe(tokens)) == {"decay", "ssm_b", "ssm_c"}
+
+
+def fig5_summary(model, symbols: int, beta: float) -> dict:
+    """metrics.probe of `model` on the task's held-out sequences, as a run records it (float32)."""
+    from bench.evaluate import probe_summary
+    task, batch = markov_batch(symbols, beta, seq_len=48, n=32)
+    return probe_summary(task, model, batch, batch_size=16)
+
+
+@pytest.mark.parametrize("symbols,beta", [(2, 1.0), (2, 0.3), (3, 1.0)])
+def test_fig5_probe_on_the_theorem_1_construction(symbols, beta):
+    """App. C.1 on the Thm. 1 model: b^(ij)ᵀc^(k) = [i = k] (so the wrong-count ratio is 0),
+    every count coefficient v^(kj)_j = 1 and the count-independent vector is β·1, so every
+    coordinate's β estimate equals β to float32 precision (the record's probes are float32)."""
+    summary = fig5_summary(constructed_mambazero(symbols, beta, 2 * symbols, symbols), symbols,
+                           beta)
+    assert summary["bc_wrong_ratio"] == 0.0
+    for i, j, k in itertools.product(range(symbols), repeat=3):
+        assert summary["bc_inner"][i][j][k] == float(i == k)
+    for i, j, l, k in itertools.product(range(symbols), repeat=4):
+        assert summary["bc_inner_by_window"][i][j][l][k] == float(i == k)
+        assert summary["count_vector_scale"][l][k][j] == 1.0
+    beta32 = float(torch.tensor(beta, dtype=torch.float32))
+    assert summary["count_free_beta_min"] == summary["count_free_beta_max"] == beta32
+    assert summary["decay_min"] == 1.0
+
+
+def test_fig5_probe_can_fail():
+    """Negative controls. Thm. 4's d = 2 model reaches add-β within ε without orthogonal counts:
+    b^(10)ᵀc^(0) = γ_1 c_0 = -a c_0 against the smallest right one (γ_0 + γ_1) c_0 = (1 - a) c_0,
+    a ratio a / (1 - a) with a² = βε / (1 + βε). Thm. 1 with conv_B's current tap at 0.1 makes
+    b^(ij) = u_i + 0.1 u_j: b^(01)ᵀc^(1) = 0.1 against b^(01)ᵀc^(0) = 1, a ratio 0.1; W_ℓ's
+    β entry for logit 0 moved by 0.1 moves that coordinate's β estimate to β + 0.1."""
+    epsilon = 0.01
+    a = math.sqrt(epsilon / (1 + epsilon))
+    summary = fig5_summary(constructed_mambazero(2, 1.0, 2, 2, epsilon), 2, 1.0)
+    assert summary["bc_wrong_ratio"] == pytest.approx(a / (1 - a), rel=1e-5)
+    model = constructed_mambazero(2, 1.0, 4, 2)
+    with torch.no_grad():
+        model.core.mixer.conv1d.weight[model.core.mixer.d_inner:, 0, -1][:2] += 0.1
+    assert fig5_summary(model, 2, 1.0)["bc_wrong_ratio"] == pytest.approx(0.1, rel=1e-5)
+    model = constructed_mambazero(2, 1.0, 4, 2)
+    with torch.no_grad():
+        PERTURBATIONS["W_l"](model.core).add_(0.1)
+    summary = fig5_summary(model, 2, 1.0)
+    assert summary["bc_wrong_ratio"] == 0.0
+    assert summary["count_free_beta_min"] == 1.0
+    assert summary["count_free_beta_max"] == pytest.approx(1.1, rel=1e-6)
+
+
+def test_fig5_probe_reaches_the_run_record(tmp_path):
+    """A markov run of MambaZero with the L1 head writes Fig. 5's scalars into metrics.probe."""
+    from bench.config import compose
+    from bench.train import run
+    record, _ = run(compose(["task=markov", "task.seq_len=32", "model=mambazero",
+                             "model.l1_prediction=true", "trainer.max_steps=2",
+                             "trainer.eval_sequences=16", "trainer.bootstrap=20",
+                             "trainer.progress=false", "trainer.logger=none",
+                             f"out_dir={tmp_path}"]))
+    probe = record["metrics"]["probe"]
+    assert probe["bc_wrong_ratio"] >= 0 and len(probe["bc_inner_by_window"]) == 2
+    assert probe["count_free_beta_min"] <= probe["count_free_beta_max"]
+    assert probe["decay_min"] > 0
+
+
 # --- convolution window vs Markov order (paper 000 Fig. 3b: w >= k + 1 needed) ----------------
 @pytest.mark.parametrize("w", [2, 3, 4])
 def test_d_conv_is_the_window_of_the_convolution(w):

@@ -257,3 +257,96 @@ def test_large_batches_keep_the_loop(monkeypatch):
     for n in (largest, largest + 1):
         t.sample_given(t.draw_latent(n, make_generator(0)), make_generator(1))
     assert len(loop_calls) == 1 and len(loop_calls[0][0]["kernel"]) == largest + 1
+
+
+# --- paper 000 Fig. 5's count-mechanism summary against its definitions --------------------------
+def brute_force_count_summary(tokens, b, c, write, direct, S):
+    """Fig. 5's quantities by explicit loops: every mean inner product over all pairs of
+    positions (s, t) with the given windows, never through group means."""
+    n, length = tokens.shape
+    later = [(q, t) for q in range(n) for t in range(1, length)]
+    window = {(q, t): (int(tokens[q, t - 1]), int(tokens[q, t])) for q, t in later}
+
+    def pair_mean(f, rows, cols):
+        values = [f(r, col) for r in rows for col in cols]
+        return sum(values) / len(values) if values else None
+
+    def dot(r, col):
+        return float((b[r] * c[col]).sum())
+
+    at = {key: [p for p in later if window[p] == key]
+          for key in itertools.product(range(S), repeat=2)}
+    current = {k: [p for p in later if window[p][1] == k] for k in range(S)}
+    by_window = {(i, j, l, k): pair_mean(dot, at[i, j], at[l, k])
+                 for i, j, l, k in itertools.product(range(S), repeat=4)}
+    inner = {(i, j, k): pair_mean(dot, at[i, j], current[k])
+             for i, j, k in itertools.product(range(S), repeat=3)}
+    scale, free = {}, {}
+    for l, k, j in itertools.product(range(S), repeat=3):
+        scale[l, k, j] = pair_mean(lambda r, col: float((write[r][:, j] * (b[r] * c[col]).sum(-1))
+                                                        .sum()), at[k, j], at[l, k])
+        for x1 in range(S):
+            firsts = [(q, 0) for q in range(n) if tokens[q, 0] == x1]
+            term = pair_mean(lambda r, col: float((write[r][:, j] * (b[r] * c[col]).sum(-1))
+                                                  .sum()), firsts, at[l, k])
+            embed = (sum(float(direct[r][j]) for r in current[k]) / len(current[k])
+                     if current[k] else None)
+            free[x1, l, k, j] = None if term is None or embed is None else embed + term
+    return by_window, inner, scale, free
+
+
+def test_count_probe_summary_is_its_definition():
+    """MarkovTask.summarize_probes on random probes (3 symbols, 2 groups) equals the loops: the
+    mean over pairs of positions is the inner product of group means; a window that never occurs
+    (2 -> 2 here) is None and left out of the ratio and the β range; the ratio and β estimates
+    from their formulas."""
+    from tasks.markov import count_probe_summary
+    S, n, length = 3, 4, 14
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, S, (n, length), generator=g)
+    tokens[0, 0] = 2  # 2 starts a sequence ...
+    for t in range(1, length):  # ... but never follows itself: the window (2, 2) never occurs
+        tokens[:, t] = torch.where((tokens[:, t - 1] == 2) & (tokens[:, t] == 2), 0, tokens[:, t])
+    probes = {"ssm_b": torch.randn(n, length, 2, 4, generator=g, dtype=torch.float64),
+              "ssm_c": torch.randn(n, length, 2, 4, generator=g, dtype=torch.float64),
+              "logit_write": torch.randn(n, length, 2, S, generator=g, dtype=torch.float64),
+              "logit_direct": torch.randn(n, length, S, generator=g, dtype=torch.float64)}
+    summary = count_probe_summary(tokens, probes, S)
+    by_window, inner, scale, free = brute_force_count_summary(
+        tokens, probes["ssm_b"], probes["ssm_c"], probes["logit_write"], probes["logit_direct"], S)
+
+    def same(got, want):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert got == pytest.approx(want, rel=1e-10, abs=1e-12)
+
+    for i, j, l, k in itertools.product(range(S), repeat=4):
+        same(summary["bc_inner_by_window"][i][j][l][k], by_window[i, j, l, k])
+    for i, j, k in itertools.product(range(S), repeat=3):
+        same(summary["bc_inner"][i][j][k], inner[i, j, k])
+    assert summary["bc_inner_by_window"][2][2][0][0] is None
+    wrong = [abs(v) for (i, j, l, k), v in by_window.items() if v is not None and i != k]
+    right = [abs(v) for (i, j, l, k), v in by_window.items() if v is not None and i == k]
+    assert summary["bc_wrong_ratio"] == pytest.approx(max(wrong) / min(right), rel=1e-10)
+    betas = []
+    for x1, l, k, j in itertools.product(range(S), repeat=4):
+        same(summary["count_vector_scale"][l][k][j], scale[l, k, j])
+        same(summary["count_free"][x1][l][k][j], free[x1, l, k, j])
+        want = (None if free[x1, l, k, j] is None or scale[l, k, j] is None
+                else free[x1, l, k, j] / scale[l, k, j])
+        same(summary["count_free_beta"][x1][l][k][j], want)
+        betas += [want] if want is not None else []
+    assert summary["count_free_beta_min"] == pytest.approx(min(betas), rel=1e-10)
+    assert summary["count_free_beta_max"] == pytest.approx(max(betas), rel=1e-10)
+    # without the logit probes (a softmax head) only the inner products
+    assert set(count_probe_summary(tokens, {k: probes[k] for k in ("ssm_b", "ssm_c")}, S)) == {
+        "bc_inner", "bc_inner_by_window", "bc_wrong_ratio"}
+
+
+def test_count_probe_summary_only_at_order_one_and_only_with_the_probes():
+    probes = {"ssm_b": torch.ones(2, 8, 1, 2), "ssm_c": torch.ones(2, 8, 1, 2)}
+    batch = task(1, 2, T=8).held_out(2)
+    assert "bc_wrong_ratio" in task(1, 2, T=8).summarize_probes(batch, probes)
+    assert task(2, 2, T=8).summarize_probes(task(2, 2, T=8).held_out(2), probes) == {}
+    assert task(1, 2, T=8).summarize_probes(batch, {}) == {}  # a model without probes
+    assert task(1, 2, T=8).summarize_probes(batch, {"ssm_b": probes["ssm_b"]}) == {}
