@@ -74,7 +74,10 @@ def position_scores(task: Task, batch: Batch, prediction: Tensor,
                     reference_probs: Tensor | None) -> dict[str, Tensor]:
     """Per-position scores (B, T) of one predictor, zero where nothing is scored: `loss`, and for
     tokens `correct` (top-1 hit) and `l1` (L1 distance to the gap reference's distribution
-    `reference_probs`). Everything later is a mean of these over positions and sequences."""
+    `reference_probs`); for vectors `error` (B, T, d_out), the signed error prediction - target,
+    for a task's summary of the errors' distribution (a loss has lost the sign), in float32:
+    half the size of the float64 prediction it replaces, ample for a histogram. Everything later
+    is a mean of these over positions and sequences, or a summary of them."""
     mask = batch.loss_mask.cpu().bool()
     targets = batch.targets.cpu()
     prediction = prediction.double().cpu()
@@ -84,6 +87,8 @@ def position_scores(task: Task, batch: Batch, prediction: Tensor,
         scores["correct"] = (prediction.argmax(-1) == targets) & mask
         l1 = (prediction.exp() - reference_probs.double()).abs().sum(-1)
         scores["l1"] = torch.where(mask, l1, 0.0)
+    else:
+        scores["error"] = torch.where(mask[..., None], prediction - targets, 0.0).float()
     return scores
 
 

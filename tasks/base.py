@@ -239,8 +239,9 @@ class Task(L.LightningDataModule, abc.ABC):
         per-position losses (B, T) of the model ("model") and of every reference on the held-out
         batch, and from their other per-position scores (`scores[name]`: "loss", and for tokens
         "correct", the top-1 hits, and "l1", the L1 distance to the gap reference's
-        distribution; bench/evaluate.py position_scores; None when not known). The runner
-        already records mean losses, gaps with CIs and per-position curves."""
+        distribution, for vectors "error", the signed errors (B, T, d_out); bench/evaluate.py
+        position_scores; None when not known). The runner already records mean losses, gaps
+        with CIs and per-position curves."""
         return {}
 
     def summarize_probes(self, batch: Batch, probes: dict[str, Tensor]) -> dict:

@@ -31,6 +31,9 @@ References:
 - `clairvoyant`, the Kalman filter with the true θ (E[x_{t+1} | x_1..x_t, θ]), a bound;
 - `erm`, the paper's Transformer-as-GD predictor argmin_y Σ_i ||y - x_i||² + λ||y||²
   = Σ_i x_i / (t + λ) (λ = 0: the pooled mean).
+
+`summarize` also records every predictor's signed prediction errors at context k = 32, as a
+histogram with their mean and spread (paper 004 Fig. 2 right: "Histogram of prediction errors").
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ import math
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -46,6 +50,8 @@ from tasks.base import Batch, Reference, Task
 from tasks.smc import DiagonalSystem, ParameterPrior, smc_predictive
 
 SMC_RUNS = 2  # independent runs of the bayes reference: their mean, and their spread as its error
+ERROR_CONTEXT = 32  # k of the error distribution: the claims' context (§5.1: "k = 32")
+ERROR_BIN_EDGES = [-8.0 + 0.25 * i for i in range(65)]  # fixed: records' histograms compare
 
 
 # --- the Kalman filter, shared with tasks/lgssm_colored.py ----------------------------------
@@ -431,6 +437,10 @@ class LGSSMTask(Task):
         over `clairvoyant`, with standard errors over sequences, and the Monte Carlo error of
         `bayes`, from its two runs a and b (ŷ = (a + b)/2, per-position losses L):
 
+        - error_distribution: every predictor's signed errors at context k = 32 (the position
+          that predicts x_33 from x_1..x_32, the top of the bin 16 < t <= 32 that the claims'
+          excess_over_bayes[2] averages), from `scores` ("error"; tasks/base.py summarize),
+          for the histogram of Fig. 2 right (`error_distribution` below);
         - bayes_mc_inflation: E[L_bayes] exceeds the exact posterior predictive's loss by the
           variance of ŷ's Monte Carlo error, estimated without bias by |a - b|²/(4m)
           = (L_a + L_b - 2 L_bayes)/2 (the parallelogram law; the runs are independent), so
@@ -453,6 +463,12 @@ class LGSSMTask(Task):
                       for name in predictors if name != base}
             summary[f"excess_over_{base}"] = {name: e[0] for name, e in excess.items()}
             summary[f"excess_over_{base}_stderr"] = {name: e[1] for name, e in excess.items()}
+        if scores and self.config.seq_len >= ERROR_CONTEXT:
+            errors = {name: scores[name]["error"] for name in predictors
+                      if "error" in scores.get(name, {})}
+            if errors:
+                summary["error_distribution"] = error_distribution(errors, mask,
+                                                                   ERROR_CONTEXT - 1)
         if "bayes" not in losses:
             return summary
         run_a, run_b, bayes = (losses[n].double().cpu() for n in ("bayes_run1", "bayes_run2",
@@ -475,6 +491,38 @@ class LGSSMTask(Task):
         summary["bayes_mc_stderr"] = [float(e) if c > 0 else None
                                       for e, c in zip(stderr, sequences)]
         return summary
+
+
+def error_distribution(errors: dict[str, Tensor], mask: Tensor, position: int) -> dict:
+    """The distribution of each predictor's signed errors (B, T, m) at one position (index
+    `position`: context length position + 1), over the sequences scored there (mask (B, T)).
+
+    The m coordinates of a sequence's error are pooled as m samples, not reduced to a norm: the
+    paper's histogram is "centered at zero", which a norm cannot be. `mean` is their mean, with
+    its standard error over sequences (`mean_stderr`: a sequence's coordinates are correlated,
+    its sequences are independent) and `mean_ci` = mean ± 1.96 standard errors; `std` the
+    standard deviation of the pooled errors; `histogram` the counts on `bin_edges` (fixed for
+    every record; the last bin holds its right edge), `below` and `above` the errors outside."""
+    rows = mask[:, position].cpu().bool()
+    edges = np.asarray(ERROR_BIN_EDGES)
+    out: dict = {"context_length": position + 1, "position": position, "coordinates": "pooled",
+                 "bin_edges": ERROR_BIN_EDGES, "count": {}, "mean": {}, "mean_stderr": {},
+                 "mean_ci": {}, "std": {}, "histogram": {}, "below": {}, "above": {}}
+    for name, error in errors.items():
+        at = error[:, position].cpu().double()[rows]  # (n, m)
+        per_sequence, pooled = at.mean(1), at.flatten().numpy()
+        n = len(at)
+        mean = float(per_sequence.mean()) if n else None
+        stderr = float(per_sequence.std() / math.sqrt(n)) if n > 1 else None
+        out["count"][name] = int(pooled.size)
+        out["mean"][name], out["mean_stderr"][name] = mean, stderr
+        out["mean_ci"][name] = [mean - 1.96 * stderr, mean + 1.96 * stderr] \
+            if stderr is not None else None
+        out["std"][name] = float(pooled.std(ddof=1)) if pooled.size > 1 else None
+        out["histogram"][name] = np.histogram(pooled, bins=edges)[0].tolist()
+        out["below"][name] = int((pooled < edges[0]).sum())
+        out["above"][name] = int((pooled > edges[-1]).sum())
+    return out
 
 
 def _content_key(tensor: Tensor) -> str:

@@ -38,7 +38,7 @@ from tasks.base import TEST_STREAM, Batch, Reference, Task, make_generator
 from tasks.lgssm import kalman_filter, linear_recurrence, pooled_ridge_mean
 
 USE_TRAINING_PRIOR = -1.0  # eval_rho value: evaluate on ρ drawn from the training prior
-SLOPE_MIN_CONTEXT = 32  # the paper fits log excess risk against log k on k >= 32 (B.2)
+SLOPE_MIN_CONTEXT = 32  # the paper fits log(MSE) = β log k + c on k >= 32 (B.2)
 
 
 @dataclass
@@ -147,10 +147,11 @@ def binned_means(values: Tensor, mask: Tensor, ks: list[int]) -> tuple[list, lis
             [float(e) if c > 1 else None for e, c in zip(stderr, sequences)])
 
 
-def loglog_slope(context_lengths: list[int], excess: list[float]) -> float | None:
-    """Least-squares slope β of log(excess) = β log(k) + c over k >= SLOPE_MIN_CONTEXT; None
-    when fewer than two such k exist or an excess there is not positive (log undefined)."""
-    points = [(k, e) for k, e in zip(context_lengths, excess) if k >= SLOPE_MIN_CONTEXT]
+def loglog_slope(context_lengths: list[int], values: list[float]) -> float | None:
+    """Least-squares slope β of log(value) = β log(k) + c over k >= SLOPE_MIN_CONTEXT (values:
+    an MSE or an excess risk per k); None when fewer than two such k exist or a value there is
+    not positive (log undefined)."""
+    points = [(k, e) for k, e in zip(context_lengths, values) if k >= SLOPE_MIN_CONTEXT]
     if len(points) < 2 or any(e <= 0 for _, e in points):
         return None
     log_k = np.log([k for k, _ in points])
@@ -253,24 +254,39 @@ class LGSSMColoredTask(Task):
     def erm(self, batch: Batch) -> Tensor:
         return pooled_ridge_mean(batch.inputs.double(), self.config.erm_ridge)
 
-    # --- the paper's excess-risk-vs-context-length analysis -----------------------------------
+    # --- the paper's risk-vs-context-length analysis (B.2) ------------------------------------
     def context_lengths(self) -> list[int]:
         """k ∈ {8, 16, 32, ...} up to seq_len (paper B.2 uses up to 512)."""
         return doubling_lengths(8, self.config.seq_len)
 
     def summarize(self, batch: Batch, losses: dict[str, Tensor],
                   scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
-        """Excess risk against context length k, over `bayes` and over `clairvoyant` (the
-        irreducible error at a fixed ρ), with the log-log slope fitted over k >= 32 (paper B.2)
-        and the standard error over sequences. The paper scores the single position k on 100
-        sequences; here the excess "at k" averages the context lengths k/2 < t <= k (the loss
-        at position t predicts x_{t+1} from x_1..x_t): the bins tile the axis on a log scale,
-        so a power law keeps its exponent, and the estimate is far less noisy."""
+        """Against context length k, for every predictor: its MSE (`mse`, with `mse_stderr`)
+        and the slope β of the paper's regression log(MSE) = β log k + c over k >= 32
+        (`loglog_slope_of_mse`, B.2); and its excess risk over `bayes` and over `clairvoyant`
+        (the irreducible error at a fixed ρ) with the same slope of log(excess), which Thm. 2's
+        c/k rates are about (undefined where an excess is not positive). Standard errors are
+        over sequences. The paper scores the single position k on 100 sequences; here the value
+        "at k" averages the context lengths k/2 < t <= k (the loss at position t predicts
+        x_{t+1} from x_1..x_t): the bins tile the axis on a log scale, so a power law keeps its
+        exponent, and the estimate is far less noisy."""
         ks = self.context_lengths()
         some_loss = next(iter(losses.values()))
         bins = context_bins(ks, some_loss.shape[1], some_loss.device)
         bins = bins / bins.sum(1, keepdim=True)  # positions t = k//2 + 1 .. k, equal weights
-        summary: dict = {"context_lengths": ks, "eval_rho": self.config.eval_rho}
+
+        def per_k(values: Tensor) -> tuple[list, list]:
+            """The mean over sequences of each bin's mean of values (B, T), its standard error."""
+            per_sequence = values @ bins.T  # (B, len(ks))
+            stderr = (per_sequence.std(0) / math.sqrt(len(per_sequence))).tolist() \
+                if len(per_sequence) > 1 else [None] * len(ks)
+            return per_sequence.mean(0).tolist(), stderr
+
+        summary: dict = {"context_lengths": ks, "eval_rho": self.config.eval_rho,
+                         "mse": {}, "mse_stderr": {}, "loglog_slope_of_mse": {}}
+        for name, loss in losses.items():
+            summary["mse"][name], summary["mse_stderr"][name] = per_k(loss.double())
+            summary["loglog_slope_of_mse"][name] = loglog_slope(ks, summary["mse"][name])
         for base in ("bayes", "clairvoyant"):
             if base not in losses:
                 continue
@@ -278,10 +294,7 @@ class LGSSMColoredTask(Task):
             for name, loss in losses.items():
                 if name == base:
                     continue
-                per_sequence = (loss.double() - losses[base].double()) @ bins.T  # (B, len(ks))
-                excess[name] = per_sequence.mean(0).tolist()
-                stderr[name] = (per_sequence.std(0) / math.sqrt(len(per_sequence))).tolist() \
-                    if len(per_sequence) > 1 else [None] * len(ks)
+                excess[name], stderr[name] = per_k(loss.double() - losses[base].double())
                 slope[name] = loglog_slope(ks, excess[name])
             summary[f"excess_over_{base}"] = excess
             summary[f"excess_over_{base}_stderr"] = stderr

@@ -4,8 +4,9 @@ import math
 import pytest
 import torch
 
-from bench.evaluate import bootstrap_ci, position_means, score
+from bench.evaluate import bootstrap_ci, position_means, position_scores, score
 from bench.leaderboard import T_975, across_seeds
+from tasks.lgssm_colored import LGSSMColoredConfig, LGSSMColoredTask
 from tasks.markov import MarkovConfig, MarkovTask
 
 
@@ -75,3 +76,17 @@ def test_an_infinite_loss_at_an_unscored_position_does_not_poison_the_gap(scored
     model[:, 0] = float("-inf")  # log-probability 0 of everything, where nothing is scored
     m = score(task, masked, {**preds, "model": model}, resamples=100)["metrics"]
     assert m["bayes_gap"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_vector_scores_carry_the_signed_error_zero_where_unscored(scored):
+    """A vector task's scores keep prediction - target (float32) for its summary; tokens have
+    none."""
+    task = LGSSMColoredTask(LGSSMColoredConfig(seq_len=16))
+    batch = task.held_out(4)
+    batch.loss_mask[:, :3] = False
+    found = position_scores(task, batch, batch.targets.double() + 0.25, None)
+    assert found["error"].dtype == torch.float32 and found["error"].shape == (4, 16, 1)
+    assert (found["error"][:, :3] == 0).all() and (found["error"][:, 3:] == 0.25).all()
+    markov, markov_batch, predictions, _ = scored
+    assert "error" not in position_scores(markov, markov_batch, predictions["bayes"],
+                                          predictions["bayes"].exp())

@@ -11,11 +11,13 @@ import pytest
 import torch
 import yaml
 
+from bench.evaluate import score
 from tasks import task_families
 from tasks.base import Batch, make_generator
-from tasks.lgssm import (LGSSMConfig, LGSSMPrior, LGSSMTask, kalman_filter, linear_recurrence,
-                         pooled_ridge_mean, random_orthogonal, simulate, simulate_sequential,
-                         stationary_covariance, symmetric_from_upper)
+from tasks.lgssm import (ERROR_BIN_EDGES, LGSSMConfig, LGSSMPrior, LGSSMTask, error_distribution,
+                         kalman_filter, linear_recurrence, pooled_ridge_mean, random_orthogonal,
+                         simulate, simulate_sequential, stationary_covariance,
+                         symmetric_from_upper)
 from tasks.smc import Particles, _independent_metropolis_move, kalman_start
 
 Z = 4.0  # tolerance of the statistical checks, in standard errors
@@ -373,3 +375,60 @@ def test_summary_monte_carlo_error_estimators():
     spread = torch.tensor(bayes_means).std(0)
     ratio = torch.tensor(stderrs).mean(0) / spread
     assert ((ratio > 0.85) & (ratio < 1.15)).all(), ratio  # the spread's own error: ~3.5%
+
+
+def test_error_distribution_of_known_errors():
+    """At one position (index 31: context k = 32) and only there, over the sequences scored
+    there: the pooled mean of the coordinates, its standard error over sequences (a sequence's
+    coordinates are one unit), the pooled standard deviation, and the counts on the fixed
+    edges (the last bin holds its right edge; errors beyond the edges counted apart)."""
+    errors = torch.full((4, 40, 2), 100.0)  # at every other position: beyond the edges
+    errors[:, 31] = torch.tensor([[0.125, -0.375], [-8.0, 8.0], [9.0, 0.125], [-8.5, 0.25]])
+    mask = torch.ones(4, 40, dtype=torch.bool)
+    mask[3, 31] = False  # not scored there: not counted
+    out = error_distribution({"model": errors}, mask, 31)
+    scored = errors[:3, 31].double()
+    mean, stderr = float(scored.mean()), float(scored.mean(1).std() / math.sqrt(3))
+    assert (out["context_length"], out["position"], out["coordinates"]) == (32, 31, "pooled")
+    assert out["count"]["model"] == 6
+    assert out["mean"]["model"] == pytest.approx(mean, abs=1e-12)
+    assert out["mean_stderr"]["model"] == pytest.approx(stderr, abs=1e-12)
+    assert out["mean_ci"]["model"] == pytest.approx([mean - 1.96 * stderr, mean + 1.96 * stderr])
+    assert out["std"]["model"] == pytest.approx(float(scored.flatten().std()), abs=1e-12)
+    assert out["bin_edges"] == ERROR_BIN_EDGES and len(ERROR_BIN_EDGES) == 65
+    expected = [0] * 64
+    expected[0] = expected[63] = 1  # -8.0 and 8.0, the outer edges
+    expected[32] = 2  # 0.125 twice: [0, 0.25)
+    expected[30] = 1  # -0.375: [-0.5, -0.25)
+    assert out["histogram"]["model"] == expected
+    assert (out["below"]["model"], out["above"]["model"]) == (0, 1)  # 9.0; -8.5 is unscored
+
+
+def test_error_distribution_of_a_reference_without_errors():
+    out = error_distribution({"bayes": torch.zeros(5, 32, 2)}, torch.ones(5, 32, dtype=torch.bool),
+                             31)
+    assert (out["mean"]["bayes"], out["mean_stderr"]["bayes"], out["std"]["bayes"]) == (0, 0, 0)
+    assert out["mean_ci"]["bayes"] == [0, 0]
+    assert out["histogram"]["bayes"] == [0] * 32 + [10] + [0] * 31  # all in [0, 0.25)
+
+
+def test_the_evaluation_gives_summarize_the_signed_errors_at_k_32():
+    """The scored predictions' errors reach the summary: a model that is the clairvoyant filter
+    shifted by 0.5 has its errors' mean 0.5 higher and the same spread; the runs of bayes are
+    no predictors; a task shorter than k = 32 has no error distribution."""
+    task = LGSSMTask(LGSSMConfig(seq_len=32, bayes_particles=0))
+    batch = task.held_out(64)
+    predictions = {name: ref.predict(batch) for name, ref in task.references().items()}
+    predictions["model"] = (predictions["clairvoyant"] + 0.5).float()
+    found = score(task, batch, predictions, resamples=10)["metrics"]["task"]["error_distribution"]
+    direct = predictions["clairvoyant"][:, 31] - batch.targets[:, 31].double()
+    assert set(found["std"]) == {"clairvoyant", "erm", "model"}
+    assert found["mean"]["clairvoyant"] == pytest.approx(float(direct.mean()), abs=1e-6)
+    assert found["std"]["clairvoyant"] == pytest.approx(float(direct.flatten().std()), rel=1e-6)
+    assert found["mean"]["model"] - found["mean"]["clairvoyant"] == pytest.approx(0.5, abs=1e-5)
+    assert found["std"]["model"] == pytest.approx(found["std"]["clairvoyant"], rel=1e-5)
+    assert sum(found["histogram"]["erm"]) + found["below"]["erm"] + found["above"]["erm"] == 128
+    short = LGSSMTask(LGSSMConfig(seq_len=16, bayes_particles=0))
+    batch = short.held_out(4)
+    predictions = {name: ref.predict(batch) for name, ref in short.references().items()}
+    assert "error_distribution" not in score(short, batch, predictions, 10)["metrics"]["task"]

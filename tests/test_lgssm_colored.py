@@ -203,6 +203,32 @@ def test_summary_reports_binned_excess_risk_and_loglog_slope():
     assert loglog_slope([8, 16], [1.0, 0.5]) is None  # no k >= 32 to fit
 
 
+def test_summary_reports_binned_mse_and_the_papers_loglog_slope_of_it():
+    """B.2 regresses log(MSE) = β log k + c over k >= 32: an MSE that is a power law of the
+    context length gives its exponent, for every predictor, references included; and the slope
+    is defined where the excess over a reference is not (a model equal to bayes)."""
+    task = LGSSMColoredTask(LGSSMColoredConfig(seq_len=256))
+    t = torch.arange(1, 257, dtype=torch.float64)
+    scale = 1 + 0.1 * torch.rand(5, 1, generator=torch.Generator().manual_seed(0),
+                                 dtype=torch.float64)  # sequences differ: a standard error
+    losses = {"model": 2.0 * scale * t**-0.7, "bayes": 2.0 * scale * t**-0.7,
+              "clairvoyant": 0.5 * scale * t**-0.25}
+    summary = task.summarize(None, losses)
+    ks = summary["context_lengths"]
+    assert ks == [8, 16, 32, 64, 128, 256]
+    for name, loss in losses.items():
+        per_sequence = torch.stack([loss[:, k // 2:k].mean(1) for k in ks], 1)
+        assert np.allclose(summary["mse"][name], per_sequence.mean(0), rtol=1e-12)
+        assert np.allclose(summary["mse_stderr"][name], per_sequence.std(0) / math.sqrt(5),
+                           rtol=1e-9)
+        fitted = np.polyfit(np.log(ks[2:]), np.log(summary["mse"][name][2:]), 1)[0]
+        assert math.isclose(summary["loglog_slope_of_mse"][name], fitted, rel_tol=1e-12)
+    assert abs(summary["loglog_slope_of_mse"]["model"] + 0.7) < 0.01  # bins keep the exponent
+    assert abs(summary["loglog_slope_of_mse"]["clairvoyant"] + 0.25) < 0.01
+    assert summary["loglog_slope_over_bayes"]["model"] is None  # log of a zero excess
+    assert summary["excess_over_bayes"]["model"] == [0.0] * len(ks)  # kept beside the MSE
+
+
 @pytest.mark.parametrize("bad", [dict(rho_min=0.0), dict(rho_max=1.0),
                                  dict(rho_min=0.95, rho_max=0.9), dict(eval_rho=1.0),
                                  dict(eval_rho=-0.5), dict(grid_size=0), dict(erm_ridge=-1.0)])
