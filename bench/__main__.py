@@ -8,6 +8,7 @@
   suite        run every entry of conf/suite/<name>.yaml in turn (name=<suite> [key=value ...])
   list         the tasks and models, one line each
   gpucheck     every check of the GPU path (kernel parity, speed, end-to-end runs) in a budget
+  plot         a figure of run records: training loss, gap by position (<record|dir> ...)
 
 python -m bench <command> --help   that command's usage
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 try:  # Ctrl-C while Python is still importing: the same one line as later, no traceback
     from bench.commands import COMMANDS
@@ -55,6 +57,12 @@ USAGE = {
              "skipped, so an interrupted suite goes on where it stopped; rerun=true runs it "
              "again.\n  suites: " + ", ".join(choices("suite")),
     "list": "python -m bench list\n  The tasks, models and trainer presets, one line each.",
+    "plot": "python -m bench plot <record.json|dir> [...] [out=<file.png>]\n  One figure of the "
+            "given run records (every `ok` record of a directory): training loss by step, the "
+            "validation gap by step where recorded, and the gap to the Bayes reference by "
+            "position with the first run's references dashed (a symlog axis when they are off "
+            "the models' scale). out defaults to <record>.png beside a single record, else "
+            "<dir>/curves.png or curves.png.",
     "gpucheck": "python -m bench gpucheck [sections=env,parity,speed,lm,paper,ddp,text,suite] "
                 "[budget=540] [out=gpucheck] [steps=20] [tokenizer_file=<GPT-2 tokenizer.json>] "
                 "[suite=paper000_gpu] [suite_entries=1-5]\n  Every check of the GPU path in one "
@@ -272,6 +280,46 @@ def finished_runs(configs: list) -> dict[int, str]:
     return done
 
 
+def cmd_plot(argv: list[str]) -> int:
+    argv, out = take_option(argv, "out", "")
+    options = [arg for arg in argv if "=" in arg and not os.path.exists(arg)]
+    if options:
+        raise ConfigError(f"unknown argument '{options[0]}'; plot takes record files or "
+                          "directories and out=<file.png>")
+    if not argv:
+        raise ConfigError("plot needs a run record (.json) or a directory of them")
+    from bench.leaderboard import unusable
+    from bench.plot import plot_runs
+    from bench.records import output_path, read_record, read_records
+    records, bad = [], []
+    for arg in argv:
+        path = Path(arg)
+        if path.is_dir():
+            found, skipped = read_records(path)
+            records += found
+            bad += skipped
+        elif path.is_file():
+            record, reason = read_record(path)
+            (records.append(record) if record else bad.append((arg, reason)))
+        else:
+            raise ConfigError(f"plot: '{arg}' is neither a record file nor a directory")
+    usable = []
+    for record in records:
+        why = (f"status {record.get('status')!r}" if record.get("status") != "ok"
+               else unusable(record))
+        (bad.append((record["_path"], why)) if why else usable.append(record))
+    for path, reason in bad:
+        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    if not usable:
+        raise ConfigError("plot: no usable `ok` run record among the paths given")
+    if not out:
+        first = Path(argv[0])
+        out = str(first.with_suffix(".png") if first.is_file() and len(usable) == 1
+                  else (first / "curves.png" if first.is_dir() else Path("curves.png")))
+    print(plot_runs(usable, output_path(out)))
+    return 0
+
+
 def cmd_suite(argv: list[str]) -> int:
     """Each suite entry is a list of overrides; `argv` (e.g. out_dir=DIR) is added to every one.
     All entries are validated before the first one runs."""
@@ -365,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
                 "claims": cmd_claims, "speed": cmd_speed, "suite": cmd_suite,
-                "list": cmd_list, "gpucheck": cmd_gpucheck}[command](rest)
+                "list": cmd_list, "gpucheck": cmd_gpucheck, "plot": cmd_plot}[command](rest)
         if code and command == "suite":
             from bench.train import wait_for_rank_zero
             wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own

@@ -17,15 +17,12 @@ never changes the committed board; include=all adds ad-hoc records (and legacy o
 origin)."""
 from __future__ import annotations
 
-import colorsys
-import contextlib
 import functools
 import hashlib
 import json
 import math
 import os
 import re
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -34,8 +31,9 @@ from pathlib import Path
 
 from bench.config import ConfigError
 from bench.evaluate import fmt
+from bench.plot import plot_gaps
 from bench.records import (RESULT_NEUTRAL, code_digest, environment, not_a_regular_file,
-                           output_path, read_records, shared_mode)
+                           output_path, read_records, write_atomic)
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # Student t quantiles (two-sided 95%) by degrees of freedom
@@ -279,72 +277,6 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
             section.rows.setdefault(row, []).append(record)
         sections.append(section)
     return Selection(str(out_dir), include, sections, sorted(bad), failed, adhoc)
-
-
-def curve_styles(n_models: int, n_references: int = 0) -> list[tuple[tuple, str]]:
-    """(colour, line style) for n_models model curves followed by n_references reference curves.
-    Colours never repeat within a figure: tab10 up to 10 curves, tab20 (its ten strong colours
-    first) up to 20, then evenly spaced hues at two brightnesses; references are dashed."""
-    import matplotlib
-    n = n_models + n_references
-    if n <= 10:
-        colours = list(matplotlib.colormaps["tab10"].colors[:n])
-    elif n <= 20:
-        tab20 = matplotlib.colormaps["tab20"].colors
-        colours = list((tab20[0::2] + tab20[1::2])[:n])
-    else:  # alternating brightness keeps neighbouring hues apart
-        colours = [colorsys.hsv_to_rgb(i / n, 0.8, 0.9 if i % 2 == 0 else 0.55) for i in range(n)]
-    return [(tuple(float(c) for c in colour[:3]), "-" if i < n_models else "--")
-            for i, colour in enumerate(colours)]
-
-
-def gap_figure(title: str, models: dict[str, list], references: dict[str, list], ylabel: str):
-    """Per-position gap curves: solid for models, dashed for references, each its own colour.
-    The legend sits below the axes so it never hides the curves, and the figure grows with the
-    number of curves."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    curves = [*models.items(), *references.items()]
-    fig, ax = plt.subplots(figsize=(8, 3.4 + 0.22 * len(curves)))
-    for (name, curve), (colour, style) in zip(curves, curve_styles(len(models), len(references))):
-        xs = [i + 1 for i, v in enumerate(curve) if v is not None]
-        ys = [v for v in curve if v is not None]
-        ax.plot(xs, ys, label=name, color=colour, linestyle=style, lw=1.0, alpha=0.85)
-    ax.axhline(0, color="k", lw=0.6)  # black: in neither palette
-    ax.set_xlabel("position (context length)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, frameon=False)
-    fig.tight_layout()
-    return fig
-
-
-def write_atomic(path: Path, write) -> None:
-    """Call write(temporary path) and rename the result onto path, so readers see the old file
-    or the new one, never half of one; the temporary file is removed if anything fails."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        os.chmod(tmp, shared_mode())
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def plot_gaps(path: Path, title: str, models: dict[str, list], references: dict[str, list],
-              ylabel: str) -> None:
-    import matplotlib.pyplot as plt
-    fig = gap_figure(title, models, references, ylabel)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110,
-                                                   bbox_inches="tight"))
-    finally:
-        plt.close(fig)
 
 
 def mean_curve(curves: list[list]) -> list:

@@ -1,6 +1,7 @@
 """Run records: one JSON file per run, written atomically, never overwritten."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -53,7 +54,7 @@ CODE_PATHS = ("bench", "tasks", "models", "conf", "pyproject.toml")
 # ...less what only reads records or lists runs: editing a claim's rule, a suite's list or the
 # leaderboard's layout changes no result, so a suite run over several sessions stays one version.
 DOWNSTREAM_PATHS = ("conf/claims", "conf/suite", "bench/claims", "bench/leaderboard.py",
-                    "bench/report.py",
+                    "bench/report.py", "bench/plot.py",
                     "bench/claims.py")  # where the claims lived before bench/claims/: old commits
 
 
@@ -204,6 +205,21 @@ def not_a_regular_file(path: Path, folder: bool = False) -> str:
     return next(name for test, name in kinds if test(mode))
 
 
+def write_atomic(path: Path, write) -> None:
+    """Call write(temporary path) and rename the result onto path, so readers see the old file
+    or the new one, never half of one; the temporary file is removed if anything fails."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        os.chmod(tmp, shared_mode())
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def write_json(path: str | Path, value) -> Path:
     """value as strict JSON at path, written whole (a temporary file beside it, then a rename);
     an existing file is replaced."""
@@ -228,25 +244,30 @@ def read_records(out_dir: str | Path) -> tuple[list[dict], list[tuple[str, str]]
     for path in sorted(Path(out_dir).glob("*.json")):
         if path.name.startswith(".") or not path.is_file():
             continue
-        try:
-            record = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            bad.append((str(path), "not valid JSON"))
-            continue
-        except RecursionError:
-            bad.append((str(path), "JSON nested too deeply to be a record"))
-            continue
-        except OSError as error:
-            bad.append((str(path), f"cannot be read ({error.strerror or error})"))
-            continue
-        if not isinstance(record, dict):
-            bad.append((str(path), "not a JSON object"))
-        elif record.get("schema") != SCHEMA:
-            bad.append((str(path), f"schema {record.get('schema')!r}, expected {SCHEMA!r}"))
+        record, reason = read_record(path)
+        if record is None:
+            bad.append((str(path), reason))
         else:
-            record["_path"] = str(path)
             records.append(record)
     return records, bad
+
+
+def read_record(path: Path) -> tuple[dict | None, str]:
+    """The run record at path (with `_path`), or None and why it is not one."""
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, "not valid JSON"
+    except RecursionError:
+        return None, "JSON nested too deeply to be a record"
+    except OSError as error:
+        return None, f"cannot be read ({error.strerror or error})"
+    if not isinstance(record, dict):
+        return None, "not a JSON object"
+    if record.get("schema") != SCHEMA:
+        return None, f"schema {record.get('schema')!r}, expected {SCHEMA!r}"
+    record["_path"] = str(path)
+    return record, ""
 
 
 def _same(have, want) -> bool:

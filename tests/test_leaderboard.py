@@ -15,7 +15,8 @@ import pytest
 
 from bench import leaderboard, records
 from bench.__main__ import main
-from bench.leaderboard import curve_styles, gap_figure, select_runs, write_leaderboard
+from bench.leaderboard import select_runs, write_leaderboard
+from bench.plot import curve_styles, gap_figure
 from bench.records import SCHEMA, provenance, read_records
 
 REPO = Path(__file__).resolve().parents[1]
@@ -448,3 +449,40 @@ def test_a_record_nested_too_deeply_is_named(tmp_path, capsys):
     deep.write_text("[" * 200_000 + "]" * 200_000)
     assert main(["leaderboard", f"out_dir={results}", f"out={tmp_path / 'lb.md'}"]) == 0
     assert f"warning: skipped {deep}: JSON nested too deeply" in capsys.readouterr().err
+
+
+# --- figures (bench/plot.py) and python -m bench plot -----------------------------------------
+def test_the_gap_axis_turns_symlog_only_when_references_are_off_the_models_scale():
+    from bench.plot import gap_scale
+    models = {"a": [1e-4, -2e-4, None], "b": [5e-4]}
+    assert gap_scale(models, {"erm": [5.0]}) == ("symlog", pytest.approx(5e-5))
+    assert gap_scale(models, {"unigram": [5e-3]}) == ("linear", None)  # 10x: still readable
+    assert gap_scale({"a": [0.0]}, {"erm": [5.0]}) == ("linear", None)  # nothing to zoom on
+    fig = gap_figure("t", models, {"erm": [5.0, 5.0, 5.0]}, "nats")
+    assert fig.axes[0].get_yscale() == "symlog"
+    plt.close(fig)
+
+
+def test_plot_draws_records_and_names_what_it_skips(tmp_path, capsys):
+    """`python -m bench plot`: one PNG of the usable records of a directory; a failed record
+    and a non-record are named and skipped; nothing usable or a stray option is exit 2."""
+    ok = [record(model=m, seed=s, train={"steps": 10, "wall_time_s": 1.0,
+                                         "loss_curve": [[0, 0.7], [5, 0.6]]})
+          for m in ("mamba", "transformer") for s in (0, 1)]
+    put(tmp_path / "runs", *ok, record(seed=3, status="failed"))
+    (tmp_path / "runs" / "notes.json").write_text("[1]")
+    assert main(["plot", str(tmp_path / "runs")]) == 0
+    figure = tmp_path / "runs" / "curves.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    err = capsys.readouterr().err
+    assert "notes.json: not a JSON object" in err and "status 'failed'" in err
+    single = put(tmp_path / "one", ok[0])[0]
+    assert main(["plot", str(single)]) == 0 and single.with_suffix(".png").is_file()
+    assert main(["plot", str(tmp_path / "missing")]) == 2
+    assert main(["plot", str(single), "colour=red"]) == 2
+    put(tmp_path / "bad", record(status="failed"))
+    assert main(["plot", str(tmp_path / "bad")]) == 2
+    link = tmp_path / "link.png"
+    link.symlink_to(tmp_path / "target.png")
+    assert main(["plot", str(single), f"out={link}"]) == 2  # writers never write through links
+    assert not (tmp_path / "target.png").exists()

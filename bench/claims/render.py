@@ -14,7 +14,8 @@ from bench.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules,
                                read_rules_text)
 from bench.claims.verdicts import VERDICTS, Decision, Measured, decide_all
 from bench.config import CONF_DIR, ConfigError, RunConfig, load_suite
-from bench.leaderboard import Selection, plural, write_atomic
+from bench.leaderboard import Selection, plural
+from bench.records import write_atomic
 from bench.records import output_path
 from bench.records import RESULT_NEUTRAL
 
