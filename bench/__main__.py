@@ -27,8 +27,10 @@ OVERRIDES = ("  task=<name> model=<name> trainer=<name>   a file of conf/task, c
              "  task.<field>=v model.<field>=v trainer.<field>=v   one field of it\n"
              "  seed=<int> out_dir=<dir> name=<tag> resume=<checkpoint>")
 USAGE = {
-    "run": "python -m bench run [key=value ...]\n  Train one model on one task, evaluate it on the "
-           "held-out set, write a run record to out_dir.\n" + OVERRIDES,
+    "run": "python -m bench run [print_config=false] [key=value ...]\n  Train one model on one "
+           "task, evaluate it on the held-out set, write a run record to out_dir (default runs/, "
+           "git-ignored). print_config=true: print the composed config and the memory estimate "
+           "as YAML and exit without training.\n" + OVERRIDES,
     "references": "python -m bench references [n=<sequences>] [key=value ...]\n  The task's "
                   "references alone on n held-out sequences (default trainer.eval_sequences); "
                   "no training.\n" + OVERRIDES,
@@ -94,7 +96,13 @@ def cmd_list(argv: list[str]) -> int:
 
 
 def cmd_run(argv: list[str]) -> int:
-    config = compose(argv)
+    argv, dry = take_option(argv, "print_config", "false")
+    if dry not in ("true", "false"):
+        raise ConfigError(f"print_config must be true or false, got '{dry}'")
+    config = compose(argv)  # every check a run makes before it starts, memory included
+    if dry == "true":
+        print_config(config)
+        return 0
     from bench.report import print_run
     from bench.train import end_distributed, run
     try:
@@ -104,6 +112,18 @@ def cmd_run(argv: list[str]) -> int:
     if path:
         print_run(record, path)
     return 0
+
+
+def print_config(config) -> None:
+    """The composed config and the memory estimate the run was checked against, as one YAML
+    document: what `run` would do, seen before it spends anything."""
+    import yaml
+    from bench.checks import memory_summary
+    described = config.describe()
+    described.pop("overrides")
+    document = {**described, "out_dir": config.out_dir, "resume": config.resume,
+                "memory_estimate": memory_summary(config)}
+    print(yaml.safe_dump(document, sort_keys=False), end="")
 
 
 def cmd_references(argv: list[str]) -> int:
