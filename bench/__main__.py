@@ -67,7 +67,8 @@ USAGE = {
              "sweep record is in out_dir already is skipped. A value splits at commas outside "
              "brackets and quotes (task.gd_steps=[1,2] is one value); lo-hi (0 <= lo <= hi) is "
              "a range for seed and integer fields only; out_dir, name and resume are never "
-             "split. At most 1000 runs. Records go to out_dir (default runs/, git-ignored).\n"
+             "split. At least one list or range, at most 1000 runs. Records go to out_dir "
+             "(default runs/, git-ignored).\n"
              + OVERRIDES,
     "list": "python -m bench list\n  The tasks, models and trainer presets, one line each.",
     "gpucheck": "python -m bench gpucheck [sections=env,parity,speed,lm,paper,ddp,text,suite] "

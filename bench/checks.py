@@ -538,7 +538,8 @@ def checked_task(config):
                                                    batch_size=config.trainer.batch_size,
                                                    seed=config.seed)
     except ValueError as error:
-        raise CheckFailed(f"task {config.task_name}: {first_line(error) or type(error).__name__}") from None
+        raise CheckFailed(f"task {config.task_name}: "
+                          f"{first_line(error) or type(error).__name__}") from None
 
 
 def memory_summary(config) -> dict:

@@ -56,9 +56,9 @@ def integer_key(key: str, chosen: dict[str, list[str]]) -> bool:
     return bool(found) and all(t in (int, "int") for t in found)
 
 
-def axes(argv: list[str]) -> list[tuple[str, list[str]]]:
-    """(key, values) for every key=value of argv, in command-line order; values as written, a
-    range lo-hi as the integers it spans."""
+def axes(argv: list[str]) -> list[tuple[str, list[str], bool]]:
+    """(key, values, swept) for every key=value of argv, in command-line order; values as
+    written, a range lo-hi as the integers it spans; swept: written as a list or a range."""
     pairs = []
     for arg in argv:
         if "=" not in arg:
@@ -77,24 +77,26 @@ def axes(argv: list[str]) -> list[tuple[str, list[str]]]:
         if len(values) > 1 and "" in values:
             raise ConfigError(f"{key}={','.join(values)}: an empty value in the list; write "
                               f"{key}=a,b,c")
-        spans = []
+        expanded, swept = [], len(values) > 1
         for value in values:
             found = RANGE.fullmatch(value)
             if found and integer_key(key, chosen):
+                swept = True
                 low, high = int(found[1]), int(found[2])
                 if low > high:
                     raise ConfigError(f"{key}={value}: a range lo-hi needs lo <= hi")
-                if high - low >= MAX_RUNS:
-                    raise ConfigError(f"{key}={value} spans {high - low + 1} values; a sweep "
-                                      f"has at most {MAX_RUNS} runs")
-                spans.append([str(n) for n in range(low, high + 1)])
+                expanded += map(str, range(low, min(high, low + MAX_RUNS) + 1))
             else:
-                spans.append([value])
-        expanded = [v for span in spans for v in span]
-        twice = next((v for i, v in enumerate(expanded) if v in expanded[:i]), None)
-        if twice is not None:
-            raise ConfigError(f"{key}: the value {twice} is listed twice")
-        result.append((key, expanded))
+                expanded.append(value)
+            if len(expanded) > MAX_RUNS:
+                raise ConfigError(f"{key}: more than {MAX_RUNS} values; a sweep has at most "
+                                  f"{MAX_RUNS} runs")
+        seen: set[str] = set()
+        for value in expanded:
+            if value in seen:
+                raise ConfigError(f"{key}: the value {value} is listed twice")
+            seen.add(value)
+        result.append((key, expanded, swept))
     return result
 
 
@@ -102,8 +104,11 @@ def grid(argv: list[str]) -> tuple[list[list[str]], list[str]]:
     """The sweep's entries (the varying key=value of each run, the first key slowest, as
     itertools.product orders them) and the overrides every run shares."""
     found = axes(argv)
-    varying = [(key, values) for key, values in found if len(values) > 1]
-    shared = [f"{key}={values[0]}" for key, values in found if len(values) == 1]
+    varying = [(key, values) for key, values, swept in found if swept]
+    shared = [f"{key}={values[0]}" for key, values, swept in found if not swept]
+    if not varying:
+        raise ConfigError("nothing to sweep: give a comma list or a range, e.g. "
+                          "model=mamba,transformer seed=0-4 (python -m bench run runs one config)")
     size = math.prod(len(values) for _, values in varying)
     if size > MAX_RUNS:
         shape = " x ".join(str(len(values)) for _, values in varying)

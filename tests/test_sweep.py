@@ -42,7 +42,9 @@ def test_a_grid_is_the_product_of_its_lists_first_key_slowest():
     (["task.data_dir='/data/a,b'"], ["task.data_dir='/data/a,b'"]),
 ])
 def test_values_that_are_not_lists_or_ranges_stay_whole(args, shared):
-    assert grid(args) == ([[]], shared)
+    assert grid([*args, "seed=0-1"]) == ([["seed=0"], ["seed=1"]], shared)
+    with pytest.raises(ConfigError, match="nothing to sweep"):
+        grid(args)
 
 
 def test_commas_split_only_outside_brackets_and_quotes():
@@ -55,7 +57,8 @@ def test_commas_split_only_outside_brackets_and_quotes():
 
 @pytest.mark.parametrize("args,needle", [
     (["seed=3-1"], "a range lo-hi needs lo <= hi"),
-    (["seed=0-100000"], "spans 100001 values; a sweep has at most 1000 runs"),
+    (["seed=0-100000"], "seed: more than 1000 values; a sweep has at most 1000 runs"),
+    (["seed=" + ",".join(f"{i}-{i + 999}" for i in range(0, 10**6, 1000))], "more than 1000"),
     (["seed=0-99", "task.order=1-20"], "the sweep has 2000 runs (100 x 20); at most 1000"),
     (["seed=0,,1"], "an empty value in the list"),
     (["model=lstm,"], "an empty value in the list"),
@@ -64,11 +67,14 @@ def test_commas_split_only_outside_brackets_and_quotes():
     (["model=lstm,nope"], "entry 2 of the sweep (model=nope): unknown model 'nope'"),
     (["task=markov,hmm", "task.order=1,2"], "entry 3 of the sweep (task=hmm task.order=1): "
                                             "unknown key 'task.order'"),
-    (["trainer.lr=1-3"], "trainer.lr: invalid value 1-3"),
+    (["trainer.lr=1-3", "seed=0-1"],
+     "entry 1 of the sweep (seed=0): trainer.lr: invalid value 1-3"),
     (["seed=0-1", "shard=2/2"], "shard must be i/n"),
     (["seed=0-1", "entries=3"], "not within 1-2"),
     (["seed=0-1", "rerun=maybe"], "rerun must be true or false"),
     (["orphan"], "expected key=value"),
+    ([], "nothing to sweep"),
+    (["seed=3", "task.gd_steps=[1,2]"], "nothing to sweep"),
 ])
 def test_a_bad_sweep_is_one_line_exit_2_and_writes_nothing(args, needle, tmp_path, monkeypatch,
                                                            capsys):
@@ -180,11 +186,11 @@ def test_what_a_run_of_one_kind_writes_never_makes_another_kind_skip(tmp_path, m
     assert len(records("results")) == 2
 
     # a sweep of the same config: suite records do not finish it; its own do
-    assert main(["sweep", "seed=0", *TINY]) == 0
+    assert main(["sweep", "seed=0,1", *TINY]) == 0
     assert "done already" not in capsys.readouterr().out
-    assert [r["origin"] for r in records("runs")] == ["sweep"]
-    assert main(["sweep", "seed=0", *TINY]) == 0
-    assert "done already" in capsys.readouterr().out and len(records("runs")) == 1
+    assert [r["origin"] for r in records("runs")] == ["sweep", "sweep"]
+    assert main(["sweep", "seed=0-1", *TINY]) == 0
+    assert capsys.readouterr().out.count("done already") == 2 and len(records("runs")) == 2
     assert len(records("results")) == 2
 
 
