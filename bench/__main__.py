@@ -1,11 +1,12 @@
 """python -m bench <command> [key=value ...]
 
-  run          train one model on one task, evaluate it against the task's references
+  run          train one model on one task, evaluate it against the task's references (to runs/)
   references   evaluate only the references on the held-out set (n=<sequences>)
   leaderboard  rewrite leaderboard.md from the run records in out_dir
   claims       write claims.md: every claim of the three papers, decided from the run records
   speed        training throughput of a model and throughput of the task's oracle
-  suite        run every entry of conf/suite/<name>.yaml in turn (name=<suite> [key=value ...])
+  suite        run every entry of conf/suite/<name>.yaml (or a suite file) in turn; to results/
+  sweep        run the grid of comma lists and ranges (model=a,b seed=0-4) as a suite; to runs/
   list         the tasks and models, one line each
   gpucheck     every check of the GPU path (kernel parity, speed, end-to-end runs) in a budget
   plot         a figure of run records: training loss, gap by position (<record|dir> ...)
@@ -29,8 +30,10 @@ OVERRIDES = ("  task=<name> model=<name> trainer=<name>   a file of conf/task, c
              "  task.<field>=v model.<field>=v trainer.<field>=v   one field of it\n"
              "  seed=<int> out_dir=<dir> name=<tag> resume=<checkpoint>")
 USAGE = {
-    "run": "python -m bench run [key=value ...]\n  Train one model on one task, evaluate it on the "
-           "held-out set, write a run record to out_dir.\n" + OVERRIDES,
+    "run": "python -m bench run [print_config=false] [key=value ...]\n  Train one model on one "
+           "task, evaluate it on the held-out set, write a run record to out_dir (default runs/, "
+           "git-ignored). print_config=true: print the composed config and the memory estimate "
+           "as YAML and exit without training.\n" + OVERRIDES,
     "references": "python -m bench references [n=<sequences>] [key=value ...]\n  The task's "
                   "references alone on n held-out sequences (default trainer.eval_sequences); "
                   "no training.\n" + OVERRIDES,
@@ -49,13 +52,26 @@ USAGE = {
              "configured model for every SSD kernel, precision and compile setting that applies "
              "here, the throughput of the task's sampler and references, and the share of a run "
              "spent outside training.\n" + OVERRIDES,
-    "suite": "python -m bench suite name=<suite> [entries=1,4-6] [shard=i/n] [rerun=false] "
-             "[key=value ...]\n  Every run of conf/suite/<suite>.yaml in turn, or the entries "
+    "suite": "python -m bench suite name=<suite or file.yaml> [entries=1,4-6] [shard=i/n] "
+             "[rerun=false] [key=value ...]\n  Every run of conf/suite/<suite>.yaml (or of the "
+             "suite file at that path: `runs:`, a list of override lists) in turn, or the entries "
              "given (numbered from 1 as the suite prints them); key=value overrides apply to every "
-             "run. A run whose `ok` record (same config and seed, made by the current code, not "
+             "run. Records go to out_dir (default results/, which boards and claims read). A run "
+             "whose `ok` suite record (same config and seed, made by the current code, not "
              "dirty, on the device and SSD kernel it would use here) is in out_dir already is "
-             "skipped, so an interrupted suite goes on where it stopped; rerun=true runs it "
-             "again.\n  suites: " + ", ".join(choices("suite")),
+             "skipped, so an interrupted suite goes on where it stopped; an ad-hoc run or a "
+             "sweep of the same config does not count; rerun=true runs it again.\n  suites: "
+             + ", ".join(choices("suite")),
+    "sweep": "python -m bench sweep key=a,b,c seed=lo-hi [entries=1,4-6] [shard=i/n] "
+             "[rerun=false] [key=value ...]\n  The grid of every comma list and range (the "
+             "cartesian product, the first key varying slowest), run in turn as a suite is: "
+             "numbered entries, entries=, shard= for parallel workers, and a run whose `ok` "
+             "sweep record is in out_dir already is skipped. A value splits at commas outside "
+             "brackets and quotes (task.gd_steps=[1,2] is one value); lo-hi (0 <= lo <= hi) is "
+             "a range for seed and integer fields only; out_dir, name and resume are never "
+             "split. At least one list or range, at most 1000 runs. Records go to out_dir "
+             "(default runs/, git-ignored).\n"
+             + OVERRIDES,
     "list": "python -m bench list\n  The tasks, models and trainer presets, one line each.",
     "plot": "python -m bench plot <record.json|dir> [...] [out=<file.png>]\n  One figure of the "
             "given run records (every `ok` record of a directory): training loss by step, the "
@@ -102,7 +118,13 @@ def cmd_list(argv: list[str]) -> int:
 
 
 def cmd_run(argv: list[str]) -> int:
-    config = compose(argv)
+    argv, dry = take_option(argv, "print_config", "false")
+    if dry not in ("true", "false"):
+        raise ConfigError(f"print_config must be true or false, got '{dry}'")
+    config = compose(argv)  # every check a run makes before it starts, memory included
+    if dry == "true":
+        print_config(config)
+        return 0
     from bench.report import print_run
     from bench.train import end_distributed, run
     try:
@@ -112,6 +134,18 @@ def cmd_run(argv: list[str]) -> int:
     if path:
         print_run(record, path)
     return 0
+
+
+def print_config(config) -> None:
+    """The composed config and the memory estimate the run was checked against, as one YAML
+    document: what `run` would do, seen before it spends anything."""
+    import yaml
+    from bench.checks import memory_summary
+    described = config.describe()
+    described.pop("overrides")
+    document = {**described, "out_dir": config.out_dir, "resume": config.resume,
+                "memory_estimate": memory_summary(config)}
+    print(yaml.safe_dump(document, sort_keys=False), end="")
 
 
 def cmd_references(argv: list[str]) -> int:
@@ -243,13 +277,19 @@ def entry_numbers(text: str, size: int) -> list[int]:
     return sorted(chosen)
 
 
+def origin_kind(origin) -> str:
+    """"suite", "sweep" or "adhoc" (records without an origin predate it: ad hoc)."""
+    return str(origin or "adhoc").split(":", 1)[0]
+
+
 def finished_runs(configs: list) -> dict[int, str]:
-    """{index in configs: record path} of the configs that have an `ok` suite record in their
-    out_dir with the same seed, made by the current code version (records.code_digest) from a clean
-    checkout in the environment the run would train in here (records.planned_environment: a
-    CPU record does not finish a GPU run, nor the reverse). Nothing counts as finished when the
-    code version is unknown or dirty: then nobody can tell that the record's code is the code
-    about to run."""
+    """{index in configs: record path} of the configs that have an `ok` record of their own kind
+    in their out_dir — a suite entry a suite's record (any suite's: boards and claims pool
+    them), a sweep entry a sweep's; an ad-hoc run finishes nothing — with the same seed, made
+    by the current code version (records.code_digest) from a clean checkout in the environment
+    the run would train in here (records.planned_environment: a CPU record does not finish a
+    GPU run, nor the reverse). Nothing counts as finished when the code version is unknown or
+    dirty: then nobody can tell that the record's code is the code about to run."""
     from bench.leaderboard import code_version
     from bench.records import (environment, planned_environment, provenance, read_records,
                                record_matches)
@@ -266,9 +306,10 @@ def finished_runs(configs: list) -> dict[int, str]:
         for record in by_dir[config.out_dir]:
             try:
                 same = (type(record.get("seed")) is int and record["seed"] == config.seed
-                        # only a suite's record counts where boards and claims count it: an
-                        # ad-hoc run of the same config does not finish a suite entry
-                        and str(record.get("origin") or "").startswith("suite:")
+                        # a suite's record counts where boards and claims count it: an
+                        # ad-hoc run or a sweep of the same config does not finish a suite entry
+                        and origin_kind(config.origin) != "adhoc"
+                        and origin_kind(record.get("origin")) == origin_kind(config.origin)
                         and code_version(record) == (here["code"], False)
                         and record_matches(record, config)
                         and environment(record) == planned)
@@ -320,49 +361,85 @@ def cmd_plot(argv: list[str]) -> int:
     return 0
 
 
-def cmd_suite(argv: list[str]) -> int:
-    """Each suite entry is a list of overrides; `argv` (e.g. out_dir=DIR) is added to every one.
-    All entries are validated before the first one runs."""
-    argv, name = take_option(argv, "name", "")
+def take_selection(argv: list[str]) -> tuple[list[str], tuple[int, int], str, bool]:
+    """The options a suite and a sweep share: shard=i/n, entries=1,4-6 and rerun=true|false."""
     argv, shard = take_option(argv, "shard", "0/1")  # i/n: entries i, i+n, ... (parallel workers)
     argv, rerun = take_option(argv, "rerun", "false")
     argv, entries = take_option(argv, "entries", "")
-    from bench.config import load_suite
     if rerun not in ("true", "false"):
-        return fail(f"rerun must be true or false, got '{rerun}'")
-    if not name:
-        return fail(f"suite needs name=<suite>; suites: {', '.join(choices('suite'))}")
+        raise ConfigError(f"rerun must be true or false, got '{rerun}'")
     try:
         index, count = (int(x) for x in shard.split("/"))
         assert 0 <= index < count
     except (ValueError, AssertionError):
-        return fail(f"shard must be i/n with 0 <= i < n, got '{shard}'")
-    suite = load_suite(name)
-    size = len(suite)
-    numbers = entry_numbers(entries, size) if entries else list(range(1, size + 1))
+        raise ConfigError(f"shard must be i/n with 0 <= i < n, got '{shard}'") from None
+    return argv, (index, count), entries, rerun == "true"
+
+
+def cmd_suite(argv: list[str]) -> int:
+    """Each suite entry is a list of overrides; `argv` (e.g. out_dir=DIR) is added to every one.
+    A suite writes to results/ (the records boards and claims read) unless out_dir= is given."""
+    argv, name = take_option(argv, "name", "")
+    argv, *selection = take_selection(argv)
+    from bench.config import load_suite, suite_label
+    if not name:
+        return fail(f"suite needs name=<suite> or name=<file.yaml>; suites: "
+                    f"{', '.join(choices('suite'))}")
+    return run_entries(f"suite {name}", load_suite(name), argv, *selection,
+                       origin=f"suite:{suite_label(name)}", defaults=["out_dir=results"])
+
+
+def cmd_sweep(argv: list[str]) -> int:
+    """The grid of the command line's comma lists and ranges (bench/sweep.py), run as a suite
+    is: numbered entries, shard=, entries=, rerun=; records go to out_dir (default runs/)."""
+    argv, *selection = take_selection(argv)
+    from bench.sweep import grid
+    entries, shared = grid(argv)
+    return run_entries("the sweep", entries, shared, *selection, origin="sweep")
+
+
+def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tuple[int, int],
+                chosen: str, rerun: bool, origin: str, defaults: list[str] = ()) -> int:
+    """Runs the entries (override lists) of a suite or sweep chosen by `chosen` (entries=) and
+    `shard`, each with argv's overrides over its own and `defaults` under both; all are
+    composed and validated before the first one runs."""
+    size = len(entries)
+    numbers = entry_numbers(chosen, size) if chosen else list(range(1, size + 1))
+    index, count = shard
     numbers = numbers[index::count]
     if not numbers:
-        return fail(f"shard {shard} of suite {name} holds no run")
-    suite = [suite[n - 1] for n in numbers]
+        return fail(f"shard {index}/{count} of {what} holds no run")
+    keys = {arg.split("=", 1)[0] for arg in argv}
 
     def merged(entry: list[str]) -> list[str]:  # a command-line key replaces the entry's own
-        keys = {arg.split("=", 1)[0] for arg in argv}
         return [arg for arg in entry if arg.split("=", 1)[0] not in keys] + argv
 
-    suite = [merged(entry) for entry in suite]
-    configs = [compose(entry) for entry in suite]
+    def unless_given(entry: list[str]) -> list[str]:
+        given = {arg.split("=", 1)[0] for arg in entry}
+        return [arg for arg in defaults if arg.split("=", 1)[0] not in given]
+
+    runs = [merged(entries[n - 1]) for n in numbers]
+    configs = []
+    for number, entry in zip(numbers, runs):
+        try:
+            configs.append(compose([*unless_given(entry), *entry]))
+        except ConfigError as error:
+            own = " ".join(entries[number - 1])
+            raise ConfigError(f"entry {number} of {what}" + (f" ({own})" if own else "")
+                              + f": {error}") from None
     for config in configs:
-        config.origin = f"suite:{name}"
+        config.origin = origin
     from bench.train import end_distributed
     try:
-        return run_suite(name, size, numbers, suite, configs, rerun == "true")
+        return run_suite(what, size, numbers, runs, configs, rerun)
     finally:
         end_distributed()
 
 
-def run_suite(name: str, size: int, numbers: list[int], suite: list[list[str]],
+def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
               configs: list, rerun: bool) -> int:
-    """Runs the suite's entries in turn (one process group for all of them under DDP)."""
+    """Runs the entries of a suite or sweep in turn (one process group for all of them under
+    DDP), each unless finished_runs finds it done."""
     from bench.records import RunFailed
     from bench.train import run
     done = {} if rerun else finished_runs(configs)
@@ -388,7 +465,7 @@ def run_suite(name: str, size: int, numbers: list[int], suite: list[list[str]],
         print(f"    {headline(record['metrics'])} in {record['wall_time_s']:.0f} s -> {path}",
               flush=True)
     if failed:
-        print(f"error: {len(failed)} of {len(configs)} runs of suite {name} failed (entries "
+        print(f"error: {len(failed)} of {len(configs)} runs of {what} failed (entries "
               f"{', '.join(map(str, failed))}); their failed records say why", file=sys.stderr)
         return 1
     return 0
@@ -412,9 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench.records import RunFailed, SignalAfterRecord
     try:
         code = {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
-                "claims": cmd_claims, "speed": cmd_speed, "suite": cmd_suite,
+                "claims": cmd_claims, "speed": cmd_speed, "suite": cmd_suite, "sweep": cmd_sweep,
                 "list": cmd_list, "gpucheck": cmd_gpucheck, "plot": cmd_plot}[command](rest)
-        if code and command == "suite":
+        if code and command in ("suite", "sweep"):
             from bench.train import wait_for_rank_zero
             wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own
         return code

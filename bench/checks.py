@@ -474,12 +474,18 @@ def memory_estimate(config, task, device: str, kernel: str | None = None,
     return Estimate(device, model.params, ranks, tuple(terms))
 
 
-def check_memory(config, task, device: str) -> None:
-    """Refuses a run whose estimate exceeds the free memory of a side (the GPU this rank trains
-    on, the host), naming the largest part and the option that shrinks it."""
+def free_memory(device: str) -> dict[str, int | None]:
+    """What each side a run on `device` uses has free, in bytes (None: cannot be read)."""
     free = {"host": available_bytes("host")}
     if device == "cuda":
         free["device"] = available_bytes("cuda")
+    return free
+
+
+def check_memory(config, task, device: str) -> None:
+    """Refuses a run whose estimate exceeds the free memory of a side (the GPU this rank trains
+    on, the host), naming the largest part and the option that shrinks it."""
+    free = free_memory(device)
     estimate = memory_estimate(config, task, device, budget=free.get("device", free["host"]))
     short = [(estimate.need(side, phase) / free[side], side, phase)
              for side in estimate.sides for phase in ("training", "evaluation")
@@ -524,16 +530,43 @@ def check_out_dir(out_dir: str) -> None:
             from None
 
 
-def check_run(config) -> None:
-    """Every whole-run check, cheapest first."""
+def checked_task(config):
+    """The run's task, built as the run builds it; a setting the task refuses is one line."""
     from tasks import task_families
-    device = check_hardware(config)
-    check_logger(config)
     try:
-        task = task_families()[config.task_family](config.task, batch_size=config.trainer.batch_size,
+        return task_families()[config.task_family](config.task,
+                                                   batch_size=config.trainer.batch_size,
                                                    seed=config.seed)
     except ValueError as error:
-        raise CheckFailed(f"task {config.task_name}: {first_line(error) or type(error).__name__}") from None
+        raise CheckFailed(f"task {config.task_name}: "
+                          f"{first_line(error) or type(error).__name__}") from None
+
+
+def memory_summary(config) -> dict:
+    """check_memory's estimate of a run that passed it, per side and phase in GiB beside what
+    the side has free, and the largest part of each: what `run print_config=true` shows."""
+    device = check_hardware(config)
+    free = free_memory(device)
+    estimate = memory_estimate(config, checked_task(config), device,
+                               budget=free.get("device", free["host"]))
+    summary: dict = {"parameters": estimate.params}
+    for side in estimate.sides:
+        name = f"cuda:{local_rank()}" if side == "device" else "host"
+        entry: dict = {}
+        for phase in ("training", "evaluation"):
+            largest = estimate.parts(side, phase)[0]
+            entry[f"{phase}_gib"] = round(estimate.need(side, phase) / GIB, 3)
+            entry[f"{phase}_largest"] = f"{largest.what} ({largest.bytes / GIB:.3f} GiB)"
+        entry["free_gib"] = None if free[side] is None else round(free[side] / GIB, 1)
+        summary[name] = entry
+    return summary
+
+
+def check_run(config) -> None:
+    """Every whole-run check, cheapest first."""
+    device = check_hardware(config)
+    check_logger(config)
+    task = checked_task(config)
     check_memory(config, task, device)
     check_out_dir(config.out_dir)
     if config.resume:  # a suite's entries are all checked before its first run

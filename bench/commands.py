@@ -1,5 +1,5 @@
 """The commands of `python -m bench`: a registry below the CLI, so that what checks a command
 line (the claims' reproducing commands) need not import the CLI itself."""
 
-COMMANDS = ("run", "references", "leaderboard", "claims", "speed", "suite", "list", "gpucheck",
-            "plot")
+COMMANDS = ("run", "references", "leaderboard", "claims", "speed", "suite", "sweep", "list",
+            "gpucheck", "plot")

@@ -10,6 +10,7 @@ error is a `ConfigError` whose message is one line naming the valid choices."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,11 +118,12 @@ class RunConfig:
     trainer_name: str
     trainer: TrainerConfig
     seed: int = 0
-    out_dir: str = "results"
+    out_dir: str = "runs"  # conf/config.yaml's; suites default to results/ (bench/__main__.py)
     name: str = ""
     resume: str = ""
     overrides: list[str] = field(default_factory=list)
-    origin: str = "adhoc"  # "adhoc" (python -m bench run) or "suite:<name>" (python -m bench suite)
+    # "adhoc" (python -m bench run), "sweep" (python -m bench sweep) or "suite:<name>"
+    origin: str = "adhoc"
 
     def describe(self) -> dict:
         return {
@@ -214,14 +216,87 @@ def check_fields(group: str, schema) -> None:
                 raise ConfigError(f"{group}.{key}: {v} does not fit a 64-bit integer")
 
 
+def is_suite_path(name: str) -> bool:
+    """`suite name=` takes a suite of conf/suite by name, or any suite file by its path (one
+    with a folder or a .yaml/.yml suffix): a researcher's own list need not live in the package."""
+    return "/" in name or os.sep in name or name.endswith((".yaml", ".yml"))
+
+
+def suite_label(name: str) -> str:
+    """The name a suite's records carry (`origin: suite:<label>`, which claims select by): a
+    package suite's name, also when given by its path; any other file's path as given."""
+    if is_suite_path(name):
+        try:
+            path = Path(name).resolve()
+        except (OSError, RuntimeError):
+            return name
+        if path.parent == (CONF_DIR / "suite").resolve() and path.suffix == ".yaml":
+            return path.stem
+    return name
+
+
 def load_suite(name: str) -> list[list[str]]:
-    """The runs of conf/suite/<name>.yaml: a list of override lists."""
-    if name not in choices("suite"):
-        raise ConfigError(f"unknown suite '{name}'; choose one of: {', '.join(choices('suite'))}")
-    runs = _load_yaml(CONF_DIR / "suite" / f"{name}.yaml").get("runs")
-    if not isinstance(runs, list) or not all(isinstance(r, list) for r in runs):
-        raise ConfigError(f"conf/suite/{name}.yaml must hold `runs:`, a list of override lists")
-    return [[str(o) for o in run] for run in runs]
+    """The runs of conf/suite/<name>.yaml, or of the suite file at path `name`: a list of
+    override lists. A suite holds `runs:` only, each run a list of `key=value` strings."""
+    if is_suite_path(name):
+        path, shown = Path(name), name
+        if not path.is_file():
+            raise ConfigError(f"suite file '{name}' " + ("is not a file" if path.exists()
+                                                        else "does not exist"))
+    elif name in choices("suite"):
+        path, shown = CONF_DIR / "suite" / f"{name}.yaml", f"conf/suite/{name}.yaml"
+    else:
+        raise ConfigError(f"unknown suite '{name}'; choose one of: {', '.join(choices('suite'))}"
+                          " or give a suite file's path")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"suite file {shown} is not UTF-8 text") from None
+    except OSError as error:
+        raise ConfigError(f"suite file {shown} cannot be read: {error.strerror or error}") \
+            from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"suite file {shown} is not valid YAML{where}") from None
+    usage = f"{shown} must hold `runs:`, a list of override lists like [model=mamba, seed=0]"
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise ConfigError(usage)
+    extra = sorted(map(str, set(data) - {"runs"}))
+    if extra:
+        raise ConfigError(f"{shown}: unknown key '{extra[0]}'; a suite holds `runs:` only")
+    runs = data["runs"]
+    if not runs:
+        raise ConfigError(f"{shown} holds no runs")
+    for number, entry in enumerate(runs, 1):
+        if not isinstance(entry, list):
+            raise ConfigError(f"{usage}; entry {number} is {entry!r}")
+        odd = next((o for o in entry if not isinstance(o, str) or "=" not in o), None)
+        if odd is not None:  # `[task.order: 1]` is a mapping in YAML, not an override
+            raise ConfigError(f"{shown}, entry {number}: {odd!r} is not key=value")
+    return [list(run) for run in runs]
+
+
+def field_type(group: str, name: str, key: str):
+    """The declared type of field `key` in the schema of conf/<group>/<name>.yaml (`int` or
+    "int" as the family's module spells it); None when there is no such name or field."""
+    if group not in GROUPS or name not in choices(group):
+        return None
+    if group == "trainer":
+        schema = TrainerConfig
+    else:
+        family = _load_yaml(CONF_DIR / group / f"{name}.yaml").get("family", name)
+        known = _families(group)
+        if family not in known:
+            return None
+        schema = known[family].Config
+    return next((f.type for f in dataclasses.fields(schema) if f.name == key), None)
+
+
+def default_choices() -> dict[str, str]:
+    """The task, model and trainer a run uses when the command line names none."""
+    return {group: str(name) for group, name in
+            dict(_load_yaml(CONF_DIR / "config.yaml")["defaults"]).items()}
 
 
 def compose(argv: list[str], check: bool = True) -> RunConfig:

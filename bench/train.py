@@ -558,14 +558,40 @@ class RunLog(L.Callback):
         self.logger.save()
 
 
+class StderrProgressBar(L.pytorch.callbacks.TQDMProgressBar):
+    """Lightning's bars on stderr, not stdout: `run ... > log.txt` keeps only the results. Each
+    bar is Lightning's own, made while sys.stdout names stderr (Lightning passes file=sys.stdout
+    when it makes one)."""
+
+    def init_sanity_tqdm(self):
+        with contextlib.redirect_stdout(sys.stderr):
+            return super().init_sanity_tqdm()
+
+    def init_train_tqdm(self):
+        with contextlib.redirect_stdout(sys.stderr):
+            return super().init_train_tqdm()
+
+    def init_validation_tqdm(self):
+        with contextlib.redirect_stdout(sys.stderr):
+            return super().init_validation_tqdm()
+
+    def init_test_tqdm(self):
+        with contextlib.redirect_stdout(sys.stderr):
+            return super().init_test_tqdm()
+
+    def init_predict_tqdm(self):
+        with contextlib.redirect_stdout(sys.stderr):
+            return super().init_predict_tqdm()
+
+
 def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
                  signals: SignalGuard | None = None) -> L.Trainer:
     """The Trainer of a run; its training log goes to out_dir/<log_dir> (default
     logs/<run_id>) unless trainer.logger=none; `signals`' handlers are kept over Lightning's."""
     t = config.trainer
     # A terminal redraws the bar in place; a log file gets a line per refresh, so refresh less.
-    callbacks: list = [L.pytorch.callbacks.TQDMProgressBar(
-        refresh_rate=1 if sys.stdout.isatty() else max(1, t.max_steps // 20))] if t.progress else []
+    callbacks: list = [StderrProgressBar(
+        refresh_rate=1 if sys.stderr.isatty() else max(1, t.max_steps // 20))] if t.progress else []
     if t.checkpoint_every > 0:
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
             dirpath=os.path.join(config.out_dir, "checkpoints", run_id), save_last=True,
