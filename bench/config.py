@@ -76,6 +76,7 @@ class TrainerConfig:
     threads: int = 0  # CPU threads for torch; 0 = torch's default (one per core). See README "Threads"
     logger: str = "csv"  # csv | tensorboard | wandb | none: training log in out_dir/logs/<run>/
     loader_workers: int = -1  # processes sampling training batches; -1: up to 4 on a GPU, 0 on CPU
+    save_weights: bool = True  # final weights to out_dir/weights/<run_id>.pt (python -m bench eval)
 
     def __post_init__(self):
         from bench.checks import ACCELERATORS, LOGGERS, PRECISIONS, STRATEGIES
@@ -122,6 +123,7 @@ class RunConfig:
     resume: str = ""
     overrides: list[str] = field(default_factory=list)
     origin: str = "adhoc"  # "adhoc" (python -m bench run) or "suite:<name>" (python -m bench suite)
+    # ("eval": python -m bench eval of saved weights)
 
     def describe(self) -> dict:
         return {
