@@ -149,3 +149,22 @@ def test_save_weights_false_saves_nothing(tmp_path):
     (record,) = records(tmp_path)
     assert record["status"] == "ok" and record["weights"] is None
     assert not (tmp_path / "weights").exists()
+
+
+def test_eval_help_and_refusal_before_reading(tmp_path, capsys):
+    assert main(["eval", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("python -m bench eval")
+    # a refused key is refused before the file is looked at
+    assert main(["eval", f"weights={tmp_path / 'missing.pt'}", "model.n_layers=2"]) == 2
+    assert "'model.n_layers' cannot change" in one_error_line(capsys.readouterr().err)
+
+
+def test_weights_whose_model_depends_on_seq_len_are_refused(tmp_path, capsys):
+    """A transformer's learned positions are seq_len long: at another seq_len they do not fit."""
+    out = tmp_path / "t"
+    assert main(["run", f"out_dir={out}", *TINY[2:], "task=linreg", "model=transformer"]) == 0
+    (weights,) = (out / "weights").glob("*.pt")
+    capsys.readouterr()
+    assert main(["eval", f"weights={weights}", "task.seq_len=40", f"out_dir={tmp_path / 'e'}"]) == 2
+    assert "do not fit the model transformer" in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "e").exists()
