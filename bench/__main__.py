@@ -10,6 +10,7 @@
   list         the tasks and models, one line each
   gpucheck     every check of the GPU path (kernel parity, speed, end-to-end runs) in a budget
   plot         a figure of run records: training loss, gap by position (<record|dir> ...)
+  eval         score a run's saved weights again on another task config (weights=<file>)
 
 python -m bench <command> --help   that command's usage
 """
@@ -79,6 +80,14 @@ USAGE = {
             "position with the first run's references dashed (a symlog axis when they are off "
             "the models' scale). out defaults to <record>.png beside a single record, else "
             "<dir>/curves.png or curves.png.",
+    "eval": "python -m bench eval weights=<out_dir/weights/run.pt> [task.<field>=v ...] "
+            "[task=<name>] [trainer.eval_sequences=n] [trainer.eval_batch_size=n] "
+            "[trainer.bootstrap=n] [trainer.reference_cache=b] [trainer.progress=b] "
+            "[trainer.threads=n] [out_dir=<dir>] [name=<tag>]\n  Score the model a run saved "
+            "(trainer.save_weights) on the held-out set of another task config of the same "
+            "family, without training: the weights' run's overrides with these on top. The "
+            "record (origin eval) names the weights and carries the weights' run's training; "
+            "leaderboard and claims never use it. Model, training and seed keys are refused.",
     "gpucheck": "python -m bench gpucheck [sections=env,parity,speed,lm,paper,ddp,text,suite] "
                 "[budget=540] [out=gpucheck] [steps=20] [tokenizer_file=<GPT-2 tokenizer.json>] "
                 "[suite=paper000_gpu] [suite_entries=1-5]\n  Every check of the GPU path in one "
@@ -253,6 +262,25 @@ def cmd_speed(argv: list[str]) -> int:
         from bench.records import write_json
         write_json(out, result)
         print(f"written: {out}")
+    return 0
+
+
+def cmd_eval(argv: list[str]) -> int:
+    argv, weights = take_option(argv, "weights", "")
+    if not weights:
+        raise ConfigError("eval needs weights=<file> (a run's out_dir/weights/<run_id>.pt)")
+    from bench.weights import check_eval_overrides, eval_config, load_weights
+    check_eval_overrides(argv)  # a refused key is refused before the file is read
+    payload = load_weights(weights)
+    config = eval_config(payload, argv)
+    from bench.report import print_run
+    from bench.train import end_distributed, run
+    try:
+        record, path = run(config, weights=payload, weights_path=weights)
+    finally:
+        end_distributed()
+    if path:
+        print_run(record, path)
     return 0
 
 
@@ -490,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
                 "claims": cmd_claims, "speed": cmd_speed, "suite": cmd_suite, "sweep": cmd_sweep,
-                "list": cmd_list, "gpucheck": cmd_gpucheck, "plot": cmd_plot}[command](rest)
+                "list": cmd_list, "gpucheck": cmd_gpucheck, "plot": cmd_plot,
+                "eval": cmd_eval}[command](rest)
         if code and command in ("suite", "sweep"):
             from bench.train import wait_for_rank_zero
             wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own

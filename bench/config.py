@@ -77,6 +77,7 @@ class TrainerConfig:
     threads: int = 0  # CPU threads for torch; 0 = torch's default (one per core). See README "Threads"
     logger: str = "csv"  # csv | tensorboard | wandb | none: training log in out_dir/logs/<run>/
     loader_workers: int = -1  # processes sampling training batches; -1: up to 4 on a GPU, 0 on CPU
+    save_weights: bool = True  # final weights to out_dir/weights/<run_id>.pt (python -m bench eval)
 
     def __post_init__(self):
         from bench.checks import ACCELERATORS, LOGGERS, PRECISIONS, STRATEGIES
@@ -122,7 +123,8 @@ class RunConfig:
     name: str = ""
     resume: str = ""
     overrides: list[str] = field(default_factory=list)
-    # "adhoc" (python -m bench run), "sweep" (python -m bench sweep) or "suite:<name>"
+    # "adhoc" (python -m bench run), "sweep" (python -m bench sweep), "suite:<name>" or "eval"
+    # (python -m bench eval of saved weights)
     origin: str = "adhoc"
 
     def describe(self) -> dict:

@@ -14,7 +14,7 @@ Pooling rules (the header of leaderboard.md repeats them):
   seed shows its bootstrap interval over held-out sequences.
 By default only suite records (origin "suite:<name>") are used, so an ad-hoc `python -m bench run`
 never changes the committed board; include=all adds ad-hoc records (and legacy ones, which have no
-origin)."""
+origin). Records of `python -m bench eval` (origin "eval") are never used."""
 from __future__ import annotations
 
 import functools
@@ -205,6 +205,7 @@ class Selection:
     bad: list[tuple[str, str]]  # (path, reason) of records that could not be read or shown
     failed: int
     adhoc: int
+    evaluations: int = 0  # records of `python -m bench eval` (origin "eval"): never pooled
 
     @property
     def runs(self) -> int:
@@ -225,6 +226,8 @@ class Selection:
                          "seed left out")
         if self.failed:
             notes.append(f"{plural(self.failed, 'failed run')} left out")
+        if self.evaluations:
+            notes.append(f"{plural(self.evaluations, 'evaluation')} of saved weights left out")
         if self.bad:
             notes.append(f"{plural(len(self.bad), 'unreadable record')} skipped")
         return notes
@@ -244,7 +247,7 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
     if not directory.is_dir():
         raise ConfigError(f"out_dir '{out_dir}' is not a directory")
     records, bad = read_records(directory)
-    failed = adhoc = 0
+    failed = adhoc = evaluations = 0
     newest: dict[tuple, dict[tuple, dict]] = defaultdict(dict)  # section -> (row, seed) -> record
     duplicates: dict[tuple, int] = defaultdict(int)
     for record in records:
@@ -254,6 +257,9 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
         problem = unusable(record)
         if problem:
             bad.append((record["_path"], problem))
+            continue
+        if record.get("origin") == "eval":  # a re-scoring of a trained run, not a run of its own:
+            evaluations += 1  # pooled, it would count that run's seed twice (or replace it)
             continue
         if include == "suite" and not str(record.get("origin") or "adhoc").startswith("suite:"):
             adhoc += 1  # records without origin predate it: ad-hoc as far as anyone knows
@@ -276,7 +282,8 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
         for (row, _seed), record in sorted(newest[key].items(), key=lambda kv: kv[0]):
             section.rows.setdefault(row, []).append(record)
         sections.append(section)
-    return Selection(str(out_dir), include, sections, sorted(bad), failed, adhoc)
+    return Selection(str(out_dir), include, sections, sorted(bad), failed, adhoc,
+                     evaluations=evaluations)
 
 
 def mean_curve(curves: list[list]) -> list:

@@ -22,7 +22,7 @@ from bench.config import ConfigError
 SCHEMA = "icl-bench/run/1"
 # Trainer keys that change neither training nor evaluation: runs differing only in them pool.
 RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every",
-                  "logger", "loader_workers")
+                  "logger", "loader_workers", "save_weights")
 # Lightning's spellings of a precision (trainer.precision=32 trains as, and records, "32-true").
 PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 

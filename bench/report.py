@@ -76,6 +76,9 @@ def headline(metrics: dict) -> str:
 
 def print_run(record: dict, path: str) -> None:
     m = record["metrics"]
+    if record.get("weights_run_id"):  # python -m bench eval: no training in this record
+        print(f"\nevaluation of the weights of {record['weights_run_id']} "
+              f"({record.get('evaluated_weights')})", end="")
     print(f"\n{record['model']['name']} on {record['task']['name']}: {record['train']['steps']} "
           f"steps in {record['train']['wall_time_s']:.1f} s ({record['train']['device']}), "
           f"{record['params']} parameters, state {record['state_size']} floats")
@@ -91,4 +94,6 @@ def print_run(record: dict, path: str) -> None:
     if is_suspicious(m):
         print("warning: the model beats the exact Bayes predictor beyond its interval — a bug "
               "signal (leaking future tokens?), not a result")
+    if record.get("weights"):
+        print(f"weights: {record['weights']} (in out_dir)")
     print(f"record: {path}")

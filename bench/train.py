@@ -658,7 +658,7 @@ def code_of_this_process() -> dict:
 # and the batches continue from the checkpoint as they were.
 RESUME_MAY_CHANGE = frozenset({"eval_sequences", "eval_batch_size", "bootstrap", "reference_cache",
                                "log_every", "checkpoint_every", "progress", "threads", "logger",
-                               "loader_workers"})
+                               "loader_workers", "save_weights"})
 
 
 def check_resume(config: RunConfig) -> dict:
@@ -727,13 +727,23 @@ def _failure(error: BaseException, signals: SignalGuard, step: int) -> tuple[str
     return f"{type(error).__name__}: {first_line(error)}".rstrip(": "), 1
 
 
-def run(config: RunConfig) -> tuple[dict, str]:
+def run(config: RunConfig, weights: dict | None = None,
+        weights_path: str = "") -> tuple[dict, str]:
     """Train, evaluate on the held-out set, write the record. Returns (record, path); path is
     "" on ranks other than 0. A run that fails after it started writes a `failed` record (rank
-    0) and raises RunFailed; a bad resume checkpoint raises ConfigError before anything runs."""
+    0) and raises RunFailed; a bad resume checkpoint raises ConfigError before anything runs.
+
+    With `weights` (bench.weights.load_weights of `weights_path`) the model starts from them and
+    is not trained: `python -m bench eval`. The record's `train` is the weights' run's, and it
+    names the file (`evaluated_weights`, `weights_run_id`); weights that do not fit the model
+    raise ConfigError before anything runs. A trained run saves its weights (trainer.save_weights)
+    to out_dir/weights/<run_id>.pt just before its ok record, which names the file (`weights`)."""
     quiet_lightning()
     t = config.trainer
-    if t.warmup_steps > t.max_steps:  # legal (a study of warm-up), but rarely what is meant
+    if weights is not None:
+        from bench.weights import check_weights_fit
+        check_weights_fit(config, weights)
+    elif t.warmup_steps > t.max_steps:  # legal (a study of warm-up), but rarely what is meant
         print(f"warning: trainer.warmup_steps={t.warmup_steps} > trainer.max_steps="
               f"{t.max_steps}: the learning rate stays in its warm-up and never reaches "
               f"trainer.lr={t.lr}", file=sys.stderr)
@@ -745,6 +755,10 @@ def run(config: RunConfig) -> tuple[dict, str]:
     if resumed is not None:
         record["resumed_from"] = os.path.abspath(config.resume)
         record["resumed_run_id"] = resumed.get("run_id")
+    if weights is not None:
+        record["evaluated_weights"] = os.path.abspath(weights_path) if weights_path else None
+        record["weights_run_id"] = weights.get("run_id")
+    record["weights"] = None  # the saved weights' path relative to out_dir, once written
     log_dir = run_log_dir(run_id, resumed)  # relative to out_dir
     record["log_dir"] = log_dir if config.trainer.logger != "none" else None
     run_info = {"run_id": run_id, **{k: described[k] for k in ("task", "model", "trainer", "seed")},
@@ -761,11 +775,15 @@ def run(config: RunConfig) -> tuple[dict, str]:
             task, model = build(config)
             record["params"] = model.num_parameters()
             record["state_size"] = model.state_size(task.seq_len)
+            if weights is not None:  # an evaluation: the model as trained by the weights' run
+                model.load_state_dict(weights["state_dict"])
+                record["train"] = weights.get("train")
             module = ICLModule(model, task, config.trainer, run_info, signals, start)
             trainer = make_trainer(config, run_id, log_dir, signals)
-            with signals.phase("flag"):
-                trainer.fit(module, datamodule=task, ckpt_path=config.resume or None)
-            record["train"] = _train_summary(trainer, module, model)
+            if weights is None:
+                with signals.phase("flag"):
+                    trainer.fit(module, datamodule=task, ckpt_path=config.resume or None)
+                record["train"] = _train_summary(trainer, module, model)
             clock = [time.perf_counter()]
 
             def lap() -> float:
@@ -803,6 +821,9 @@ def run(config: RunConfig) -> tuple[dict, str]:
                 record["status"] = "ok"
                 record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
                 signals.mode = "defer"  # the record is written whole; a signal now waits for it
+                if weights is None and config.trainer.save_weights:
+                    from bench.weights import save_weights
+                    record["weights"] = save_weights(config.out_dir, record, model)
                 path = str(write_record(config.out_dir, record))
                 signals.completed = path  # a signal noted meanwhile must not say otherwise
             signals.mode = "defer"  # the other ranks: waiting for rank 0, a signal is noted
@@ -819,7 +840,7 @@ def run(config: RunConfig) -> tuple[dict, str]:
             record.pop("per_position", None)
             prior = module.prior_train_time if module is not None else 0.0
             record["wall_time_s"] = prior + time.perf_counter() - start
-            if module is not None and "train" not in record:
+            if module is not None and "train" not in record and weights is None:
                 record["train"] = _train_summary(trainer, module, model)
             if _global_zero(trainer):
                 try:
