@@ -56,6 +56,8 @@ CASES = [
     ("type", ["run", "seed=x"], "seed: invalid value 'x'"),
     ("type", ["run", "seed="], "seed: invalid value ''"),
     ("type", ["run", "seed=²"], "seed: invalid value '²'"),
+    # one way everywhere: as task.seq_len=010 is refused, so is seed=010 (it read as 10)
+    ("type", ["run", "seed=010"], "seed: '010' is not a plain decimal number (YAML 1.1 reads it as 8)"),
     # numbers YAML 1.1 reads otherwise than they read: refused, never reinterpreted
     ("type", ["run", "task.seq_len=010"], "'010' is not a plain decimal number (YAML 1.1 reads it as 8)"),
     ("type", ["run", "task.seq_len=1:04"], "'1:04' is not a plain decimal number (YAML 1.1 reads it as 64)"),
