@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -524,17 +525,55 @@ def check_out_dir(out_dir: str) -> None:
             from None
 
 
+def too_large(error: BaseException) -> bool:
+    """Whether torch refused a tensor for its size while the checks built the task or measured
+    the model: a size whose bytes overflow 64 bits ("Storage size calculation overflowed",
+    "Overflow when unpacking long long"), or an allocation the host cannot make. Integers that
+    fit 64 bits but not a tensor (model.d_model=10^9, task.seq_len=10^10) ended as an internal
+    error, exit 1, where the memory check refuses what is merely too big."""
+    if isinstance(error, (MemoryError, OverflowError)):
+        return True
+    text = str(error).lower()
+    return isinstance(error, (RuntimeError, TypeError)) and any(
+        part in text for part in ("overflow", "can't allocate memory", "not enough memory"))
+
+
+def largest_integer_override(config) -> str | None:
+    """The override (as given) that holds the largest integer: the likeliest size to blame."""
+    best, named = 0, None
+    for override in config.overrides:
+        key, _, value = override.partition("=")
+        if "." not in key:
+            continue
+        for number in re.findall(r"[0-9]+", value):
+            if int(number) > best:
+                best, named = int(number), override
+    return named
+
+
 def check_run(config) -> None:
     """Every whole-run check, cheapest first."""
     from tasks import task_families
     device = check_hardware(config)
     check_logger(config)
     try:
-        task = task_families()[config.task_family](config.task, batch_size=config.trainer.batch_size,
-                                                   seed=config.seed)
-    except ValueError as error:
-        raise CheckFailed(f"task {config.task_name}: {first_line(error) or type(error).__name__}") from None
-    check_memory(config, task, device)
+        try:
+            task = task_families()[config.task_family](config.task,
+                                                       batch_size=config.trainer.batch_size,
+                                                       seed=config.seed)
+        except ValueError as error:
+            raise CheckFailed(f"task {config.task_name}: "
+                              f"{first_line(error) or type(error).__name__}") from None
+        check_memory(config, task, device)
+    except CheckFailed:
+        raise
+    except Exception as error:
+        if not too_large(error):
+            raise
+        named = largest_integer_override(config)
+        raise CheckFailed(f"{named + ': ' if named else ''}the run's tensors cannot be allocated at "
+                          f"{'this size' if named else 'these sizes'} ({type(error).__name__}: "
+                          f"{first_line(error)}); lower {'it' if named else 'them'}") from None
     check_out_dir(config.out_dir)
     if config.resume:  # a suite's entries are all checked before its first run
         from bench.train import check_resume

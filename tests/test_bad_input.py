@@ -71,6 +71,21 @@ CASES = [
     # for a second node nobody starts)
     ("range", ["run", "task.order=1000000000000000000"], "contexts do not fit a 64-bit index"),
     ("range", ["run", "task=switching_markov", "task.order=100"], "do not fit a 64-bit index"),
+    # the issue's hang, as given (markov and switching_markov): beyond 64 bits, refused at once
+    ("type", ["run", "task.order=1000000000000000000000000000000"], "does not fit a 64-bit integer"),
+    ("type", ["run", "task=switching_markov", "task.order=1000000000000000000000000000000"],
+     "task.order: 1000000000000000000000000000000 does not fit a 64-bit integer"),
+    ("type", ["run", "model=griffin", "model.window=1000000000000000000000000000000"],
+     "model.window: 1000000000000000000000000000000 does not fit a 64-bit integer"),
+    # integers that fit 64 bits but no tensor: torch's own overflow was an internal error, exit 1
+    ("memory", ["run", "model=lstm", "model.d_model=1000000000"],
+     "model.d_model=1000000000: the run's tensors cannot be allocated at this size"),
+    ("memory", ["run", "model.d_state=4611686018427387904"],
+     "model.d_state=4611686018427387904: the run's tensors cannot be allocated"),
+    ("memory", ["run", "task=hmm", "task.vocab_size=4611686018427387904"],
+     "task.vocab_size=4611686018427387904: the run's tensors cannot be allocated"),
+    ("memory", ["run", "task=linreg", "task.seq_len=4611686018427387904"],
+     "task.seq_len=4611686018427387904: the run's tensors cannot be allocated"),
     ("range", ["run", "task=linreg", "task.gd_steps=[1,100000000]"],
      "gd_steps must be at most 1000"),
     ("hardware", ["run", "trainer.num_nodes=2"], "needs a multi-node launcher"),
@@ -331,3 +346,108 @@ def test_a_non_editable_install_carries_conf(tmp_path):
                             text=True, cwd=tmp_path, env=env, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert "markov" in listed.stdout and "mamba" in listed.stdout
+
+
+# --- every integer field of every config, discovered ---------------------------------------
+
+# A family's fields are set through one of its conf files; text's must be found offline.
+CONF_OF_FAMILY = {"text": "pydoc"}
+
+
+def integer_fields() -> list[tuple[str, str, str, bool]]:
+    """(group, conf file, field, holds a list) for every integer field (int, list[int], int |
+    None) of the trainer and of every task and model family, each set through a conf file of
+    its family: discovered from the dataclasses, so a field added later is covered too."""
+    import dataclasses
+    import typing
+
+    import yaml
+
+    from bench.config import CONF_DIR, TrainerConfig, _families, choices
+
+    def integers(schema) -> list[tuple[str, bool]]:
+        hints = typing.get_type_hints(schema)
+        found = []
+        for f in dataclasses.fields(schema):
+            kind = hints[f.name]
+            if kind is int or (typing.get_origin(kind) is not None and int in typing.get_args(kind)):
+                found.append((f.name, typing.get_origin(kind) in (list, tuple)))
+        return found
+
+    fields = [("trainer", "default", name, many) for name, many in integers(TrainerConfig)]
+    for group in ("task", "model"):
+        confs: dict[str, list[str]] = {}
+        for name in choices(group):
+            values = yaml.safe_load((CONF_DIR / group / f"{name}.yaml").read_text()) or {}
+            confs.setdefault(values.get("family", name), []).append(name)
+        for family, cls in sorted(_families(group).items()):
+            conf = CONF_OF_FAMILY.get(family, confs[family][0])
+            fields += [(group, conf, name, many) for name, many in integers(cls.Config)]
+    return fields
+
+
+INTEGER_FIELDS = integer_fields()
+
+
+def test_the_integer_fields_are_all_found():
+    """The issue counted 35 fields that crashed at 10^30; every group contributes some."""
+    assert len(INTEGER_FIELDS) >= 35
+    assert {group for group, *_ in INTEGER_FIELDS} == {"trainer", "task", "model"}
+    assert ("task", "linreg", "gd_steps", True) in INTEGER_FIELDS
+
+
+def integer_override(group: str, conf: str, name: str, many: bool, value: int) -> list[str]:
+    text = f"[{value}]" if many else str(value)
+    return [f"{group}={conf}", f"{group}.{name}={text}"]
+
+
+@pytest.mark.parametrize("value", [10**30, -10**30], ids=["1e30", "-1e30"])
+@pytest.mark.parametrize("group,conf,name,many", INTEGER_FIELDS,
+                         ids=[f"{g}.{n}" + ("" if c == "default" else f"({c})")
+                              for g, c, n, _ in INTEGER_FIELDS])
+def test_every_integer_field_beyond_64_bits_is_one_line_exit_2(group, conf, name, many, value,
+                                                                tmp_path, monkeypatch, capsys):
+    """10^30 in any integer field: one line naming the field, exit 2, before anything runs
+    (an OverflowError after the start, exit 1 or a failed record, in 35 of them)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["run", *integer_override(group, conf, name, many, value)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert lines == [f"error: {group}.{name}: {value} does not fit a 64-bit integer"], captured.err
+    assert files_under(work) == []
+
+
+@pytest.fixture
+def offline_text_caches(tmp_path, monkeypatch):
+    """HF's hub off and its datasets cache private: the text family's fields are checked on the
+    pydoc corpus, which ships with Python."""
+    import datasets.config
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+
+
+@pytest.mark.parametrize("group,conf,name,many", INTEGER_FIELDS,
+                         ids=[f"{g}.{n}" + ("" if c == "default" else f"({c})")
+                              for g, c, n, _ in INTEGER_FIELDS])
+def test_every_integer_field_at_2_to_the_62_is_checked_or_harmless(group, conf, name, many,
+                                                                    offline_text_caches,
+                                                                    tmp_path):
+    """2^62 fits 64 bits but no tensor: the whole-run checks refuse it in one line (a size) or
+    accept it (a step count, an interval, a cap); never an internal error (torch's 'Storage
+    size calculation overflowed' in 26 of them) and never a hang."""
+    from bench.config import ConfigError, compose
+    args = [*integer_override(group, conf, name, many, 2**62), f"out_dir={tmp_path / 'out'}"]
+    if conf == "gd_ssm_constructed":
+        args.append("task=linreg_tokens")
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(60)
+    try:
+        compose(args)
+    except ConfigError as error:
+        assert "\n" not in str(error) and str(error).strip(), str(error)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not (tmp_path / "out").exists()
