@@ -398,6 +398,26 @@ class Estimate:
         return sum(t.bytes for t in self.parts(side, phase))
 
 
+def pool_peak_bytes(task, probe: int = 64, chunk_floats: int = 1 << 24) -> int:
+    """Peak bytes of drawing the pool of training tasks (tasks/base.py `_draw_pool`), not just
+    of holding it: the chunks and their concatenation live together (twice the pool), and the
+    chunk being drawn has its sampling temporaries, measured on a draw of `probe` tasks and
+    scaled to a chunk (`chunk_floats`, _draw_pool's default). Counting the pool once let
+    linreg num_tasks=10^9 (18.6 GiB held, 37 GiB at the peak) past the check on a 21 GiB host,
+    where the kernel killed it with no record."""
+    pool = task.pool_bytes()
+    if pool == 0:
+        return 0
+    generator = torch.Generator().manual_seed(0)
+    with Allocations() as allocated:
+        drawn = task.draw_latent(probe, generator)
+    kept = sum(v.numel() * v.element_size() for v in drawn.values())
+    per_task = max(0, allocated.peak - kept) / probe
+    floats = max(1, sum(v[0].numel() for v in drawn.values()))
+    chunk = min(task.num_tasks, max(1, chunk_floats // floats))
+    return 2 * pool + int(per_task * chunk)
+
+
 def batches_in_flight(config) -> int:
     """Training batches of one rank alive on the host at once: each loader worker's prefetch
     and the pinned copy, or the one being made and the one training when sampled in-process."""
@@ -449,7 +469,7 @@ def memory_estimate(config, task, device: str, kernel: str | None = None,
         Term("device", "training", "the batch", "trainer.batch_size",
              t.batch_size // world * per_sequence),
         Term("device", "training", "the pool of training tasks", "task.num_tasks",
-             task.pool_bytes()),
+             pool_peak_bytes(task)),
         Term("device", "evaluation", "weights and gradients", "the model size", 2 * weights),
         Term("device", "evaluation", "an evaluation batch's forward pass",
              "trainer.eval_batch_size", model.evaluation),
