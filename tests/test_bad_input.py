@@ -3,6 +3,7 @@ anything runs: no traceback, no hang, no record, no temporary file, no directory
 
 Each case runs in-process from an empty working directory (the default out_dir, `results`, is
 relative to it) under an alarm, so a hang fails the test instead of stalling the suite."""
+import json
 import os
 import signal
 import subprocess
@@ -482,3 +483,78 @@ def test_the_memory_estimate_covers_drawing_the_pool_of_tasks(task):
         sampled.task_pool("cpu")
     assert allocated.peak <= pool_peak_bytes(sampled) <= 2 * allocated.peak
     assert pool_peak_bytes(sampled) >= 2 * sampled.pool_bytes()
+
+
+# --- text data: found before the start, one line naming the file --------------------------
+
+WORDS = "the cat sat on the mat while a dog ran after the ball in the park".split()
+
+
+@pytest.fixture
+def text_data(tmp_path, offline_text_caches):
+    """A maker of corpus folders: train/validation/test of plain words, one file replaced."""
+    def make(name: str, suffix: str = ".txt", **replace: bytes) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        line = (json.dumps({"text": " ".join(WORDS)}) if suffix == ".jsonl" else " ".join(WORDS))
+        for split in ("train", "validation", "test"):
+            (folder / f"{split}{suffix}").write_text(f"{line}\n" * 60, encoding="utf-8")
+        for split, content in replace.items():
+            (folder / f"{split}{suffix}").write_bytes(content)
+        return folder
+    return make
+
+
+def tokenizer_file(path: Path) -> Path:
+    path.write_text("garbage{")
+    return path
+
+
+TEXT_CASES = {  # name: (how the data differs, extra overrides, expected fragment)
+    "binary train.txt": (dict(train=b"text then \x00\x01\x02 bytes" * 10), [],
+                         "train.txt: a NUL byte at offset 10"),
+    "latin-1 train.txt": (dict(train="caf\xe9 au lait\n".encode("latin-1") * 10), [],
+                          "train.txt: not UTF-8 at byte 3"),
+    "malformed .jsonl": (dict(suffix=".jsonl", train=b'{"text": "fine"}\n{not json\n'), [],
+                         "train.jsonl:2: not JSON"),
+    ".jsonl of lists": (dict(suffix=".jsonl", train=b'["text"]\n'), [],
+                        "train.jsonl:1: a JSON list, not an object"),
+    "empty train": (dict(train=b""), [], "the train split of local folder"),
+    "empty validation": (dict(validation=b""), [], "the validation split of local folder"),
+    "whitespace-only validation": (dict(validation=b"   \n\t\n"), [],
+                                   "validation split of local folder"),
+    "one-token validation": (dict(validation=b"a"), [],
+                             "has 1 tokens, fewer than a token to predict after another"),
+    "train shorter than a window": (dict(train=b"abcd"), [],
+                                    "has 4 tokens, fewer than one training window of "
+                                    "task.seq_len + 1 = 17 tokens"),
+    "train shorter than a window, bpe": (dict(train=b"abcd"),
+                                         ["task.tokenizer=bpe", "task.bpe_vocab_size=300"],
+                                         "has at most 6 tokens, fewer than one training window"),
+    "corrupt tokenizer_file, gpt2": ({}, ["task.tokenizer=gpt2", "task.tokenizer_file={garbage}"],
+                                     "garbage.json: not a tokenizer.json"),
+    "corrupt tokenizer_file, bpe": ({}, ["task.tokenizer=bpe", "task.tokenizer_file={garbage}"],
+                                    "garbage.json: not a tokenizer.json"),
+}
+
+
+@pytest.mark.parametrize("case", list(TEXT_CASES))
+def test_bad_text_data_is_one_line_exit_2_before_the_start(case, text_data, tmp_path, capsys):
+    """Binary, non-UTF-8, malformed .jsonl, empty or whitespace-only splits, a split too short
+    to train or evaluate on, a corrupt tokenizer file: one line naming the file or split, exit
+    2, no record (datasets said only 'An error occurred while generating the dataset'; the short
+    splits and a bpe tokenizer_file failed after the start)."""
+    data, extra, needle = TEXT_CASES[case]
+    data = dict(data)
+    folder = text_data("data", data.pop("suffix", ".txt"), **data)
+    garbage = tokenizer_file(tmp_path / "garbage.json")
+    out = tmp_path / "out"
+    given = {o.split("=", 1)[0]: o for o in
+             ["task=text", f"task.data_dir={folder}", "task.tokenizer=byte", "task.seq_len=16",
+              "model.d_model=16", f"out_dir={out}", *(o.format(garbage=garbage) for o in extra)]}
+    code = main(["run", *given.values()])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0], lines[0]
+    assert not out.exists()
