@@ -4,6 +4,7 @@ anything runs: no traceback, no hang, no record, no temporary file, no directory
 Each case runs in-process from an empty working directory (the default out_dir, `results`, is
 relative to it) under an alarm, so a hang fails the test instead of stalling the suite."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -558,3 +559,138 @@ def test_bad_text_data_is_one_line_exit_2_before_the_start(case, text_data, tmp_
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
     assert needle in lines[0], lines[0]
     assert not out.exists()
+
+
+# --- records that are schema-valid but malformed: named, left out, the report written --------
+
+def malformed_record(command: str, change: str) -> dict:
+    """A seed-1 record of the reader's test fixtures with one field gone wrong."""
+    if command == "leaderboard":
+        from test_leaderboard import record
+        rec = record(seed=1, gap=0.1)
+    else:
+        from test_claims import MAMBA, record
+        rec = record(MAMBA, seed=1, gap=0.001)
+    m = rec["metrics"]
+    if change == "seed true":
+        rec["seed"] = True
+    elif change == "raw NaN":
+        m["bayes_gap"] = math.nan  # json.dumps writes a bare NaN
+    elif change == "interval of 3":
+        m["bayes_gap_ci"] = [0.1, 0.2, 0.3]
+    elif change == "strings in a curve":
+        rec["per_position"]["gap.model"] = ["0.1", 0.2]
+    elif change == "overrides: 5":
+        rec["overrides"] = 5
+    elif change == "infinite gap":
+        m["gap"]["model"] = math.inf
+    return rec
+
+
+READERS = ["leaderboard", "claims"]
+MALFORMED = ["seed true", "raw NaN", "interval of 3", "strings in a curve", "overrides: 5",
+             "infinite gap", "200,000-deep JSON"]
+
+
+def reader_args(command: str, results: Path, tmp_path: Path) -> list[str]:
+    args = [command, f"out_dir={results}", f"out={tmp_path / 'report.md'}"]
+    if command == "claims":
+        from test_claims import rules_file
+        args.append(f"rules={rules_file(tmp_path)}")
+    return args
+
+
+def good_records(command: str) -> list[dict]:
+    if command == "leaderboard":
+        from test_leaderboard import record
+        return [record(seed=0, gap=0.1)]
+    from test_claims import MAMBA, NOCONV, record
+    return [record(MAMBA, seed=0, gap=0.001), record(NOCONV, seed=0, gap=0.06)]
+
+
+def put_records(directory: Path, *records: dict) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for rec in records:
+        paths.append(directory / f"{rec['run_id']}.json")
+        paths[-1].write_text(json.dumps(rec))
+    return paths
+
+
+@pytest.mark.parametrize("change", MALFORMED)
+@pytest.mark.parametrize("command", READERS)
+def test_a_malformed_record_is_named_and_the_report_still_written(command, change, tmp_path,
+                                                                  capsys):
+    """Both readers validate every record: a wrong one is named with the reason in one warning
+    and left out, the others make the report, exit 0 (they crashed without naming the file)."""
+    results = tmp_path / "results"
+    put_records(results, *good_records(command))
+    if change == "200,000-deep JSON":
+        bad = results / "deep.json"
+        bad.write_text("[" * 200_000 + "]" * 200_000)
+    else:
+        bad, = put_records(results, malformed_record(command, change))
+    assert main(reader_args(command, results, tmp_path)) == 0
+    out, err = capsys.readouterr()
+    assert [line for line in err.splitlines() if line.startswith("warning: skipped")] == \
+        [next(line for line in err.splitlines() if line.startswith(f"warning: skipped {bad}: "))]
+    assert "1 unreadable record skipped" in out and (tmp_path / "report.md").is_file()
+
+
+@pytest.mark.parametrize("value", [1e308, -1e308])
+@pytest.mark.parametrize("command", READERS)
+def test_a_huge_finite_gap_is_pooled_without_overflow(command, value, tmp_path, capsys):
+    """bayes_gap: 1e308 is a finite number: pooled with another seed its interval is infinite,
+    not an OverflowError that lost the whole report (exit 1, 'internal error')."""
+    results = tmp_path / "results"
+    huge = malformed_record(command, "none")
+    huge["metrics"]["bayes_gap"] = value
+    put_records(results, *good_records(command), huge)
+    assert main(reader_args(command, results, tmp_path)) == 0
+    assert "error" not in capsys.readouterr().err
+    if command == "leaderboard":
+        assert "[-inf, inf] (seeds)" in (tmp_path / "report.md").read_text()
+
+
+def test_a_perplexity_beyond_the_float_range_is_infinite_not_a_crash(tmp_path, capsys):
+    """A text row's perplexity is exp(mean nats): 800 nats/token overflowed math.exp."""
+    from test_leaderboard import record
+    results = tmp_path / "results"
+    recs = []
+    for seed, nats in ((0, 800.0), (1, 900.0)):
+        rec = record(task="text", seed=seed)
+        rec["metrics"] = {"scoring": "perplexity", "sequences": 64, "roles": {"unigram": "baseline"},
+                          "loss": {"model": nats, "unigram": 5.0},
+                          "perplexity": {"model": 1e300, "unigram": 148.4},
+                          "perplexity_ci": {"model": [1e300, 1e300], "unigram": [140.0, 150.0]},
+                          "bits_per_byte": {"model": 1.0, "unigram": 2.0}}
+        rec["per_position"] = {"loss.model": [nats] * 8, "loss.unigram": [5.0] * 8}
+        recs.append(rec)
+    put_records(results, *recs)
+    assert main(["leaderboard", f"out_dir={results}", f"out={tmp_path / 'lb.md'}"]) == 0
+    assert capsys.readouterr().err == ""
+    assert "| inf | [" in (tmp_path / "lb.md").read_text()
+
+
+def test_a_report_is_never_written_over_a_device(tmp_path, capsys):
+    """out=/dev/full (as root) replaced the device node and made /dev/full-figures/: a device
+    at out= is refused in one line and left as it was (a copy of /dev/full's node, made here)."""
+    import stat
+    device = tmp_path / "full"
+    try:
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    except (PermissionError, OSError) as error:
+        pytest.skip(f"cannot make a device node here: {error}")
+    from test_leaderboard import put, record
+    results = tmp_path / "results"
+    put(results, record())
+    for command in READERS:
+        args = [command, f"out_dir={results}", f"out={device}"]
+        if command == "claims":
+            from test_claims import rules_file
+            args.append(f"rules={rules_file(tmp_path)}")
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is a device" in err[0], err
+        assert stat.S_ISCHR(os.lstat(device).st_mode)
+        assert not (tmp_path / "full-figures").exists()
