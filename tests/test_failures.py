@@ -503,3 +503,106 @@ def test_a_run_that_never_leaves_its_warm_up_says_so(tmp_path, capsys):
                  *tiny("trainer.max_steps=2", "trainer.warmup_steps=5")]) == 0
     assert ("warning: trainer.warmup_steps=5 > trainer.max_steps=2: the learning rate stays in "
             "its warm-up") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("failure", [
+    "cache is a file", "read-only folder", "immutable folder", "disk full (torch.save)",
+    "disk full (folder)"])
+def test_a_reference_cache_that_cannot_be_written_warns_and_keeps_the_result(
+        failure, tmp_path, monkeypatch, capsys):
+    """The references computed, the cache write fails: a warning, the scores returned as if
+    written, no temporary file (exit 1 and a failed record threw the trained result away; a
+    full disk said only 'RuntimeError: [enforce fail at inline_container.cc:672]')."""
+    import bench.reference_cache as cache
+    from bench.train import build
+    config = compose([f"out_dir={tmp_path}", *tiny("trainer.eval_sequences=16")], check=False)
+    task, _ = build(config)
+    batch, cached = cache.held_out_set(config, task)
+    assert cached is None
+    if failure == "cache is a file":
+        (tmp_path / "cache").write_text("a file where the cache folder would go")
+    elif failure in ("read-only folder", "immutable folder"):  # as root, chmod would not stop it
+        code = {"read-only folder": (13, "Permission denied"),
+                "immutable folder": (1, "Operation not permitted")}[failure]
+
+        def refused(*args, **kwargs):
+            raise PermissionError(*code)
+        monkeypatch.setattr(cache.tempfile, "mkstemp", refused)
+    elif failure == "disk full (torch.save)":
+        def full(*args, **kwargs):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter "
+                               "failed writing file data/0: file write failed")
+        monkeypatch.setattr(cache.torch, "save", full)
+    else:
+        def full(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(Path, "mkdir", full)
+    scores = cache.complete(config, task, batch, None)
+    monkeypatch.undo()
+    fresh = cache.reference_scores(task, batch)
+    assert cache.content_digest(scores.scores) == cache.content_digest(fresh.scores)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: the reference cache was not written ("), err
+    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob(".tmp-*"))
+    assert cache.load(str(tmp_path), task, 16) is None
+
+
+def test_a_damaged_cache_is_named_and_recomputed(tmp_path, capsys):
+    """A cache whose bytes do not match their digest is said to be recomputed, not used."""
+    import bench.reference_cache as cache
+    from bench.train import build
+    config = compose([f"out_dir={tmp_path}", *tiny("trainer.eval_sequences=16")], check=False)
+    task, _ = build(config)
+    batch, _ = cache.held_out_set(config, task)
+    cache.complete(config, task, batch, None)
+    path = cache.cache_path(str(tmp_path), task, 16)
+    data = torch.load(path, weights_only=True)
+    data["content"]["inputs"] = data["content"]["inputs"].clone()
+    data["content"]["inputs"].view(-1)[3] += 1  # a token changed, the digest kept
+    torch.save(data, path)
+    assert cache.held_out_set(config, task)[1] is None
+    path.write_bytes(b"not a torch file")
+    assert cache.held_out_set(config, task)[1] is None
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: the reference cache {path} does not match the digest it was written with; "
+        "recomputing it",
+        f"warning: the reference cache {path} cannot be read (UnpicklingError); recomputing it"]
+
+
+def test_a_damaged_token_cache_or_cached_tokenizer_is_named_and_rebuilt(tmp_path, monkeypatch,
+                                                                        capsys):
+    """A flipped byte in cached tokens (same size, same sidecar) and a cached BPE tokenizer cut
+    short are rebuilt, and the run says so."""
+    pytest.importorskip("datasets")
+    pytest.importorskip("tokenizers")
+    import datasets.config
+    import numpy as np
+
+    from tasks import corpus as C
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in C.SPLITS:
+        (data / f"{split}.txt").write_text("the cat sat on the mat while a dog ran\n" * 40)
+    corpus = C.load_splits("mine", data_dir=data, hub=False, sample_by="line")
+    tokens, meta = C.cached_tokens(corpus, "test", C.ByteTokenizer(), tmp_path, progress=False)
+    expected = np.array(tokens)
+    del tokens
+    bin_path, _ = C.cache_paths(corpus, "test", C.ByteTokenizer(), tmp_path)
+    with open(bin_path, "r+b") as f:
+        f.seek(7)
+        f.write(b"X")
+    tokens, _ = C.cached_tokens(corpus, "test", C.ByteTokenizer(), tmp_path, progress=False)
+    assert np.array_equal(np.array(tokens), expected)
+    tok = C.make_tokenizer("bpe", vocab_size=300, corpus=corpus, cache_dir=tmp_path,
+                           progress=False)
+    cached = Path(tok.path)
+    cached.write_text(cached.read_text()[:100])
+    C.make_tokenizer("bpe", vocab_size=300, corpus=corpus, cache_dir=tmp_path, progress=False)
+    warnings = [line for line in capsys.readouterr().err.splitlines()
+                if line.startswith("warning: ")]  # datasets' progress bars aside
+    assert warnings == [
+        f"warning: the token cache {bin_path} does not match the digest it was written with; "
+        "tokenizing the test split again",
+        f"warning: the cached tokenizer {cached} cannot be read; training it again"]
