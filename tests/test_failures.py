@@ -244,6 +244,10 @@ def bad_checkpoints(tmp_path: Path, good: Path) -> list[tuple[list[str], str]]:
         ([f"resume={good}", "trainer.max_steps=20"],
          "different trainer: trainer.max_steps=8 in the checkpoint, 20 now"),
         ([f"resume={good}", "trainer.precision=64-true"], "different trainer: trainer.precision="),
+        ([f"resume={good}", "trainer.precision=bf16-mixed"],
+         "different trainer: trainer.precision='32-true' in the checkpoint, 'bf16-mixed' now"),
+        ([f"resume={good}", "trainer.batch_size=8"],
+         "different trainer: trainer.batch_size=32 in the checkpoint, 8 now"),
         ([f"resume={edited(good, tmp_path, 'environment', 'device', 'cuda: NVIDIA H100')}"],
          "different environment: environment.device='cuda: NVIDIA H100' in the checkpoint, "
          "'cpu' now"),
@@ -454,7 +458,8 @@ def test_a_reference_that_is_not_finite_is_named_and_the_gap_reference_fails_the
         check_references({**fine, "loss": {"bayes": math.inf, "gd5": 2.0, "model": 1.5}})
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_while_the_record_is_written_says_the_record_is_complete(
         tmp_path, monkeypatch, capsys, signum):
     """The record is written whole and stays `ok`; the process then stops as the signal asked,
@@ -503,6 +508,73 @@ def test_a_run_that_never_leaves_its_warm_up_says_so(tmp_path, capsys):
                  *tiny("trainer.max_steps=2", "trainer.warmup_steps=5")]) == 0
     assert ("warning: trainer.warmup_steps=5 > trainer.max_steps=2: the learning rate stays in "
             "its warm-up") in capsys.readouterr().err
+
+
+# --- issue 19: resume, signals in every phase, caches that cannot be trusted or written ---
+
+def test_resume_accepts_a_change_of_what_cannot_change_the_numbers(first_run, tmp_path):
+    """Where records go and how a run is logged, shown, threaded, checkpointed and evaluated may
+    change on resume; compose's checks (check_resume among them) accept it."""
+    _, checkpoint = first_run
+    compose([f"resume={checkpoint}", f"out_dir={tmp_path / 'elsewhere'}",
+             *tiny("trainer.max_steps=8", "trainer.logger=none", "trainer.progress=true",
+                   "trainer.threads=1", "trainer.checkpoint_every=3", "trainer.log_every=5",
+                   "trainer.eval_batch_size=16", "trainer.eval_sequences=64",
+                   "trainer.bootstrap=100", "trainer.reference_cache=false")])
+
+
+def _signalled_in(target, name: str, signum: int, monkeypatch) -> None:
+    real = getattr(target, name)
+
+    def signalled(*args, **kwargs):
+        signal.raise_signal(signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, signalled)
+
+
+@pytest.mark.parametrize("phase", ["building", "evaluation", "probe"])
+def test_sighup_in_every_phase_writes_one_failed_record(phase, tmp_path, monkeypatch, capsys):
+    """The terminal closed or SSH dropped: SIGHUP ends the run like SIGTERM wherever it comes
+    (training: test_a_signal_during_training_writes_a_failed_record; the record being written:
+    test_a_signal_while_the_record_is_written...), one failed record, exit 129, and the metrics
+    kept where they had been computed (it killed the run with no record)."""
+    import bench.train
+    target, name = {"building": (bench.train, "build"), "evaluation": (L.Trainer, "test"),
+                    "probe": (bench.train, "probe_summary")}[phase]
+    _signalled_in(target, name, signal.SIGHUP, monkeypatch)
+    assert main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=2")]) == 129
+    line = one_error_line(capsys.readouterr().err)
+    record = only_record(tmp_path)
+    step = 0 if phase == "building" else 2
+    assert record["status"] == "failed" and record["reason"] == f"interrupted (SIGHUP) at step {step}"
+    assert line.startswith(f"error: run failed: interrupted (SIGHUP) at step {step} (record: ")
+    assert ("metrics" in record) == (phase == "probe")  # scored before the probe: kept
+    if phase == "probe":
+        assert "bayes_gap" in record["metrics"] and "per_position" not in record
+
+
+@pytest.mark.parametrize("where", ["omegaconf", "lightning"])
+def test_ctrl_c_while_modules_import_is_one_line_and_exit_130(where, tmp_path):
+    """SIGINT while the command's modules import (the config's at start-up, torch and
+    Lightning's when a run begins): 'error: interrupted', exit 130, not a 21-line traceback."""
+    hook = "\n".join([
+        "import builtins, runpy, signal, sys",
+        "real = builtins.__import__",
+        "def once(name, *args, **kwargs):",
+        f"    if name == {where!r}:",
+        "        builtins.__import__ = real",
+        "        signal.raise_signal(signal.SIGINT)",
+        "    return real(name, *args, **kwargs)",
+        "builtins.__import__ = once",
+        f"sys.argv = ['bench', 'run', 'out_dir={tmp_path / 'out'}', 'trainer.max_steps=2']",
+        "runpy.run_module('bench', run_name='__main__', alter_sys=True)"])
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == ["error: interrupted"], done.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("failure", [
@@ -606,3 +678,42 @@ def test_a_damaged_token_cache_or_cached_tokenizer_is_named_and_rebuilt(tmp_path
         f"warning: the token cache {bin_path} does not match the digest it was written with; "
         "tokenizing the test split again",
         f"warning: the cached tokenizer {cached} cannot be read; training it again"]
+
+
+VECTOR_TASKS = ["linreg", "nonlinreg", "lgssm", "lgssm_colored"]
+
+
+def test_the_vector_tasks_are_all_here():
+    from bench.config import choices
+    from tasks import task_families
+    vectors = {family for family, cls in task_families().items() if cls.kind == "vectors"}
+    assert vectors == set(VECTOR_TASKS) and set(VECTOR_TASKS) <= set(choices("task"))
+
+
+@pytest.mark.parametrize("task", VECTOR_TASKS)
+def test_64_true_trains_and_scores_every_vector_task(task, tmp_path, capsys):
+    """trainer.precision=64-true crashed on the four vector tasks after the start (float32
+    inputs into a float64 model)."""
+    extra = ["task.bayes_particles=64"] if task == "lgssm" else []
+    assert main(["run", f"task={task}", "trainer.precision=64-true", f"out_dir={tmp_path}",
+                 "trainer.logger=none", "trainer.reference_cache=false",
+                 *tiny("task.seq_len=12", "trainer.max_steps=2", "trainer.warmup_steps=1",
+                       "trainer.eval_sequences=16", "trainer.bootstrap=20"), *extra]) == 0
+    record = only_record(tmp_path)
+    assert record["status"] == "ok" and record["train"]["precision"] == "64-true"
+    assert math.isfinite(record["metrics"]["bayes_gap"])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_records_and_reports_get_the_mode_the_umask_gives(umask, tmp_path):
+    """Records were written 0600 (mkstemp's mode) while caches and boards were 0644: every
+    file now gets what an ordinary file gets under the umask."""
+    from bench.records import write_json
+    previous = os.umask(umask)
+    try:
+        record = write_record(tmp_path, {"run_id": "r", "value": 1.0})
+        report = write_json(tmp_path / "speed.json", {"value": 1.0})
+    finally:
+        os.umask(previous)
+    for path in (record, report):
+        assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask, path
