@@ -717,3 +717,73 @@ def test_records_and_reports_get_the_mode_the_umask_gives(umask, tmp_path):
         os.umask(previous)
     for path in (record, report):
         assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask, path
+
+
+@pytest.fixture
+def offline_hf(tmp_path, monkeypatch):
+    pytest.importorskip("datasets")
+    pytest.importorskip("tokenizers")
+    import datasets.config
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+
+
+def test_an_edited_corpus_is_tokenized_and_its_references_keyed_again(offline_hf, tmp_path,
+                                                                      monkeypatch):
+    """An edit that keeps the file's size and modification time (cp -p, rsync -t, touch -r):
+    the next run's tokens are the edited text's, and its reference cache key is new (stale
+    tokens and baselines were used)."""
+    import numpy as np
+
+    import bench.reference_cache as cache
+    import tasks.text
+    from bench.train import build
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "validation", "test"):
+        (data / f"{split}.txt").write_text("the cat sat on the mat while a dog ran\n" * 40)
+    args = ["task=text", f"task.data_dir={data}", "task.tokenizer=byte", "task.seq_len=16",
+            "model.d_model=16", f"out_dir={tmp_path / 'out'}"]
+
+    def tokens_and_key():
+        monkeypatch.setattr(tasks.text, "_FOUND", {})  # a new process finds the corpus anew
+        task, _ = build(compose(args, check=False))
+        tokens = np.asarray(task.split_tokens("train").tokens).astype(np.uint8)  # bytes
+        return tokens.tobytes(), cache.cache_key(task, 16)
+
+    before, key_before = tokens_and_key()
+    train = data / "train.txt"
+    times = os.stat(train)
+    text = train.read_text()
+    train.write_text(text.replace("cat", "bat", 1))
+    os.utime(train, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert os.stat(train).st_size == times.st_size and os.stat(train).st_mtime_ns == times.st_mtime_ns
+    after, key_after = tokens_and_key()
+    assert after == train.read_bytes() != before and key_after != key_before
+
+
+def test_a_single_line_longer_than_a_bpe_piece_is_trained_in_pieces(offline_hf, tmp_path,
+                                                                     monkeypatch):
+    """BPE training held ~140 bytes a character of one text: a 50 MB line peaked at 7 GB. A
+    line is given to the trainer in pieces of at most TRAIN_PIECE characters."""
+    from tasks import corpus as C
+    data = tmp_path / "data"
+    data.mkdir()
+    words = "the cat sat on the mat while a dog ran after the ball".split()
+    line = " ".join(words[i % len(words)] for i in range(C.TRAIN_PIECE // 3))
+    assert len(line) > C.TRAIN_PIECE
+    (data / "train.txt").write_text(line)
+    for split in ("validation", "test"):
+        (data / f"{split}.txt").write_text("the cat sat\n" * 10)
+    corpus = C.load_splits("mine", data_dir=data, hub=False, sample_by="document")
+    real, pieces = C.training_pieces, []
+
+    def counted(text, *args, **kwargs):
+        for piece in real(text, *args, **kwargs):
+            pieces.append(len(piece))
+            yield piece
+
+    monkeypatch.setattr(C, "training_pieces", counted)
+    C.make_tokenizer("bpe", vocab_size=300, corpus=corpus, cache_dir=tmp_path / "cache",
+                     progress=False)
+    assert sum(pieces) == len(line) and len(pieces) == 2 and max(pieces) <= C.TRAIN_PIECE
