@@ -595,6 +595,13 @@ def check_run(config) -> None:
                           f"{'this size' if named else 'these sizes'} ({type(error).__name__}: "
                           f"{first_line(error)}); lower {'it' if named else 'them'}") from None
     check_out_dir(config.out_dir)
+    for folder, used in (("logs", config.trainer.logger != "none"),
+                         ("checkpoints", config.trainer.checkpoint_every > 0)):
+        inside = Path(config.out_dir) / folder  # the run's own folder goes in it
+        if used and os.path.lexists(inside) and not inside.is_dir():
+            # (found after the start, it was a failed record at step 0, exit 1)
+            raise CheckFailed(f"out_dir={config.out_dir}: {inside} is not a directory, and the "
+                              f"run's {folder} go there")
     if config.resume:  # a suite's entries are all checked before its first run
         from bench.train import check_resume
         check_resume(config)

@@ -233,6 +233,9 @@ CASES = [
     ("path", ["run", "out_dir={fixtures}/dangling"], "is a symlink that leads nowhere"),
     ("path", ["run", "out_dir={fixtures}/loop/sub"], "is a symlink that leads nowhere"),
     ("path", ["run", "out_dir={fixtures}/" + "x" * 300], "a folder name of 300 bytes"),
+    ("path", ["run", "out_dir={fixtures}/with-files"], "with-files/logs is not a directory"),
+    ("path", ["run", "out_dir={fixtures}/with-files", "trainer.logger=none",
+              "trainer.checkpoint_every=2"], "with-files/checkpoints is not a directory"),
     ("path", ["run", "resume={fixtures}/missing.ckpt"], "missing.ckpt"),
     ("path", ["run", "resume={fixtures}/notes.txt"], "notes.txt"),
     ("path", ["run", "resume={fixtures}/empty"], "empty"),
@@ -261,6 +264,9 @@ def fixtures(tmp_path):
     (where / "notes.txt").write_text("not a checkpoint\n")
     (where / "dangling").symlink_to(where / "nothing-here")
     (where / "loop").symlink_to(where / "loop")
+    (where / "with-files").mkdir()  # an out_dir whose logs and checkpoints folders are files
+    for name in ("logs", "checkpoints"):
+        (where / "with-files" / name).write_text("a file")
     return where
 
 
