@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -397,6 +398,26 @@ class Estimate:
         return sum(t.bytes for t in self.parts(side, phase))
 
 
+def pool_peak_bytes(task, probe: int = 64, chunk_floats: int = 1 << 24) -> int:
+    """Peak bytes of drawing the pool of training tasks (tasks/base.py `_draw_pool`), not just
+    of holding it: the chunks and their concatenation live together (twice the pool), and the
+    chunk being drawn has its sampling temporaries, measured on a draw of `probe` tasks and
+    scaled to a chunk (`chunk_floats`, _draw_pool's default). Counting the pool once let
+    linreg num_tasks=10^9 (18.6 GiB held, 37 GiB at the peak) past the check on a 21 GiB host,
+    where the kernel killed it with no record."""
+    pool = task.pool_bytes()
+    if pool == 0:
+        return 0
+    generator = torch.Generator().manual_seed(0)
+    with Allocations() as allocated:
+        drawn = task.draw_latent(probe, generator)
+    kept = sum(v.numel() * v.element_size() for v in drawn.values())
+    per_task = max(0, allocated.peak - kept) / probe
+    floats = max(1, sum(v[0].numel() for v in drawn.values()))
+    chunk = min(task.num_tasks, max(1, chunk_floats // floats))
+    return 2 * pool + int(per_task * chunk)
+
+
 def batches_in_flight(config) -> int:
     """Training batches of one rank alive on the host at once: each loader worker's prefetch
     and the pinned copy, or the one being made and the one training when sampled in-process."""
@@ -448,7 +469,7 @@ def memory_estimate(config, task, device: str, kernel: str | None = None,
         Term("device", "training", "the batch", "trainer.batch_size",
              t.batch_size // world * per_sequence),
         Term("device", "training", "the pool of training tasks", "task.num_tasks",
-             task.pool_bytes()),
+             pool_peak_bytes(task)),
         Term("device", "evaluation", "weights and gradients", "the model size", 2 * weights),
         Term("device", "evaluation", "an evaluation batch's forward pass",
              "trainer.eval_batch_size", model.evaluation),
@@ -562,13 +583,55 @@ def memory_summary(config) -> dict:
     return summary
 
 
+def too_large(error: BaseException) -> bool:
+    """Whether torch refused a tensor for its size while the checks built the task or measured
+    the model: a size whose bytes overflow 64 bits ("Storage size calculation overflowed",
+    "Overflow when unpacking long long"), or an allocation the host cannot make. Integers that
+    fit 64 bits but not a tensor (model.d_model=10^9, task.seq_len=10^10) ended as an internal
+    error, exit 1, where the memory check refuses what is merely too big."""
+    if isinstance(error, (MemoryError, OverflowError)):
+        return True
+    text = str(error).lower()
+    return isinstance(error, (RuntimeError, TypeError)) and any(
+        part in text for part in ("overflow", "can't allocate memory", "not enough memory"))
+
+
+def largest_integer_override(config) -> str | None:
+    """The override (as given) that holds the largest integer: the likeliest size to blame."""
+    best, named = 0, None
+    for override in config.overrides:
+        key, _, value = override.partition("=")
+        if "." not in key:
+            continue
+        for number in re.findall(r"[0-9]+", value):
+            if int(number) > best:
+                best, named = int(number), override
+    return named
+
+
 def check_run(config) -> None:
     """Every whole-run check, cheapest first."""
     device = check_hardware(config)
     check_logger(config)
-    task = checked_task(config)
-    check_memory(config, task, device)
+    try:
+        check_memory(config, checked_task(config), device)
+    except CheckFailed:
+        raise
+    except Exception as error:
+        if not too_large(error):
+            raise
+        named = largest_integer_override(config)
+        raise CheckFailed(f"{named + ': ' if named else ''}the run's tensors cannot be allocated at "
+                          f"{'this size' if named else 'these sizes'} ({type(error).__name__}: "
+                          f"{first_line(error)}); lower {'it' if named else 'them'}") from None
     check_out_dir(config.out_dir)
+    for folder, used in (("logs", config.trainer.logger != "none"),
+                         ("checkpoints", config.trainer.checkpoint_every > 0)):
+        inside = Path(config.out_dir) / folder  # the run's own folder goes in it
+        if used and os.path.lexists(inside) and not inside.is_dir():
+            # (found after the start, it was a failed record at step 0, exit 1)
+            raise CheckFailed(f"out_dir={config.out_dir}: {inside} is not a directory, and the "
+                              f"run's {folder} go there")
     if config.resume:  # a suite's entries are all checked before its first run
         from bench.train import check_resume
         check_resume(config)

@@ -367,9 +367,12 @@ def compose(argv: list[str], check: bool = True) -> RunConfig:
 
 
 def parse_seed(value) -> int:
-    """A seed is a non-negative integer below 2^63: `1.5`, `true` or `-1` are errors, never
-    silently rounded or reinterpreted."""
+    """A seed is a non-negative integer below 2^63 in plain decimal: `1.5`, `true`, `-1` or `010`
+    are errors, never silently rounded or reinterpreted, and numbers read one way everywhere."""
     text = str(value).strip()
     if not re.fullmatch(r"[0-9]+", text) or int(text) >= 2**63:  # isdigit() takes '²' too
         raise ConfigError(f"seed: invalid value '{value}'; expected an integer in [0, 2^63)")
+    if YAML11_NUMBER.fullmatch(text):  # 010: as task.seq_len=010 is refused, not read as 10
+        raise ConfigError(f"seed: '{text}' is not a plain decimal number (YAML 1.1 reads it as "
+                          f"{yaml.safe_load(text)!r}); write the number you mean")
     return int(text)

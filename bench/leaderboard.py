@@ -67,13 +67,25 @@ def plural(n: int, noun: str) -> str:
 
 
 def across_seeds(values: list[float]) -> tuple[float, float | None]:
-    """Mean and the half-width of its 95% t-interval (None for a single value)."""
+    """Mean and the half-width of its 95% t-interval (None for a single value). Computed on the
+    values scaled by a power of two (exact) near their largest magnitude, so a finite record
+    value as large as 1e308 neither overflows the squares (OverflowError: a whole board lost to
+    one record) nor changes the result; a spread beyond the float range is an infinite
+    half-width."""
     n = len(values)
-    mean = sum(values) / n
+    largest = max(abs(v) for v in values)
+    scale = 2.0 ** (math.frexp(largest)[1] - 1) if 0 < largest < math.inf else 1.0
+    scaled = [v / scale for v in values]
+    mean = sum(scaled) / n
     if n < 2:
-        return mean, None
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, T_975.get(n - 1, 1.96) * sd / math.sqrt(n)
+        return mean * scale, None
+    sd = math.sqrt(sum((v - mean) * (v - mean) for v in scaled) / (n - 1))
+    return mean * scale, T_975.get(n - 1, 1.96) * sd / math.sqrt(n) * scale
+
+
+def exp_or_inf(x: float) -> float:
+    """math.exp, or infinity where it overflows (a perplexity beyond the float range)."""
+    return math.exp(x) if x < 709.0 else math.inf
 
 
 def label_of(record: dict) -> str:
@@ -310,12 +322,12 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
     rows, models = [], {}
     for group in section.rows.values():
         nats, half = across_seeds([r["metrics"]["loss"]["model"] for r in group])
-        lo, hi = ((math.exp(nats - half), math.exp(nats + half)) if half is not None
+        lo, hi = ((exp_or_inf(nats - half), exp_or_inf(nats + half)) if half is not None
                   else tuple(group[0]["metrics"]["perplexity_ci"]["model"]))
         bpb = sum(r["metrics"]["bits_per_byte"]["model"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
         rows.append((nats, label_of(group[0]), code_label(*commit_of(group[0])), group,
-                     f"{math.exp(nats):.2f} | [{lo:.2f}, {hi:.2f}]"
+                     f"{exp_or_inf(nats):.2f} | [{lo:.2f}, {hi:.2f}]"
                      f"{'' if half is None else ' (seeds)'} | {fmt(nats)} | {fmt(bpb, 3)} | "
                      f"{group[0]['params']:,} | {group[0]['train']['steps']} | {len(group)} | "
                      f"{wall:.0f} |"))

@@ -92,14 +92,21 @@ def load(out_dir: str, task: Task, n: int) -> tuple[Batch, ReferenceScores] | No
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
         if data.get("format") != FORMAT or data.get("key") != cache_key(task, n):
-            return None
+            return None  # another format or key: not this run's cache, replaced quietly
         if data.get("digest") != content_digest(data["content"]):
-            return None  # damaged on disk: recomputed and replaced
+            damaged(path, "does not match the digest it was written with")
+            return None  # recomputed and replaced
         data = data["content"]
         batch = Batch(data["inputs"], data["targets"], data["loss_mask"])
         return batch, ReferenceScores(data["scores"], data["reference_probs"])
-    except Exception:  # a damaged file is recomputed (and replaced) rather than trusted
+    except Exception as error:  # a damaged file is recomputed (and replaced) rather than trusted
+        damaged(path, f"cannot be read ({type(error).__name__})")
         return None
+
+
+def damaged(path: Path, why: str) -> None:
+    """Says that a cache file is not used: its values are recomputed, and the file replaced."""
+    print(f"warning: the reference cache {path} {why}; recomputing it", file=sys.stderr)
 
 
 def save(out_dir: str, task: Task, n: int, batch: Batch, references: ReferenceScores) -> Path:

@@ -27,6 +27,7 @@ import math
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -725,6 +726,8 @@ def _bpe_tokenizer(path: Path, vocab_size: int, corpus: Corpus | None, train_cha
         except TokenizerNotFound:
             if not cached:
                 raise  # a damaged cached one is trained again below and replaced
+            print(f"warning: the cached tokenizer {path} cannot be read; training it again",
+                  file=sys.stderr)
     if corpus is None:
         raise TokenizerNotFound(f"no bpe tokenizer at {path} and no corpus to train one on")
     tokenizer = Tokenizer(models.BPE())
@@ -789,6 +792,8 @@ def cached_tokens(corpus: Corpus, split: str, tokenizer: TextTokenizer,
     meta = _read_meta(meta_path, bin_path, tokenizer, dtype)
     if meta is not None and _file_sha256(bin_path) != meta.get("sha256"):
         meta = None  # damaged on disk (a flipped byte would be a wrong token): built again
+        print(f"warning: the token cache {bin_path} does not match the digest it was written "
+              f"with; tokenizing the {split} split again", file=sys.stderr)
     if meta is None:
         meta = _build_cache(corpus, split, tokenizer, bin_path, meta_path, dtype, progress,
                             batch_bytes, Path(cache_dir))

@@ -86,8 +86,37 @@ class TextTask(Task):
         self._tokens: dict[str, text_corpus.TokenSplit] = {}
         self._baselines = None
         self.progress = True  # progress bars while tokenizing (the runner sets trainer.progress)
-        if self.config.tokenizer != "bpe":  # cheap to load: a missing file is found now, not
-            self.tokenizer()                 # after the run has started (bpe trains, later)
+        # Cheap to load: a missing or unreadable file is found now, not after the run has started
+        # (a bpe tokenizer without its file is trained, later, and saved there).
+        given = self.config.tokenizer_file
+        if self.config.tokenizer != "bpe" or (given and Path(given).is_file()):
+            self.tokenizer()
+        self._check_enough_tokens()
+
+    def _check_enough_tokens(self, exact_below: int = 16) -> None:
+        """A split too short to use is a configuration error before the start, not a failed
+        record after it: training needs one window of seq_len + 1 tokens, evaluation one token
+        to predict after another. Counted exactly when the tokenizer is loaded and the split is
+        within `exact_below` times that (tokenized now, into the cache the run reuses); else
+        bounded by the split's bytes (split_tokens_bound), which only a bpe tokenizer still to
+        be trained, on a split barely longer than a window, can leave to the run to find."""
+        c = self.config
+        for split, least, what in (
+                ("train", c.seq_len + 1, f"one training window of task.seq_len + 1 = "
+                                         f"{c.seq_len + 1} tokens"),
+                (c.eval_split, 2, "a token to predict after another (2 tokens)")):
+            count = bound = text_corpus.split_tokens_bound(self.corpus, split)
+            if self._tokenizer is not None and bound < exact_below * least:
+                try:
+                    count = len(text_corpus.cached_tokens(self.corpus, split, self._tokenizer,
+                                                          self.cache_dir(), progress=False).tokens)
+                except OSError:  # a cache that cannot be written: the run will say so
+                    pass
+            if count < least:
+                raise text_corpus.CorpusError(
+                    f"the {split} split of {self.corpus.description} has "
+                    f"{'at most ' if count == bound else ''}{count} tokens, fewer than {what}; "
+                    f"{'lower task.seq_len or ' if split == 'train' else ''}give it more text")
 
     # --- sizes ---------------------------------------------------------------------------
     @property

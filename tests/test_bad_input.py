@@ -3,6 +3,8 @@ anything runs: no traceback, no hang, no record, no temporary file, no directory
 
 Each case runs in-process from an empty working directory (the default out_dir, `results`, is
 relative to it) under an alarm, so a hang fails the test instead of stalling the suite."""
+import json
+import math
 import os
 import signal
 import subprocess
@@ -56,6 +58,8 @@ CASES = [
     ("type", ["run", "seed=x"], "seed: invalid value 'x'"),
     ("type", ["run", "seed="], "seed: invalid value ''"),
     ("type", ["run", "seed=²"], "seed: invalid value '²'"),
+    # one way everywhere: as task.seq_len=010 is refused, so is seed=010 (it read as 10)
+    ("type", ["run", "seed=010"], "seed: '010' is not a plain decimal number (YAML 1.1 reads it as 8)"),
     # numbers YAML 1.1 reads otherwise than they read: refused, never reinterpreted
     ("type", ["run", "task.seq_len=010"], "'010' is not a plain decimal number (YAML 1.1 reads it as 8)"),
     ("type", ["run", "task.seq_len=1:04"], "'1:04' is not a plain decimal number (YAML 1.1 reads it as 64)"),
@@ -69,6 +73,21 @@ CASES = [
     # for a second node nobody starts)
     ("range", ["run", "task.order=1000000000000000000"], "contexts do not fit a 64-bit index"),
     ("range", ["run", "task=switching_markov", "task.order=100"], "do not fit a 64-bit index"),
+    # the issue's hang, as given (markov and switching_markov): beyond 64 bits, refused at once
+    ("type", ["run", "task.order=1000000000000000000000000000000"], "does not fit a 64-bit integer"),
+    ("type", ["run", "task=switching_markov", "task.order=1000000000000000000000000000000"],
+     "task.order: 1000000000000000000000000000000 does not fit a 64-bit integer"),
+    ("type", ["run", "model=griffin", "model.window=1000000000000000000000000000000"],
+     "model.window: 1000000000000000000000000000000 does not fit a 64-bit integer"),
+    # integers that fit 64 bits but no tensor: torch's own overflow was an internal error, exit 1
+    ("memory", ["run", "model=lstm", "model.d_model=1000000000"],
+     "model.d_model=1000000000: the run's tensors cannot be allocated at this size"),
+    ("memory", ["run", "model.d_state=4611686018427387904"],
+     "model.d_state=4611686018427387904: the run's tensors cannot be allocated"),
+    ("memory", ["run", "task=hmm", "task.vocab_size=4611686018427387904"],
+     "task.vocab_size=4611686018427387904: the run's tensors cannot be allocated"),
+    ("memory", ["run", "task=linreg", "task.seq_len=4611686018427387904"],
+     "task.seq_len=4611686018427387904: the run's tensors cannot be allocated"),
     ("range", ["run", "task=linreg", "task.gd_steps=[1,100000000]"],
      "gd_steps must be at most 1000"),
     ("hardware", ["run", "trainer.num_nodes=2"], "needs a multi-node launcher"),
@@ -214,6 +233,9 @@ CASES = [
     ("path", ["run", "out_dir={fixtures}/dangling"], "is a symlink that leads nowhere"),
     ("path", ["run", "out_dir={fixtures}/loop/sub"], "is a symlink that leads nowhere"),
     ("path", ["run", "out_dir={fixtures}/" + "x" * 300], "a folder name of 300 bytes"),
+    ("path", ["run", "out_dir={fixtures}/with-files"], "with-files/logs is not a directory"),
+    ("path", ["run", "out_dir={fixtures}/with-files", "trainer.logger=none",
+              "trainer.checkpoint_every=2"], "with-files/checkpoints is not a directory"),
     ("path", ["run", "resume={fixtures}/missing.ckpt"], "missing.ckpt"),
     ("path", ["run", "resume={fixtures}/notes.txt"], "notes.txt"),
     ("path", ["run", "resume={fixtures}/empty"], "empty"),
@@ -242,6 +264,9 @@ def fixtures(tmp_path):
     (where / "notes.txt").write_text("not a checkpoint\n")
     (where / "dangling").symlink_to(where / "nothing-here")
     (where / "loop").symlink_to(where / "loop")
+    (where / "with-files").mkdir()  # an out_dir whose logs and checkpoints folders are files
+    for name in ("logs", "checkpoints"):
+        (where / "with-files" / name).write_text("a file")
     return where
 
 
@@ -329,3 +354,349 @@ def test_a_non_editable_install_carries_conf(tmp_path):
                             text=True, cwd=tmp_path, env=env, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert "markov" in listed.stdout and "mamba" in listed.stdout
+
+
+# --- every integer field of every config, discovered ---------------------------------------
+
+# A family's fields are set through one of its conf files; text's must be found offline.
+CONF_OF_FAMILY = {"text": "pydoc"}
+
+
+def integer_fields() -> list[tuple[str, str, str, bool]]:
+    """(group, conf file, field, holds a list) for every integer field (int, list[int], int |
+    None) of the trainer and of every task and model family, each set through a conf file of
+    its family: discovered from the dataclasses, so a field added later is covered too."""
+    import dataclasses
+    import typing
+
+    import yaml
+
+    from bench.config import CONF_DIR, TrainerConfig, _families, choices
+
+    def integers(schema) -> list[tuple[str, bool]]:
+        hints = typing.get_type_hints(schema)
+        found = []
+        for f in dataclasses.fields(schema):
+            kind = hints[f.name]
+            if kind is int or (typing.get_origin(kind) is not None and int in typing.get_args(kind)):
+                found.append((f.name, typing.get_origin(kind) in (list, tuple)))
+        return found
+
+    fields = [("trainer", "default", name, many) for name, many in integers(TrainerConfig)]
+    for group in ("task", "model"):
+        confs: dict[str, list[str]] = {}
+        for name in choices(group):
+            values = yaml.safe_load((CONF_DIR / group / f"{name}.yaml").read_text()) or {}
+            confs.setdefault(values.get("family", name), []).append(name)
+        for family, cls in sorted(_families(group).items()):
+            conf = CONF_OF_FAMILY.get(family, confs[family][0])
+            fields += [(group, conf, name, many) for name, many in integers(cls.Config)]
+    return fields
+
+
+INTEGER_FIELDS = integer_fields()
+
+
+def test_the_integer_fields_are_all_found():
+    """The issue counted 35 fields that crashed at 10^30; every group contributes some."""
+    assert len(INTEGER_FIELDS) >= 35
+    assert {group for group, *_ in INTEGER_FIELDS} == {"trainer", "task", "model"}
+    assert ("task", "linreg", "gd_steps", True) in INTEGER_FIELDS
+
+
+def integer_override(group: str, conf: str, name: str, many: bool, value: int) -> list[str]:
+    text = f"[{value}]" if many else str(value)
+    return [f"{group}={conf}", f"{group}.{name}={text}"]
+
+
+@pytest.mark.parametrize("value", [10**30, -10**30], ids=["1e30", "-1e30"])
+@pytest.mark.parametrize("group,conf,name,many", INTEGER_FIELDS,
+                         ids=[f"{g}.{n}" + ("" if c == "default" else f"({c})")
+                              for g, c, n, _ in INTEGER_FIELDS])
+def test_every_integer_field_beyond_64_bits_is_one_line_exit_2(group, conf, name, many, value,
+                                                                tmp_path, monkeypatch, capsys):
+    """10^30 in any integer field: one line naming the field, exit 2, before anything runs
+    (an OverflowError after the start, exit 1 or a failed record, in 35 of them)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["run", *integer_override(group, conf, name, many, value)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert lines == [f"error: {group}.{name}: {value} does not fit a 64-bit integer"], captured.err
+    assert files_under(work) == []
+
+
+@pytest.fixture
+def offline_text_caches(tmp_path, monkeypatch):
+    """HF's hub off and its datasets cache private: the text family's fields are checked on the
+    pydoc corpus, which ships with Python."""
+    import datasets.config
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+
+
+@pytest.mark.parametrize("group,conf,name,many", INTEGER_FIELDS,
+                         ids=[f"{g}.{n}" + ("" if c == "default" else f"({c})")
+                              for g, c, n, _ in INTEGER_FIELDS])
+def test_every_integer_field_at_2_to_the_62_is_checked_or_harmless(group, conf, name, many,
+                                                                    offline_text_caches,
+                                                                    tmp_path):
+    """2^62 fits 64 bits but no tensor: the whole-run checks refuse it in one line (a size) or
+    accept it (a step count, an interval, a cap); never an internal error (torch's 'Storage
+    size calculation overflowed' in 26 of them) and never a hang."""
+    from bench.config import ConfigError, compose
+    args = [*integer_override(group, conf, name, many, 2**62), f"out_dir={tmp_path / 'out'}"]
+    if conf == "gd_ssm_constructed":
+        args.append("task=linreg_tokens")
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(60)
+    try:
+        compose(args)
+    except ConfigError as error:
+        assert "\n" not in str(error) and str(error).strip(), str(error)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not (tmp_path / "out").exists()
+
+
+# --- the memory check counts what drawing a pool of tasks takes ----------------------------
+
+def pool_tasks() -> list[str]:
+    """A conf file of every task family with a finite pool of training tasks (num_tasks)."""
+    import dataclasses
+
+    from bench.config import choices, compose
+    found = {}
+    for name in choices("task"):
+        config = compose([f"task={name}"], check=False)
+        if "num_tasks" in {f.name for f in dataclasses.fields(config.task)}:
+            found.setdefault(config.task_family, name)
+    return sorted(found.values())
+
+
+@pytest.mark.parametrize("task", pool_tasks())
+def test_the_memory_estimate_covers_drawing_the_pool_of_tasks(task):
+    """The pool is drawn in chunks that are then concatenated (twice its size at once), with
+    the sampling temporaries of a chunk: linreg num_tasks=10^9 held 18.6 GiB, peaked at 37,
+    passed a check that counted it once on a 21 GiB host and was killed with no record."""
+    from bench.checks import Allocations, pool_peak_bytes
+    from bench.config import compose
+    from tasks import task_families
+    config = compose([f"task={task}", "task.num_tasks=64"], check=False)
+    sampled = task_families()[config.task_family](config.task, batch_size=32)
+    with Allocations() as allocated:
+        sampled.task_pool("cpu")
+    assert allocated.peak <= pool_peak_bytes(sampled) <= 2 * allocated.peak
+    assert pool_peak_bytes(sampled) >= 2 * sampled.pool_bytes()
+
+
+# --- text data: found before the start, one line naming the file --------------------------
+
+WORDS = "the cat sat on the mat while a dog ran after the ball in the park".split()
+
+
+@pytest.fixture
+def text_data(tmp_path, offline_text_caches):
+    """A maker of corpus folders: train/validation/test of plain words, one file replaced."""
+    def make(name: str, suffix: str = ".txt", **replace: bytes) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        line = (json.dumps({"text": " ".join(WORDS)}) if suffix == ".jsonl" else " ".join(WORDS))
+        for split in ("train", "validation", "test"):
+            (folder / f"{split}{suffix}").write_text(f"{line}\n" * 60, encoding="utf-8")
+        for split, content in replace.items():
+            (folder / f"{split}{suffix}").write_bytes(content)
+        return folder
+    return make
+
+
+def tokenizer_file(path: Path) -> Path:
+    path.write_text("garbage{")
+    return path
+
+
+TEXT_CASES = {  # name: (how the data differs, extra overrides, expected fragment)
+    "binary train.txt": (dict(train=b"text then \x00\x01\x02 bytes" * 10), [],
+                         "train.txt: a NUL byte at offset 10"),
+    "latin-1 train.txt": (dict(train="caf\xe9 au lait\n".encode("latin-1") * 10), [],
+                          "train.txt: not UTF-8 at byte 3"),
+    "malformed .jsonl": (dict(suffix=".jsonl", train=b'{"text": "fine"}\n{not json\n'), [],
+                         "train.jsonl:2: not JSON"),
+    ".jsonl of lists": (dict(suffix=".jsonl", train=b'["text"]\n'), [],
+                        "train.jsonl:1: a JSON list, not an object"),
+    "empty train": (dict(train=b""), [], "the train split of local folder"),
+    "empty validation": (dict(validation=b""), [], "the validation split of local folder"),
+    "whitespace-only validation": (dict(validation=b"   \n\t\n"), [],
+                                   "validation split of local folder"),
+    "one-token validation": (dict(validation=b"a"), [],
+                             "has 1 tokens, fewer than a token to predict after another"),
+    "train shorter than a window": (dict(train=b"abcd"), [],
+                                    "has 4 tokens, fewer than one training window of "
+                                    "task.seq_len + 1 = 17 tokens"),
+    "train shorter than a window, bpe": (dict(train=b"abcd"),
+                                         ["task.tokenizer=bpe", "task.bpe_vocab_size=300"],
+                                         "has at most 6 tokens, fewer than one training window"),
+    "corrupt tokenizer_file, gpt2": ({}, ["task.tokenizer=gpt2", "task.tokenizer_file={garbage}"],
+                                     "garbage.json: not a tokenizer.json"),
+    "corrupt tokenizer_file, bpe": ({}, ["task.tokenizer=bpe", "task.tokenizer_file={garbage}"],
+                                    "garbage.json: not a tokenizer.json"),
+}
+
+
+@pytest.mark.parametrize("case", list(TEXT_CASES))
+def test_bad_text_data_is_one_line_exit_2_before_the_start(case, text_data, tmp_path, capsys):
+    """Binary, non-UTF-8, malformed .jsonl, empty or whitespace-only splits, a split too short
+    to train or evaluate on, a corrupt tokenizer file: one line naming the file or split, exit
+    2, no record (datasets said only 'An error occurred while generating the dataset'; the short
+    splits and a bpe tokenizer_file failed after the start)."""
+    data, extra, needle = TEXT_CASES[case]
+    data = dict(data)
+    folder = text_data("data", data.pop("suffix", ".txt"), **data)
+    garbage = tokenizer_file(tmp_path / "garbage.json")
+    out = tmp_path / "out"
+    given = {o.split("=", 1)[0]: o for o in
+             ["task=text", f"task.data_dir={folder}", "task.tokenizer=byte", "task.seq_len=16",
+              "model.d_model=16", f"out_dir={out}", *(o.format(garbage=garbage) for o in extra)]}
+    code = main(["run", *given.values()])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0], lines[0]
+    assert not out.exists()
+
+
+# --- records that are schema-valid but malformed: named, left out, the report written --------
+
+def malformed_record(command: str, change: str) -> dict:
+    """A seed-1 record of the reader's test fixtures with one field gone wrong."""
+    if command == "leaderboard":
+        from test_leaderboard import record
+        rec = record(seed=1, gap=0.1)
+    else:
+        from test_claims import MAMBA, record
+        rec = record(MAMBA, seed=1, gap=0.001)
+    m = rec["metrics"]
+    if change == "seed true":
+        rec["seed"] = True
+    elif change == "raw NaN":
+        m["bayes_gap"] = math.nan  # json.dumps writes a bare NaN
+    elif change == "interval of 3":
+        m["bayes_gap_ci"] = [0.1, 0.2, 0.3]
+    elif change == "strings in a curve":
+        rec["per_position"]["gap.model"] = ["0.1", 0.2]
+    elif change == "overrides: 5":
+        rec["overrides"] = 5
+    elif change == "infinite gap":
+        m["gap"]["model"] = math.inf
+    return rec
+
+
+READERS = ["leaderboard", "claims"]
+MALFORMED = ["seed true", "raw NaN", "interval of 3", "strings in a curve", "overrides: 5",
+             "infinite gap", "200,000-deep JSON"]
+
+
+def reader_args(command: str, results: Path, tmp_path: Path) -> list[str]:
+    args = [command, f"out_dir={results}", f"out={tmp_path / 'report.md'}"]
+    if command == "claims":
+        from test_claims import rules_file
+        args.append(f"rules={rules_file(tmp_path)}")
+    return args
+
+
+def good_records(command: str) -> list[dict]:
+    if command == "leaderboard":
+        from test_leaderboard import record
+        return [record(seed=0, gap=0.1)]
+    from test_claims import MAMBA, NOCONV, record
+    return [record(MAMBA, seed=0, gap=0.001), record(NOCONV, seed=0, gap=0.06)]
+
+
+def put_records(directory: Path, *records: dict) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for rec in records:
+        paths.append(directory / f"{rec['run_id']}.json")
+        paths[-1].write_text(json.dumps(rec))
+    return paths
+
+
+@pytest.mark.parametrize("change", MALFORMED)
+@pytest.mark.parametrize("command", READERS)
+def test_a_malformed_record_is_named_and_the_report_still_written(command, change, tmp_path,
+                                                                  capsys):
+    """Both readers validate every record: a wrong one is named with the reason in one warning
+    and left out, the others make the report, exit 0 (they crashed without naming the file)."""
+    results = tmp_path / "results"
+    put_records(results, *good_records(command))
+    if change == "200,000-deep JSON":
+        bad = results / "deep.json"
+        bad.write_text("[" * 200_000 + "]" * 200_000)
+    else:
+        bad, = put_records(results, malformed_record(command, change))
+    assert main(reader_args(command, results, tmp_path)) == 0
+    out, err = capsys.readouterr()
+    assert [line for line in err.splitlines() if line.startswith("warning: skipped")] == \
+        [next(line for line in err.splitlines() if line.startswith(f"warning: skipped {bad}: "))]
+    assert "1 unreadable record skipped" in out and (tmp_path / "report.md").is_file()
+
+
+@pytest.mark.parametrize("value", [1e308, -1e308])
+@pytest.mark.parametrize("command", READERS)
+def test_a_huge_finite_gap_is_pooled_without_overflow(command, value, tmp_path, capsys):
+    """bayes_gap: 1e308 is a finite number: pooled with another seed its interval is infinite,
+    not an OverflowError that lost the whole report (exit 1, 'internal error')."""
+    results = tmp_path / "results"
+    huge = malformed_record(command, "none")
+    huge["metrics"]["bayes_gap"] = value
+    put_records(results, *good_records(command), huge)
+    assert main(reader_args(command, results, tmp_path)) == 0
+    assert "error" not in capsys.readouterr().err
+    if command == "leaderboard":
+        assert "[-inf, inf] (seeds)" in (tmp_path / "report.md").read_text()
+
+
+def test_a_perplexity_beyond_the_float_range_is_infinite_not_a_crash(tmp_path, capsys):
+    """A text row's perplexity is exp(mean nats): 800 nats/token overflowed math.exp."""
+    from test_leaderboard import record
+    results = tmp_path / "results"
+    recs = []
+    for seed, nats in ((0, 800.0), (1, 900.0)):
+        rec = record(task="text", seed=seed)
+        rec["metrics"] = {"scoring": "perplexity", "sequences": 64, "roles": {"unigram": "baseline"},
+                          "loss": {"model": nats, "unigram": 5.0},
+                          "perplexity": {"model": 1e300, "unigram": 148.4},
+                          "perplexity_ci": {"model": [1e300, 1e300], "unigram": [140.0, 150.0]},
+                          "bits_per_byte": {"model": 1.0, "unigram": 2.0}}
+        rec["per_position"] = {"loss.model": [nats] * 8, "loss.unigram": [5.0] * 8}
+        recs.append(rec)
+    put_records(results, *recs)
+    assert main(["leaderboard", f"out_dir={results}", f"out={tmp_path / 'lb.md'}"]) == 0
+    assert capsys.readouterr().err == ""
+    assert "| inf | [" in (tmp_path / "lb.md").read_text()
+
+
+def test_a_report_is_never_written_over_a_device(tmp_path, capsys):
+    """out=/dev/full (as root) replaced the device node and made /dev/full-figures/: a device
+    at out= is refused in one line and left as it was (a copy of /dev/full's node, made here)."""
+    import stat
+    device = tmp_path / "full"
+    try:
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    except (PermissionError, OSError) as error:
+        pytest.skip(f"cannot make a device node here: {error}")
+    from test_leaderboard import put, record
+    results = tmp_path / "results"
+    put(results, record())
+    for command in READERS:
+        args = [command, f"out_dir={results}", f"out={device}"]
+        if command == "claims":
+            from test_claims import rules_file
+            args.append(f"rules={rules_file(tmp_path)}")
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is a device" in err[0], err
+        assert stat.S_ISCHR(os.lstat(device).st_mode)
+        assert not (tmp_path / "full-figures").exists()

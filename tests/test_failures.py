@@ -244,6 +244,10 @@ def bad_checkpoints(tmp_path: Path, good: Path) -> list[tuple[list[str], str]]:
         ([f"resume={good}", "trainer.max_steps=20"],
          "different trainer: trainer.max_steps=8 in the checkpoint, 20 now"),
         ([f"resume={good}", "trainer.precision=64-true"], "different trainer: trainer.precision="),
+        ([f"resume={good}", "trainer.precision=bf16-mixed"],
+         "different trainer: trainer.precision='32-true' in the checkpoint, 'bf16-mixed' now"),
+        ([f"resume={good}", "trainer.batch_size=8"],
+         "different trainer: trainer.batch_size=32 in the checkpoint, 8 now"),
         ([f"resume={edited(good, tmp_path, 'environment', 'device', 'cuda: NVIDIA H100')}"],
          "different environment: environment.device='cuda: NVIDIA H100' in the checkpoint, "
          "'cpu' now"),
@@ -455,7 +459,8 @@ def test_a_reference_that_is_not_finite_is_named_and_the_gap_reference_fails_the
         check_references({**fine, "loss": {"bayes": math.inf, "gd5": 2.0, "model": 1.5}})
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_while_the_record_is_written_says_the_record_is_complete(
         tmp_path, monkeypatch, capsys, signum):
     """The record is written whole and stays `ok`; the process then stops as the signal asked,
@@ -504,3 +509,282 @@ def test_a_run_that_never_leaves_its_warm_up_says_so(tmp_path, capsys):
                  *tiny("trainer.max_steps=2", "trainer.warmup_steps=5")]) == 0
     assert ("warning: trainer.warmup_steps=5 > trainer.max_steps=2: the learning rate stays in "
             "its warm-up") in capsys.readouterr().err
+
+
+# --- issue 19: resume, signals in every phase, caches that cannot be trusted or written ---
+
+def test_resume_accepts_a_change_of_what_cannot_change_the_numbers(first_run, tmp_path):
+    """Where records go and how a run is logged, shown, threaded, checkpointed and evaluated may
+    change on resume; compose's checks (check_resume among them) accept it."""
+    _, checkpoint = first_run
+    compose([f"resume={checkpoint}", f"out_dir={tmp_path / 'elsewhere'}",
+             *tiny("trainer.max_steps=8", "trainer.logger=none", "trainer.progress=true",
+                   "trainer.threads=1", "trainer.checkpoint_every=3", "trainer.log_every=5",
+                   "trainer.eval_batch_size=16", "trainer.eval_sequences=64",
+                   "trainer.bootstrap=100", "trainer.reference_cache=false")])
+
+
+def _signalled_in(target, name: str, signum: int, monkeypatch) -> None:
+    real = getattr(target, name)
+
+    def signalled(*args, **kwargs):
+        signal.raise_signal(signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, signalled)
+
+
+@pytest.mark.parametrize("phase", ["building", "evaluation", "probe"])
+def test_sighup_in_every_phase_writes_one_failed_record(phase, tmp_path, monkeypatch, capsys):
+    """The terminal closed or SSH dropped: SIGHUP ends the run like SIGTERM wherever it comes
+    (training: test_a_signal_during_training_writes_a_failed_record; the record being written:
+    test_a_signal_while_the_record_is_written...), one failed record, exit 129, and the metrics
+    kept where they had been computed (it killed the run with no record)."""
+    import bench.train
+    target, name = {"building": (bench.train, "build"), "evaluation": (L.Trainer, "test"),
+                    "probe": (bench.train, "probe_summary")}[phase]
+    _signalled_in(target, name, signal.SIGHUP, monkeypatch)
+    assert main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=2")]) == 129
+    line = one_error_line(capsys.readouterr().err)
+    record = only_record(tmp_path)
+    step = 0 if phase == "building" else 2
+    assert record["status"] == "failed" and record["reason"] == f"interrupted (SIGHUP) at step {step}"
+    assert line.startswith(f"error: run failed: interrupted (SIGHUP) at step {step} (record: ")
+    assert ("metrics" in record) == (phase == "probe")  # scored before the probe: kept
+    if phase == "probe":
+        assert "bayes_gap" in record["metrics"] and "per_position" not in record
+
+
+@pytest.mark.parametrize("where", ["omegaconf", "lightning"])
+def test_ctrl_c_while_modules_import_is_one_line_and_exit_130(where, tmp_path):
+    """SIGINT while the command's modules import (the config's at start-up, torch and
+    Lightning's when a run begins): 'error: interrupted', exit 130, not a 21-line traceback."""
+    hook = "\n".join([
+        "import builtins, runpy, signal, sys",
+        "real = builtins.__import__",
+        "def once(name, *args, **kwargs):",
+        f"    if name == {where!r}:",
+        "        builtins.__import__ = real",
+        "        signal.raise_signal(signal.SIGINT)",
+        "    return real(name, *args, **kwargs)",
+        "builtins.__import__ = once",
+        f"sys.argv = ['bench', 'run', 'out_dir={tmp_path / 'out'}', 'trainer.max_steps=2']",
+        "runpy.run_module('bench', run_name='__main__', alter_sys=True)"])
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == ["error: interrupted"], done.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("failure", [
+    "cache is a file", "read-only folder", "immutable folder", "disk full (torch.save)",
+    "disk full (folder)"])
+def test_a_reference_cache_that_cannot_be_written_warns_and_keeps_the_result(
+        failure, tmp_path, monkeypatch, capsys):
+    """The references computed, the cache write fails: a warning, the scores returned as if
+    written, no temporary file (exit 1 and a failed record threw the trained result away; a
+    full disk said only 'RuntimeError: [enforce fail at inline_container.cc:672]')."""
+    import bench.reference_cache as cache
+    from bench.train import build
+    config = compose([f"out_dir={tmp_path}", *tiny("trainer.eval_sequences=16")], check=False)
+    task, _ = build(config)
+    batch, cached = cache.held_out_set(config, task)
+    assert cached is None
+    if failure == "cache is a file":
+        (tmp_path / "cache").write_text("a file where the cache folder would go")
+    elif failure in ("read-only folder", "immutable folder"):  # as root, chmod would not stop it
+        code = {"read-only folder": (13, "Permission denied"),
+                "immutable folder": (1, "Operation not permitted")}[failure]
+
+        def refused(*args, **kwargs):
+            raise PermissionError(*code)
+        monkeypatch.setattr(cache.tempfile, "mkstemp", refused)
+    elif failure == "disk full (torch.save)":
+        def full(*args, **kwargs):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter "
+                               "failed writing file data/0: file write failed")
+        monkeypatch.setattr(cache.torch, "save", full)
+    else:
+        def full(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(Path, "mkdir", full)
+    scores = cache.complete(config, task, batch, None)
+    monkeypatch.undo()
+    fresh = cache.reference_scores(task, batch)
+    assert cache.content_digest(scores.scores) == cache.content_digest(fresh.scores)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: the reference cache was not written ("), err
+    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob(".tmp-*"))
+    assert cache.load(str(tmp_path), task, 16) is None
+
+
+def test_a_damaged_cache_is_named_and_recomputed(tmp_path, capsys):
+    """A cache whose bytes do not match their digest is said to be recomputed, not used."""
+    import bench.reference_cache as cache
+    from bench.train import build
+    config = compose([f"out_dir={tmp_path}", *tiny("trainer.eval_sequences=16")], check=False)
+    task, _ = build(config)
+    batch, _ = cache.held_out_set(config, task)
+    cache.complete(config, task, batch, None)
+    path = cache.cache_path(str(tmp_path), task, 16)
+    data = torch.load(path, weights_only=True)
+    data["content"]["inputs"] = data["content"]["inputs"].clone()
+    data["content"]["inputs"].view(-1)[3] += 1  # a token changed, the digest kept
+    torch.save(data, path)
+    assert cache.held_out_set(config, task)[1] is None
+    path.write_bytes(b"not a torch file")
+    assert cache.held_out_set(config, task)[1] is None
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: the reference cache {path} does not match the digest it was written with; "
+        "recomputing it",
+        f"warning: the reference cache {path} cannot be read (UnpicklingError); recomputing it"]
+
+
+def test_a_damaged_token_cache_or_cached_tokenizer_is_named_and_rebuilt(tmp_path, monkeypatch,
+                                                                        capsys):
+    """A flipped byte in cached tokens (same size, same sidecar) and a cached BPE tokenizer cut
+    short are rebuilt, and the run says so."""
+    pytest.importorskip("datasets")
+    pytest.importorskip("tokenizers")
+    import datasets.config
+    import numpy as np
+
+    from tasks import corpus as C
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in C.SPLITS:
+        (data / f"{split}.txt").write_text("the cat sat on the mat while a dog ran\n" * 40)
+    corpus = C.load_splits("mine", data_dir=data, hub=False, sample_by="line")
+    tokens, meta = C.cached_tokens(corpus, "test", C.ByteTokenizer(), tmp_path, progress=False)
+    expected = np.array(tokens)
+    del tokens
+    bin_path, _ = C.cache_paths(corpus, "test", C.ByteTokenizer(), tmp_path)
+    with open(bin_path, "r+b") as f:
+        f.seek(7)
+        f.write(b"X")
+    tokens, _ = C.cached_tokens(corpus, "test", C.ByteTokenizer(), tmp_path, progress=False)
+    assert np.array_equal(np.array(tokens), expected)
+    tok = C.make_tokenizer("bpe", vocab_size=300, corpus=corpus, cache_dir=tmp_path,
+                           progress=False)
+    cached = Path(tok.path)
+    cached.write_text(cached.read_text()[:100])
+    C.make_tokenizer("bpe", vocab_size=300, corpus=corpus, cache_dir=tmp_path, progress=False)
+    warnings = [line for line in capsys.readouterr().err.splitlines()
+                if line.startswith("warning: ")]  # datasets' progress bars aside
+    assert warnings == [
+        f"warning: the token cache {bin_path} does not match the digest it was written with; "
+        "tokenizing the test split again",
+        f"warning: the cached tokenizer {cached} cannot be read; training it again"]
+
+
+VECTOR_TASKS = ["linreg", "nonlinreg", "lgssm", "lgssm_colored"]
+
+
+def test_the_vector_tasks_are_all_here():
+    from bench.config import choices
+    from tasks import task_families
+    vectors = {family for family, cls in task_families().items() if cls.kind == "vectors"}
+    assert vectors == set(VECTOR_TASKS) and set(VECTOR_TASKS) <= set(choices("task"))
+
+
+@pytest.mark.parametrize("task", VECTOR_TASKS)
+def test_64_true_trains_and_scores_every_vector_task(task, tmp_path, capsys):
+    """trainer.precision=64-true crashed on the four vector tasks after the start (float32
+    inputs into a float64 model)."""
+    extra = ["task.bayes_particles=64"] if task == "lgssm" else []
+    assert main(["run", f"task={task}", "trainer.precision=64-true", f"out_dir={tmp_path}",
+                 "trainer.logger=none", "trainer.reference_cache=false",
+                 *tiny("task.seq_len=12", "trainer.max_steps=2", "trainer.warmup_steps=1",
+                       "trainer.eval_sequences=16", "trainer.bootstrap=20"), *extra]) == 0
+    record = only_record(tmp_path)
+    assert record["status"] == "ok" and record["train"]["precision"] == "64-true"
+    assert math.isfinite(record["metrics"]["bayes_gap"])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_records_and_reports_get_the_mode_the_umask_gives(umask, tmp_path):
+    """Records were written 0600 (mkstemp's mode) while caches and boards were 0644: every
+    file now gets what an ordinary file gets under the umask."""
+    from bench.records import write_json
+    previous = os.umask(umask)
+    try:
+        record = write_record(tmp_path, {"run_id": "r", "value": 1.0})
+        report = write_json(tmp_path / "speed.json", {"value": 1.0})
+    finally:
+        os.umask(previous)
+    for path in (record, report):
+        assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask, path
+
+
+@pytest.fixture
+def offline_hf(tmp_path, monkeypatch):
+    pytest.importorskip("datasets")
+    pytest.importorskip("tokenizers")
+    import datasets.config
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+
+
+def test_an_edited_corpus_is_tokenized_and_its_references_keyed_again(offline_hf, tmp_path,
+                                                                      monkeypatch):
+    """An edit that keeps the file's size and modification time (cp -p, rsync -t, touch -r):
+    the next run's tokens are the edited text's, and its reference cache key is new (stale
+    tokens and baselines were used)."""
+    import numpy as np
+
+    import bench.reference_cache as cache
+    import tasks.text
+    from bench.train import build
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "validation", "test"):
+        (data / f"{split}.txt").write_text("the cat sat on the mat while a dog ran\n" * 40)
+    args = ["task=text", f"task.data_dir={data}", "task.tokenizer=byte", "task.seq_len=16",
+            "model.d_model=16", f"out_dir={tmp_path / 'out'}"]
+
+    def tokens_and_key():
+        monkeypatch.setattr(tasks.text, "_FOUND", {})  # a new process finds the corpus anew
+        task, _ = build(compose(args, check=False))
+        tokens = np.asarray(task.split_tokens("train").tokens).astype(np.uint8)  # bytes
+        return tokens.tobytes(), cache.cache_key(task, 16)
+
+    before, key_before = tokens_and_key()
+    train = data / "train.txt"
+    times = os.stat(train)
+    text = train.read_text()
+    train.write_text(text.replace("cat", "bat", 1))
+    os.utime(train, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert os.stat(train).st_size == times.st_size and os.stat(train).st_mtime_ns == times.st_mtime_ns
+    after, key_after = tokens_and_key()
+    assert after == train.read_bytes() != before and key_after != key_before
+
+
+def test_a_single_line_longer_than_a_bpe_piece_is_trained_in_pieces(offline_hf, tmp_path,
+                                                                     monkeypatch):
+    """BPE training held ~140 bytes a character of one text: a 50 MB line peaked at 7 GB. A
+    line is given to the trainer in pieces of at most TRAIN_PIECE characters."""
+    from tasks import corpus as C
+    data = tmp_path / "data"
+    data.mkdir()
+    words = "the cat sat on the mat while a dog ran after the ball".split()
+    line = " ".join(words[i % len(words)] for i in range(C.TRAIN_PIECE // 3))
+    assert len(line) > C.TRAIN_PIECE
+    (data / "train.txt").write_text(line)
+    for split in ("validation", "test"):
+        (data / f"{split}.txt").write_text("the cat sat\n" * 10)
+    corpus = C.load_splits("mine", data_dir=data, hub=False, sample_by="document")
+    real, pieces = C.training_pieces, []
+
+    def counted(text, *args, **kwargs):
+        for piece in real(text, *args, **kwargs):
+            pieces.append(len(piece))
+            yield piece
+
+    monkeypatch.setattr(C, "training_pieces", counted)
+    C.make_tokenizer("bpe", vocab_size=300, corpus=corpus, cache_dir=tmp_path / "cache",
+                     progress=False)
+    assert sum(pieces) == len(line) and len(pieces) == 2 and max(pieces) <= C.TRAIN_PIECE
