@@ -17,6 +17,7 @@ python -m bench <command> --help   that command's usage
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -110,10 +111,16 @@ def take_option(argv: list[str], key: str, default: str) -> tuple[list[str], str
     return rest, values[0].split("=", 1)[1] if values else default
 
 
-def positive_int(key: str, text: str, low: int = 1) -> int:
-    if not text.strip().isdigit() or int(text) < low:
+def positive_int(key: str, text: str, low: int = 1, high: int = 10 ** 9) -> int:
+    """A command option's integer: plain decimal digits (not '²', which isdigit accepts, nor
+    YAML 1.1's octal-looking '010') within [low, high]."""
+    digits = text.strip()
+    if (not re.fullmatch(r"[0-9]+", digits) or (len(digits) > 1 and digits[0] == "0")
+            or int(digits) < low):
         raise ConfigError(f"{key}: invalid value '{text}'; expected an integer >= {low}")
-    return int(text)
+    if int(digits) > high:
+        raise ConfigError(f"{key}: {digits} is outside {low}..{high}")
+    return int(digits)
 
 
 def cmd_list(argv: list[str]) -> int:
@@ -226,7 +233,7 @@ def cmd_claims(argv: list[str]) -> int:
 
 def cmd_speed(argv: list[str]) -> int:
     argv, steps = take_option(argv, "steps", "20")
-    steps = positive_int("steps", steps)
+    steps = positive_int("steps", steps, high=100_000)  # a bound: steps=10^30 never ended
     argv, kernels = take_option(argv, "kernels", "all")
     argv, precisions = take_option(argv, "precisions", "all")
     argv, compiles = take_option(argv, "compile", "all")

@@ -58,6 +58,10 @@ CASES = [
     ("type", ["run", "seed=x"], "seed: invalid value 'x'"),
     ("type", ["run", "seed="], "seed: invalid value ''"),
     ("type", ["run", "seed=²"], "seed: invalid value '²'"),
+    ("type", ["references", "n=²"], "n: invalid value '²'"),  # was an internal error, exit 1
+    ("type", ["references", "n=010"], "n: invalid value '010'"),  # read as 10, unlike seed=010
+    ("range", ["speed", "steps=10^30"], "steps: invalid value"),
+    ("range", ["speed", "steps=1000000000000000000000000000000"], "outside 1..100000"),  # ran on
     # one way everywhere: as task.seq_len=010 is refused, so is seed=010 (it read as 10)
     ("type", ["run", "seed=010"], "seed: '010' is not a plain decimal number (YAML 1.1 reads it as 8)"),
     # numbers YAML 1.1 reads otherwise than they read: refused, never reinterpreted
