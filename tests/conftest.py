@@ -1,9 +1,17 @@
 """Suite-wide settings. One intra-op thread: the tensors here are small, and with more threads
 than idle cores torch's thread pool spins and is several times slower, not faster."""
+import signal
+
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+# Started under nohup, the tests inherit an ignored SIGHUP, and a run rightly leaves an ignored
+# signal ignored (bench/train.py SignalGuard): the tests of what a run does on SIGHUP need the
+# default disposition, here and in the runs they start.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 # Model presets sized for a GPU (paper 000 Table 5, 110M and 200M parameters): the CPU test
