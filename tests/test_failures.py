@@ -459,6 +459,18 @@ def test_a_reference_that_is_not_finite_is_named_and_the_gap_reference_fails_the
         check_references({**fine, "loss": {"bayes": math.inf, "gd5": 2.0, "model": 1.5}})
 
 
+def test_inputs_scaled_beyond_float_range_flag_the_references_they_break(tmp_path, capsys):
+    """The issue's `task=linreg task.eval_x_scale=1e30` end to end: an `ok` record whose
+    non-finite reference losses are named (it had a NaN reference loss, unflagged), every number
+    in it strict JSON, and the warning on stderr; the gap reference (bayes) stays finite."""
+    code = main(["run", f"out_dir={tmp_path}", "task=linreg", "task.eval_x_scale=1e30",
+                 "model=lstm", *tiny("trainer.max_steps=2")])
+    record = only_record(tmp_path)  # strict JSON, one record, no temporary file
+    assert code == 0 and record["status"] == "ok"
+    assert record["metrics"]["nonfinite_references"], record["metrics"]  # gd5: overflow to NaN
+    assert "is not finite" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
                          ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_while_the_record_is_written_says_the_record_is_complete(
