@@ -581,20 +581,8 @@ def malformed_record(command: str, change: str) -> dict:
     else:
         from test_claims import MAMBA, record
         rec = record(MAMBA, seed=1, gap=0.001)
-    m = rec["metrics"]
-    if change == "seed true":
-        rec["seed"] = True
-    elif change == "raw NaN":
-        m["bayes_gap"] = math.nan  # json.dumps writes a bare NaN
-    elif change == "interval of 3":
-        m["bayes_gap_ci"] = [0.1, 0.2, 0.3]
-    elif change == "strings in a curve":
-        rec["per_position"]["gap.model"] = ["0.1", 0.2]
-    elif change == "overrides: 5":
-        rec["overrides"] = 5
-    elif change == "infinite gap":
-        m["gap"]["model"] = math.inf
-    return rec
+    from test_leaderboard import spoil
+    return spoil(rec, change)
 
 
 READERS = ["leaderboard", "claims"]
@@ -619,12 +607,8 @@ def good_records(command: str) -> list[dict]:
 
 
 def put_records(directory: Path, *records: dict) -> list[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for rec in records:
-        paths.append(directory / f"{rec['run_id']}.json")
-        paths[-1].write_text(json.dumps(rec))
-    return paths
+    from test_leaderboard import put
+    return put(directory, *records)
 
 
 @pytest.mark.parametrize("change", MALFORMED)

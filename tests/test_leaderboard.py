@@ -3,6 +3,7 @@ leaves out and says so (ad-hoc, duplicate, failed and unreadable records), how i
 input without touching the existing board, and the colours of its figures."""
 import itertools
 import json
+import math
 import os
 import shutil
 import stat
@@ -405,34 +406,35 @@ def test_a_report_is_never_written_through_a_path_it_did_not_create(tmp_path, ca
         assert stat.S_ISFIFO(os.lstat(out).st_mode)
 
 
-def _malformed(change: str) -> dict:
-    rec = record(seed=1, gap=0.3)
+def spoil(rec: dict, change: str) -> dict:
+    """rec with one field gone wrong as the issue's malformed records were (also used by
+    tests/test_bad_input.py on the claims' records); "none" leaves it as it is."""
     m = rec["metrics"]
-    if change == "seed-true":
-        rec["seed"] = True
-    elif change == "nan-gap":
-        m["bayes_gap"] = float("nan")
-    elif change == "ci-of-three":
+    if change == "seed true":
+        rec["seed"] = True  # JSON's true is no seed 1
+    elif change == "raw NaN":
+        m["bayes_gap"] = math.nan  # json.dumps writes a bare NaN
+    elif change == "interval of 3":
         m["bayes_gap_ci"] = [0.1, 0.2, 0.3]
-    elif change == "string-curve":
+    elif change == "strings in a curve":
         rec["per_position"]["gap.model"] = ["0.1", 0.2]
-    elif change == "overrides-number":
+    elif change == "overrides: 5":
         rec["overrides"] = 5
-    elif change == "huge-gap":
-        m["gap"]["model"] = float("inf")
+    elif change == "infinite gap":
+        m["gap"]["model"] = math.inf
     return rec
 
 
 @pytest.mark.parametrize("change,reason", [
-    ("seed-true", "seed"), ("nan-gap", "metrics.bayes_gap (not a finite number)"),
-    ("ci-of-three", "not a pair of numbers"), ("string-curve", "per_position.gap.model"),
-    ("overrides-number", "overrides"), ("huge-gap", "not a finite number: metrics.gap.model")])
+    ("seed true", "seed"), ("raw NaN", "metrics.bayes_gap (not a finite number)"),
+    ("interval of 3", "not a pair of numbers"), ("strings in a curve", "per_position.gap.model"),
+    ("overrides: 5", "overrides"), ("infinite gap", "not a finite number: metrics.gap.model")])
 def test_a_malformed_record_is_named_and_left_out_not_pooled(tmp_path, capsys, change, reason):
     """A schema-valid record with a mistyped field is named in a warning and left out: JSON's
     `true` is not seed 1 (it replaced the real seed-1 record), a NaN does not blank a row."""
     results = tmp_path / "results"
     good = record(seed=1, gap=0.1)
-    bad_path = put(results, good, _malformed(change))[1]
+    bad_path = put(results, good, spoil(record(seed=1, gap=0.3), change))[1]
     board = tmp_path / "lb.md"
     assert main(["leaderboard", f"out_dir={results}", f"out={board}"]) == 0
     err = capsys.readouterr().err
