@@ -207,8 +207,9 @@ def not_a_regular_file(path: Path, folder: bool = False) -> str:
 
 def write_atomic(path: Path, write) -> None:
     """Call write(temporary path) and rename the result onto path, so readers see the old file
-    or the new one, never half of one; the temporary file is removed if anything fails."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    or the new one, never half of one; the temporary file (hidden, `.tmp-<name>.*`) is removed
+    if anything fails. Every file but a run record (write_record) is written this way."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}.", suffix=path.suffix)
     os.close(fd)
     try:
         os.chmod(tmp, shared_mode())
@@ -221,18 +222,11 @@ def write_atomic(path: Path, write) -> None:
 
 
 def write_json(path: str | Path, value) -> Path:
-    """value as strict JSON at path, written whole (a temporary file beside it, then a rename);
-    an existing file is replaced."""
+    """value as strict JSON at path, written whole (write_atomic); an existing file is
+    replaced."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(json_safe(value), f, indent=1, allow_nan=False)
-        os.chmod(tmp, shared_mode())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    text = json.dumps(json_safe(value), indent=1, allow_nan=False)
+    write_atomic(path, lambda tmp: Path(tmp).write_text(text))
     return path
 
 

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ import tasks
 from bench import evaluate
 from bench.config import RunConfig, first_line
 from bench.evaluate import ReferenceScores, reference_scores
-from bench.records import shared_mode
+from bench.records import write_atomic
 from tasks.base import TEST_STREAM, Batch, Task
 
 FORMAT = "icl-bench/reference-cache/2"  # 2: with a content digest
@@ -118,15 +117,7 @@ def save(out_dir: str, task: Task, n: int, batch: Batch, references: ReferenceSc
                "reference_probs": references.reference_probs}
     data = {"format": FORMAT, "key": cache_key(task, n), "digest": content_digest(content),
             "content": content}
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(data, file)
-        os.chmod(temporary, shared_mode())  # mkstemp makes it private; shared like records
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    write_atomic(path, lambda temporary: torch.save(data, temporary))
     return path
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import tempfile
+from pathlib import Path
 
 import torch
 
 from bench.config import ConfigError, RunConfig, compose, first_line
+from bench.records import write_atomic
 
 WEIGHTS_FORMAT = "icl-bench/weights/1"
 WEIGHTS_DIR = "weights"  # under out_dir
@@ -33,8 +34,8 @@ EVAL_TOP_KEYS = ("out_dir", "name")
 
 
 def save_weights(out_dir: str, record: dict, model: torch.nn.Module) -> str | None:
-    """Write the model's weights to out_dir/weights/<run_id>.pt (a temporary file, then a rename:
-    whole or not at all). Returns the path relative to out_dir, or None after a one-line warning
+    """Write the model's weights to out_dir/weights/<run_id>.pt (write_atomic: whole or not at
+    all). Returns the path relative to out_dir, or None after a one-line warning
     when it cannot be written (a read-only folder, a full disk): the run goes on."""
     relative = os.path.join(WEIGHTS_DIR, f"{record['run_id']}.pt")
     path = os.path.join(out_dir, relative)
@@ -43,28 +44,13 @@ def save_weights(out_dir: str, record: dict, model: torch.nn.Module) -> str | No
                                                    "overrides", "train")},
                "state_dict": {name: tensor.detach().cpu().clone()
                               for name, tensor in model.state_dict().items()}}
-    tmp = None
     try:
-        from bench.records import shared_mode
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".pt")
-        with os.fdopen(fd, "wb") as file:
-            torch.save(payload, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(tmp, shared_mode())
-        os.replace(tmp, path)
-        tmp = None
+        write_atomic(Path(path), lambda tmp: torch.save(payload, tmp))
     except Exception as error:
         print(f"warning: the weights could not be saved to {path}: {type(error).__name__}: "
               f"{first_line(error)}; the record says weights null", file=sys.stderr)
         return None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
     return relative
 
 
@@ -138,10 +124,10 @@ def eval_config(payload: dict, argv: list[str]) -> RunConfig:
 def check_weights_fit(config: RunConfig, payload: dict) -> None:
     """The state_dict loads into the model this configuration builds (strict: every name, every
     shape); ConfigError (one line) otherwise, before anything is written."""
+    from bench.checks import checked_task
     from models import build_model
     from models.backbone import IOSpec
-    from tasks import task_families
-    task = task_families()[config.task_family](config.task, batch_size=1, seed=config.seed)
+    task = checked_task(config)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     model = build_model(config.model_family, dataclasses.replace(config.model), io)
     try:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -612,7 +613,7 @@ def test_a_reference_cache_that_cannot_be_written_warns_and_keeps_the_result(
 
         def refused(*args, **kwargs):
             raise PermissionError(*code)
-        monkeypatch.setattr(cache.tempfile, "mkstemp", refused)
+        monkeypatch.setattr(tempfile, "mkstemp", refused)  # every atomic writer's temporary
     elif failure == "disk full (torch.save)":
         def full(*args, **kwargs):
             raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter "
