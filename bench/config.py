@@ -284,15 +284,20 @@ def field_type(group: str, name: str, key: str):
     "int" as the family's module spells it); None when there is no such name or field."""
     if group not in GROUPS or name not in choices(group):
         return None
-    if group == "trainer":
-        schema = TrainerConfig
-    else:
-        family = _load_yaml(CONF_DIR / group / f"{name}.yaml").get("family", name)
-        known = _families(group)
-        if family not in known:
-            return None
-        schema = known[family].Config
+    family = ("default" if group == "trainer"
+              else _load_yaml(CONF_DIR / group / f"{name}.yaml").get("family", name))
+    schema = family_schema(group, family)
+    if schema is None:
+        return None
     return next((f.type for f in dataclasses.fields(schema) if f.name == key), None)
+
+
+def family_schema(group: str, family: str | None) -> type | None:
+    """The typed config dataclass of a task or model family (a record's `task.family`), or the
+    trainer's; None for a family this code does not know."""
+    if group == "trainer":
+        return TrainerConfig
+    return getattr(_families(group).get(family), "Config", None)
 
 
 def default_choices() -> dict[str, str]:

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
 
-from bench.config import ConfigError
+from bench.config import ConfigError, family_schema
 from bench.evaluate import fmt
 from bench.plot import plot_gaps
 from bench.records import (RESULT_NEUTRAL, code_digest, environment, not_a_regular_file,
-                           output_path, read_records, write_atomic)
+                           output_path, read_records, with_defaults, write_atomic)
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # Student t quantiles (two-sided 95%) by degrees of freedom
@@ -202,6 +202,7 @@ class Section:
     sequences: int
     rows: dict[str, list[dict]] = field(default_factory=dict)
     duplicates: int = 0
+    superseded: dict[str, list[dict]] = field(default_factory=dict)  # rows of older code
 
     @property
     def title(self) -> str:
@@ -224,6 +225,10 @@ class Selection:
         return sum(len(runs) for s in self.sections for runs in s.rows.values())
 
     @property
+    def superseded(self) -> int:
+        return sum(len(runs) for s in self.sections for runs in s.superseded.values())
+
+    @property
     def duplicates(self) -> int:
         return sum(s.duplicates for s in self.sections)
 
@@ -236,6 +241,9 @@ class Selection:
         if self.duplicates:
             notes.append(f"{plural(self.duplicates, 'duplicate record')} of an already counted "
                          "seed left out")
+        if self.superseded:
+            notes.append(f"{plural(self.superseded, 'run')} of older code versions named below "
+                         "their sections' tables")
         if self.failed:
             notes.append(f"{plural(self.failed, 'failed run')} left out")
         if self.evaluations:
@@ -262,6 +270,7 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
     failed = adhoc = evaluations = 0
     newest: dict[tuple, dict[tuple, dict]] = defaultdict(dict)  # section -> (row, seed) -> record
     duplicates: dict[tuple, int] = defaultdict(int)
+    lineage: dict[str, str] = {}  # row -> the same row without its code version
     for record in records:
         if record.get("status") != "ok":
             failed += 1
@@ -277,11 +286,14 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
             adhoc += 1  # records without origin predate it: ad-hoc as far as anyone knows
             continue
         record["_age"] = age(record)
-        section = (record["task"]["name"], digest(record["task"]["config"]),
+        section = (record["task"]["name"], digest(resolved_config(record, "task")),
                    record["metrics"]["sequences"])
-        trainer = {k: v for k, v in record["trainer"]["config"].items() if k not in RESULT_NEUTRAL}
-        row = digest([record["model"]["name"], record["model"]["config"], trainer,
-                      *code_version(record), *environment(record)])
+        trainer = {k: v for k, v in resolved_config(record, "trainer").items()
+                   if k not in RESULT_NEUTRAL}
+        config = [record["model"]["name"], resolved_config(record, "model"), trainer,
+                  *environment(record)]
+        row = digest([*config, *code_version(record)])
+        lineage[row] = digest(config)
         seen = newest[section].get((row, record["seed"]))
         if seen is not None:
             duplicates[section] += 1
@@ -293,9 +305,30 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
         section = Section(*key, duplicates=duplicates[key])
         for (row, _seed), record in sorted(newest[key].items(), key=lambda kv: kv[0]):
             section.rows.setdefault(row, []).append(record)
+        keep_newest_code(section, lineage)
         sections.append(section)
     return Selection(str(out_dir), include, sections, sorted(bad), failed, adhoc,
                      evaluations=evaluations)
+
+
+def keep_newest_code(section: Section, lineage: dict[str, str]) -> None:
+    """Of rows that differ only by code version, the table shows the one with the newest record
+    (what the code does now); the others move to section.superseded, listed below the table."""
+    newest_row: dict[str, str] = {}
+    for row, runs in section.rows.items():
+        shown = newest_row.get(lineage[row])
+        if shown is None or (max(r["_age"] for r in runs)
+                             > max(r["_age"] for r in section.rows[shown])):
+            newest_row[lineage[row]] = row
+    for row in [row for row in section.rows if newest_row[lineage[row]] != row]:
+        section.superseded[row] = section.rows.pop(row)
+
+
+def resolved_config(record: dict, group: str) -> dict:
+    """The record's task, model or trainer config with the fields added after it was written at
+    their defaults, so a config field added later does not split a section or a row in two."""
+    family = "default" if group == "trainer" else record[group].get("family")
+    return with_defaults(record[group]["config"], family_schema(group, family))
 
 
 def mean_curve(curves: list[list]) -> list:
@@ -313,7 +346,7 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
     newest = max(runs, key=lambda r: r["_age"])
     metrics = newest["metrics"]
     lines = [f"## {section.title}", "",
-             f"`{json.dumps(newest['task']['config'], sort_keys=True)}` — perplexity on "
+             f"`{json.dumps(resolved_config(newest, 'task'), sort_keys=True)}` — perplexity on "
              f"{section.sequences} held-out windows ({metrics.get('bytes_per_token', 0):.2f} bytes "
              "per token); no Bayes predictor exists for text, the references are baselines fit "
              "on the training split.", "",
@@ -336,6 +369,7 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
         lines.append(f"| {label} | {code} | {cells}")
         name = label if label not in models else f"{label} @ {code}"
         models[name] = mean_curve([r["per_position"]["loss.model"] for r in group])
+    lines += superseded_note(section)
     lines += ["", "| baseline | perplexity | 95% CI | nats/token | bits/byte |",
               "|---|---|---|---|---|"]
     references = {}
@@ -349,6 +383,33 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
     return lines
 
 
+def pooled_gap(group: list[dict]) -> tuple[float, float, float, float | None]:
+    """(mean gap, interval low, high, t half-width or None): across seeds where there are
+    several, else the one seed's bootstrap interval."""
+    mean, half = across_seeds([r["metrics"]["bayes_gap"] for r in group])
+    lo, hi = ((mean - half, mean + half) if half is not None
+              else tuple(group[0]["metrics"]["bayes_gap_ci"]))
+    return mean, lo, hi, half
+
+
+def superseded_note(section: Section) -> list[str]:
+    """One line naming the rows of older code versions that the table leaves out."""
+    if not section.superseded:
+        return []
+    items = []
+    for group in sorted(section.superseded.values(), key=lambda g: (label_of(g[0]), g[0]["_age"])):
+        if "bayes_gap" in group[0]["metrics"]:
+            _, lo, hi, _ = pooled_gap(group)
+            value = f"gap [{fmt(lo)}, {fmt(hi)}]"
+        else:
+            nats, _ = across_seeds([r["metrics"]["loss"]["model"] for r in group])
+            value = f"perplexity {exp_or_inf(nats):.2f}"
+        items.append(f"{label_of(group[0])} @ {code_label(*commit_of(group[0]))}: {value}, "
+                     f"{plural(len(group), 'seed')}")
+    return ["", "Older code versions of rows above, left out of the table: " + "; ".join(items)
+            + "."]
+
+
 def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
     runs = [r for group in section.rows.values() for r in group]
     newest = max(runs, key=lambda r: r["_age"])
@@ -358,7 +419,7 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
     reference = metrics["gap_reference"]
     unit = "nats/token" if "accuracy" in metrics else "squared error per coordinate"
     lines = [f"## {section.title}", "",
-             f"`{json.dumps(newest['task']['config'], sort_keys=True)}` — gap to "
+             f"`{json.dumps(resolved_config(newest, 'task'), sort_keys=True)}` — gap to "
              f"`{reference}` ({metrics['gap_reference_role']}), {unit}; "
              f"{section.sequences} held-out sequences.", ""]
     if section.duplicates:
@@ -375,10 +436,7 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
               "seeds | wall (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for group in section.rows.values():
-        gaps = [r["metrics"]["bayes_gap"] for r in group]
-        mean, half = across_seeds(gaps)
-        lo, hi = ((mean - half, mean + half) if half is not None
-                  else tuple(group[0]["metrics"]["bayes_gap_ci"]))
+        mean, lo, hi, half = pooled_gap(group)
         rel = sum(r["metrics"]["relative_gap"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
         code = code_label(*commit_of(group[0]))
@@ -396,6 +454,7 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
         if name in models:
             name = f"{name} #{digest([group[0]['model'], group[0]['trainer']])}"
         models[name] = mean_curve([r["per_position"]["gap.model"] for r in group])
+    lines += superseded_note(section)
     lines += ["", f"Reference losses from the newest record ({code_label(*commit_of(newest))}).",
               "", "| reference | role | loss | gap | 95% CI |", "|---|---|---|---|---|"]
     references = {}

@@ -282,17 +282,27 @@ def config_matches(recorded, obj, skip=()) -> bool:
     for f in dataclasses.fields(obj):
         if f.name in skip:
             continue
-        if f.name in recorded:
-            have = recorded[f.name]
-        elif f.default is not dataclasses.MISSING:
-            have = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            have = f.default_factory()
-        else:
-            return False
-        if not _same(have, getattr(obj, f.name)):
+        have = recorded.get(f.name, _default(f))
+        if have is dataclasses.MISSING or not _same(have, getattr(obj, f.name)):
             return False
     return True
+
+
+def _default(f: dataclasses.Field):
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default  # MISSING where the field has no default
+
+
+def with_defaults(recorded: dict, schema: type | None) -> dict:
+    """recorded (a record's resolved config) with the fields it lacks because it predates them
+    filled with their defaults, as config_matches reads it: a config written before a field was
+    added is the same config as one written after, with that field at its default."""
+    if schema is None:
+        return dict(recorded)
+    filled = {f.name: _default(f) for f in dataclasses.fields(schema)}
+    filled = {k: v for k, v in filled.items() if v is not dataclasses.MISSING}
+    return {**filled, **recorded}
 
 
 def record_matches(record: dict, config) -> bool:

@@ -16,6 +16,7 @@ import pytest
 
 from bench import leaderboard, records
 from bench.__main__ import main
+from bench.evaluate import fmt
 from bench.leaderboard import select_runs, write_leaderboard
 from bench.plot import curve_styles, gap_figure
 from bench.records import SCHEMA, provenance, read_records
@@ -105,17 +106,26 @@ def test_held_out_sets_of_different_sizes_are_separate_sections(tmp_path):
     assert len(list((tmp_path / "lb-figures").glob("markov-*.png"))) == 2
 
 
-def test_rows_pool_only_one_code_version_and_show_it(tmp_path):
+def test_rows_pool_only_one_code_version_and_the_table_shows_the_newest(tmp_path):
+    """Code versions never pool; the table shows the row of the newest record (what the code does
+    now) and names the older versions' rows, with their intervals, below it."""
     put(tmp_path / "results",
         record(seed=0, gap=0.1), record(seed=1, gap=0.3),  # one row, two seeds
-        record(seed=0, gap=0.5, dirty=True),
-        record(seed=0, gap=0.7, commit="b" * 40),
-        record(seed=0, gap=0.9, commit="c" * 40, dirty=None))  # legacy: dirty not recorded
-    rows = model_rows(build(tmp_path / "results", tmp_path / "lb.md"))
-    assert {r["code"]: (r["gap"], r["seeds"]) for r in rows} == {
-        "aaaaaaa": (pytest.approx(0.2), 2), "aaaaaaa+dirty": (0.5, 1), "bbbbbbb": (0.7, 1),
-        "ccccccc?": (0.9, 1)}
-    assert select_runs(str(tmp_path / "results")).duplicates == 0  # seed 0 once per version
+        record(seed=0, gap=0.5, dirty=True, stamp="20260101-110000"),
+        record(seed=0, gap=0.7, commit="b" * 40, stamp="20260101-100000"),
+        record(seed=0, gap=0.9, commit="c" * 40, dirty=None, stamp="20260101-090000"))
+    text = build(tmp_path / "results", tmp_path / "lb.md")
+    rows = model_rows(text)
+    assert [(r["code"], r["gap"], r["seeds"]) for r in rows] == [
+        ("aaaaaaa", pytest.approx(0.2), 2)]
+    (note,) = [line for line in text.splitlines() if line.startswith("Older code versions")]
+    assert note == ("Older code versions of rows above, left out of the table: "
+                    + "; ".join(f"mamba @ {code}: gap [{fmt(gap - 0.01)}, {fmt(gap + 0.01)}], "
+                                "1 seed" for code, gap in [("ccccccc?", 0.9), ("bbbbbbb", 0.7),
+                                                           ("aaaaaaa+dirty", 0.5)]) + ".")
+    selection = select_runs(str(tmp_path / "results"))
+    assert selection.duplicates == 0 and selection.superseded == 3  # seed 0 once per version
+    assert "3 runs of older code versions named below their sections' tables" in text
 
 
 def test_commits_with_the_same_code_pool_into_one_row(tmp_path):
@@ -128,8 +138,26 @@ def test_commits_with_the_same_code_pool_into_one_row(tmp_path):
         record(seed=1, gap=0.3, stamp="20260101-130000",
                provenance={"commit": "e" * 40, "code": "c0de", "dirty": False}),
         record(seed=2, gap=0.5, provenance={"commit": "f" * 40, "code": "0the", "dirty": False}))
-    rows = model_rows(build(tmp_path / "results", tmp_path / "lb.md"))
-    assert sorted((r["seeds"], r["gap"]) for r in rows) == [(1, 0.5), (2, pytest.approx(0.2))]
+    selection = select_runs(str(tmp_path / "results"))
+    (section,) = selection.sections
+    assert sorted(len(runs) for runs in section.rows.values()) == [2]
+    assert [len(runs) for runs in section.superseded.values()] == [1]
+
+
+def test_a_config_field_added_later_with_its_default_does_not_split_a_section(tmp_path):
+    """Records written before a task field existed lack it: they read as that field's default,
+    so they pool with newer records that carry it (records.config_matches reads them the same)."""
+    newer = record(seed=1, gap=0.3)
+    newer["task"]["family"] = "markov"
+    newer["task"]["config"]["num_tasks"] = 0  # markov's default: an infinite task pool
+    older = record(seed=0, gap=0.1)
+    older["task"]["family"] = "markov"
+    other = record(seed=2, gap=0.5)
+    other["task"]["family"] = "markov"
+    other["task"]["config"]["num_tasks"] = 4  # not the default: another task
+    put(tmp_path / "results", older, newer, other)
+    selection = select_runs(str(tmp_path / "results"))
+    assert sorted(sum(len(r) for r in s.rows.values()) for s in selection.sections) == [1, 2]
 
 
 H100 = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "kernel": "mamba_ssm",
