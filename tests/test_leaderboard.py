@@ -125,7 +125,7 @@ def test_rows_pool_only_one_code_version_and_the_table_shows_the_newest(tmp_path
                                                            ("aaaaaaa+dirty", 0.5)]) + ".")
     selection = select_runs(str(tmp_path / "results"))
     assert selection.duplicates == 0 and selection.superseded == 3  # seed 0 once per version
-    assert "3 runs of older code versions named below their sections' tables" in text
+    assert "3 of them by older code versions of a row, named below its section's table" in text
 
 
 def test_commits_with_the_same_code_pool_into_one_row(tmp_path):

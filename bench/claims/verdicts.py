@@ -210,7 +210,9 @@ class Decision:
 
 
 def rows_of(selection: Selection) -> list[list[dict]]:
-    return [runs for section in selection.sections for runs in section.rows.values()]
+    """Every row, those of older code versions too: a claim picks its code version itself."""
+    return [runs for section in selection.sections
+            for runs in [*section.rows.values(), *section.superseded.values()]]
 
 
 def _evaluate(rule, values: dict[str, Measured]) -> tuple[bool | None, str]:
