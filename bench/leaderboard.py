@@ -55,6 +55,7 @@ SCORED_FIELDS = {
             ("metrics", "gap_ci"): dict, ("per_position", "gap.model"): list},
     "perplexity": {("metrics", "perplexity"): dict, ("metrics", "perplexity_ci"): dict,
                    ("metrics", "bits_per_byte"): dict, ("per_position", "loss.model"): list}}
+SECTION_FIGURE = re.compile(r"[\w.-]+-[0-9a-f]{8}-n\d+\.png")  # write_leaderboard's names
 STAMP = re.compile(r"--(\d{8}-\d{6})-[0-9a-f]+$")  # bench.records.new_run_id's time stamp
 
 
@@ -517,10 +518,20 @@ def write_leaderboard(selection: Selection, out: str = "leaderboard.md") -> Path
     not_plain = not_a_regular_file(figures, folder=True)
     if not_plain:
         raise ConfigError(f"the figures folder {figures} is {not_plain}; {out} not written")
-    lines = header(selection)
+    lines, drawn = header(selection), set()
     for section in selection.sections:
         figure = figures / f"{section.task}-{section.task_digest}-n{section.sequences}.png"
         link = Path(os.path.relpath(figure.resolve(), out_path.resolve().parent)).as_posix()
         lines += task_section(section, figure, link)
+        drawn.add(figure.name)
     write_atomic(out_path, lambda tmp: Path(tmp).write_text("\n".join(lines)))
+    remove_stale_figures(figures, drawn)
     return out_path
+
+
+def remove_stale_figures(figures: Path, drawn: set[str]) -> None:
+    """The section figures of an earlier board that this one no longer has (a section merged or
+    gone): left behind, they would look current. Only names the board gives its figures."""
+    for path in figures.glob("*.png"):
+        if path.name not in drawn and SECTION_FIGURE.fullmatch(path.name) and path.is_file():
+            path.unlink()

@@ -106,6 +106,19 @@ def test_held_out_sets_of_different_sizes_are_separate_sections(tmp_path):
     assert len(list((tmp_path / "lb-figures").glob("markov-*.png"))) == 2
 
 
+def test_a_new_board_removes_the_section_figures_it_no_longer_draws(tmp_path):
+    put(tmp_path / "results", record(seed=0, gap=0.2, sequences=64))
+    figures = tmp_path / "lb-figures"
+    figures.mkdir()
+    stale = figures / "markov-0123abcd-n64.png"
+    mine = figures / "my-notes.png"  # not a name the board gives: kept
+    stale.write_bytes(b"old")
+    mine.write_bytes(b"mine")
+    build(tmp_path / "results", tmp_path / "lb.md")
+    assert not stale.exists() and mine.exists()
+    assert len(list(figures.glob("markov-*-n64.png"))) == 1
+
+
 def test_rows_pool_only_one_code_version_and_the_table_shows_the_newest(tmp_path):
     """Code versions never pool; the table shows the row of the newest record (what the code does
     now) and names the older versions' rows, with their intervals, below it."""
