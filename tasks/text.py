@@ -16,6 +16,7 @@ under task.cache_dir."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ class TextTask(Task):
 
     def __init__(self, config: TextConfig | None = None, *, batch_size: int = 32, seed: int = 0):
         super().__init__(config, batch_size=batch_size, seed=seed)
+        require_text_packages()
         self.corpus = find_corpus(self.config)  # a CorpusError (a ValueError) when there is none
         self._tokenizer = None
         self._tokens: dict[str, text_corpus.TokenSplit] = {}
@@ -259,6 +261,18 @@ def pydoc_corpus_dir() -> Path:
         temporary.write_text("\n\n".join(texts), encoding="utf-8")
         os.replace(temporary, folder / f"{split}.txt")
     return folder
+
+
+TEXT_PACKAGES = ("datasets", "tokenizers")  # dependencies of the package (pyproject.toml)
+
+
+def require_text_packages() -> None:
+    """A CorpusError naming the install command when an install left out what reads and
+    tokenizes corpora (`pip install --no-deps`, a hand-made environment)."""
+    missing = [name for name in TEXT_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise text_corpus.CorpusError(
+            f"text tasks need {' and '.join(missing)}: pip install {' '.join(missing)}")
 
 
 @contextlib.contextmanager

@@ -112,6 +112,18 @@ def test_no_corpus_is_one_line_naming_the_files_and_the_folder(tmp_path, capsys)
     assert list(empty.iterdir()) == []
 
 
+def test_an_install_without_the_text_packages_is_one_line_naming_the_install(
+        tmp_path, monkeypatch, capsys):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "datasets" else find_spec(name, *a))
+    assert main(["run", "task=pydoc", f"out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: task pydoc: text tasks need datasets: pip install datasets"]
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_gpt2_path_loads_a_local_tokenizer_file(tmp_path, corpus_dir, capsys):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tokenizer = Tokenizer(models.BPE())
