@@ -30,7 +30,7 @@ from numbers import Real
 from pathlib import Path
 
 from bench.config import ConfigError
-from bench.evaluate import fmt
+from bench.evaluate import fmt, fmt_loss, fmt_sig, loss_resolution
 from bench.plot import plot_gaps
 from bench.records import (RESULT_NEUTRAL, code_digest, environment, not_a_regular_file,
                            output_path, read_records, write_atomic)
@@ -383,8 +383,9 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
         code = code_label(*commit_of(group[0]))
         rows.append((mean, label_of(group[0]), code, group,
-                     f"{fmt(mean)} | [{fmt(lo)}, {fmt(hi)}]{'' if half is None else ' (seeds)'} | "
-                     f"{rel:.2%} | {group[0]['params']} | {group[0]['state_size']} | "
+                     f"{fmt_sig(mean)} | [{fmt_sig(lo)}, {fmt_sig(hi)}]"
+                     f"{'' if half is None else ' (seeds)'} | "
+                     f"{fmt_sig(100 * rel)}% | {group[0]['params']} | {group[0]['state_size']} | "
                      f"{group[0]['train']['steps']} | {len(group)} | {wall:.0f} |"))
     rows.sort(key=lambda row: (row[0], row[1], row[2]))
     labels = [label for _, label, _, _, _ in rows]
@@ -399,10 +400,12 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
     lines += ["", f"Reference losses from the newest record ({code_label(*commit_of(newest))}).",
               "", "| reference | role | loss | gap | 95% CI |", "|---|---|---|---|---|"]
     references = {}
+    resolution = loss_resolution({n: metrics["gap"][n] for n in metrics["roles"]})
     for name in sorted(metrics["roles"], key=lambda n: metrics["loss"][n]):
         lo, hi = metrics["gap_ci"][name]
-        lines.append(f"| {name} | {metrics['roles'][name]} | {fmt(metrics['loss'][name])} | "
-                     f"{fmt(metrics['gap'][name])} | [{fmt(lo)}, {fmt(hi)}] |")
+        lines.append(f"| {name} | {metrics['roles'][name]} | "
+                     f"{fmt_loss(metrics['loss'][name], resolution)} | "
+                     f"{fmt_sig(metrics['gap'][name])} | [{fmt_sig(lo)}, {fmt_sig(hi)}] |")
         if name != reference and f"gap.{name}" in newest["per_position"]:
             references[f"{name} ({metrics['roles'][name]})"] = newest["per_position"][f"gap.{name}"]
     plot_gaps(figure, f"{section.task}: gap to {reference} by position", models, references,
