@@ -143,7 +143,14 @@ def print_comparison(result: dict) -> None:
         print(f"{row['positions']:<11}{fmt_sig(row['gap_a']):>11}{fmt_sig(row['gap_b']):>11}"
               f"{fmt_sig(paired['difference']):>12}"
               f"{'[' + fmt_sig(lo) + ', ' + fmt_sig(hi) + ']':>26}  {verdict(paired)}")
+    reference_a, reference_b = (r["metrics"]["loss"].get(m["gap_reference"]) for r in (a, b))
+    same_reference = (b["metrics"]["gap_reference"] == m["gap_reference"]
+                      and reference_a == reference_b)
+    if not same_reference:
+        print("(the records' gap references differ (another task config or code version): gap A "
+              "and gap B are to different references; B − A still compares the models' losses)")
     if not result["same_bands"]:
         print("(the records' context-length bands differ (other code versions): overall only)")
-    print("(B − A: difference of the mean losses, = gap B − gap A; the interval is a bootstrap "
-          "over the paired sequences)")
+    print("(B − A: difference of the models' mean losses" + (", = gap B − gap A" if same_reference
+                                                           else "")
+          + "; the interval is a bootstrap over the paired sequences)")

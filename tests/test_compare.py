@@ -164,3 +164,15 @@ def test_records_that_do_not_pair_are_refused_in_one_line_exit_2(runs, tmp_path,
 def test_compare_takes_exactly_two_record_files(args, capsys):
     assert main(["compare", *args]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_different_reference_on_the_same_sequences_is_said(runs, tmp_path, capsys):
+    _, _, _, a, b = runs
+    b = copy.deepcopy(b)
+    b["metrics"]["loss"]["bayes"] += 0.001  # e.g. another quadrature grid of the Bayes predictor
+    assert main(["compare", write(tmp_path, "a.json", a), write(tmp_path, "b.json", b)]) == 0
+    out = capsys.readouterr().out
+    assert "gap references differ" in out and "= gap B − gap A" not in out
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "references differ" not in out and "= gap B − gap A" in out
