@@ -151,6 +151,6 @@ def print_comparison(result: dict) -> None:
               "and gap B are to different references; B − A still compares the models' losses)")
     if not result["same_bands"]:
         print("(the records' context-length bands differ (other code versions): overall only)")
-    print("(B − A: difference of the models' mean losses" + (", = gap B − gap A" if same_reference
-                                                           else "")
-          + "; the interval is a bootstrap over the paired sequences)")
+    equals_gaps = ", = gap B − gap A" if same_reference else ""
+    print(f"(B − A: difference of the models' mean losses{equals_gaps}; the interval is a "
+          "bootstrap over the paired sequences)")

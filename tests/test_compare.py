@@ -104,7 +104,8 @@ def test_identical_records_print_not_distinguishable(runs, tmp_path, capsys):
 def test_a_shifted_record_is_detected_in_both_orders(runs, tmp_path):
     _, _, _, a, _ = runs
     shifted = copy.deepcopy(a)
-    shifted["per_sequence"]["loss"]["model"] = [v + 0.01 for v in a["per_sequence"]["loss"]["model"]]
+    shifted["per_sequence"]["loss"]["model"] = [v + 0.01
+                                                for v in a["per_sequence"]["loss"]["model"]]
     path_a, path_b = write(tmp_path, "a.json", a), write(tmp_path, "b.json", shifted)
     overall = compare(path_a, path_b)["rows"][0]["paired"]
     assert overall["difference"] == pytest.approx(0.01) and overall["ci"][0] > 0
