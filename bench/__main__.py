@@ -11,6 +11,7 @@
   gpucheck     every check of the GPU path (kernel parity, speed, end-to-end runs) in a budget
   plot         a figure of run records: training loss, gap by position (<record|dir> ...)
   eval         score a run's saved weights again on another task config (weights=<file>)
+  compare      two runs on the same held-out set, paired by sequence (<A.json> <B.json>)
 
 python -m bench <command> --help   that command's usage
 """
@@ -89,6 +90,12 @@ USAGE = {
             "family, without training: the weights' run's overrides with these on top. The "
             "record (origin eval) names the weights and carries the weights' run's training; "
             "leaderboard and claims never use it. Model, training and seed keys are refused.",
+    "compare": "python -m bench compare <A.json> <B.json>\n  Two `ok` run records of the same "
+               "task config (the same held-out sequences: metrics.held_out_digest): their gaps, "
+               "the difference B − A of the models' mean losses with a 95% bootstrap interval "
+               "over the paired sequences, and which is better or that they are not "
+               "distinguishable; overall and by context-length band. Records without "
+               "per-sequence losses (older ones, text) are refused.",
     "gpucheck": "python -m bench gpucheck [sections=env,parity,speed,lm,paper,ddp,text,suite] "
                 "[budget=540] [out=gpucheck] [steps=20] [tokenizer_file=<GPT-2 tokenizer.json>] "
                 "[suite=paper000_gpu] [suite_entries=1-5]\n  Every check of the GPU path in one "
@@ -288,6 +295,17 @@ def cmd_eval(argv: list[str]) -> int:
         end_distributed()
     if path:
         print_run(record, path)
+    return 0
+
+
+def cmd_compare(argv: list[str]) -> int:
+    options = [arg for arg in argv if "=" in arg and not os.path.exists(arg)]
+    if options:
+        raise ConfigError(f"unknown argument '{options[0]}'; compare takes two record files")
+    if len(argv) != 2:
+        raise ConfigError(f"compare needs two run records (A.json B.json), got {len(argv)}")
+    from bench.compare import compare, print_comparison
+    print_comparison(compare(*argv))
     return 0
 
 
@@ -526,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         code = {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
                 "claims": cmd_claims, "speed": cmd_speed, "suite": cmd_suite, "sweep": cmd_sweep,
                 "list": cmd_list, "gpucheck": cmd_gpucheck, "plot": cmd_plot,
-                "eval": cmd_eval}[command](rest)
+                "eval": cmd_eval, "compare": cmd_compare}[command](rest)
         if code and command in ("suite", "sweep"):
             from bench.train import wait_for_rank_zero
             wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own

@@ -165,8 +165,77 @@ def score_positions(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor
         metrics["relative_gap"] = metrics["bayes_gap"] / abs(metrics["loss"][reference])
         if task.kind == "tokens":
             metrics["l1_to_bayes"] = metrics["l1_to_reference"]["model"]
+    metrics["held_out_digest"] = held_out_digest(batch)
+    result = {"metrics": metrics, "per_position": curves}
+    if "model" in per_sequence:
+        lo, hi = metrics["bayes_gap_ci"]
+        metrics["gap_excludes_zero"] = lo > 0 or hi < 0
+        metrics["gap_closed"] = gap_closed(metrics["gap"], roles)
+        bands = context_bands(mask.shape[1])
+        model_bands = [band_sequence_means(losses["model"], mask, band) for band in bands]
+        gap_bands = [band_sequence_means(losses["model"] - losses[reference], mask, band)
+                     for band in bands]
+        metrics["gap_by_band"] = [
+            {"positions": band, "sequences": int(scored.sum()),
+             "gap": float(gaps[scored].mean()) if scored.any() else None}
+            for band, (gaps, scored) in zip(bands, gap_bands)]
+        # what `python -m bench compare` pairs with another run on the same held-out set
+        result["per_sequence"] = {
+            "bands": bands,
+            "loss": {"model": rounded(per_sequence["model"])},
+            "band_loss": {"model": [rounded(means, scored) for means, scored in model_bands]}}
     metrics["task"] = task.summarize(batch, {n: l.detach() for n, l in losses.items()}, scores)
-    return {"metrics": metrics, "per_position": curves}
+    return result
+
+
+# 1-based positions where the context-length bands of gap_by_band begin: models whose
+# full-sequence averages agree often differ on the first few positions, where in-context
+# learning has least to go on.
+BAND_STARTS = (1, 9, 65)
+RECORD_DIGITS = 7  # significant digits of the per-sequence losses in a record
+
+
+def context_bands(seq_len: int) -> list[list[int]]:
+    """[first, last] positions (1-based, inclusive) of each band that fits in seq_len."""
+    ends = [start - 1 for start in BAND_STARTS[1:]] + [seq_len]
+    return [[start, min(end, seq_len)] for start, end in zip(BAND_STARTS, ends)
+            if start <= seq_len]
+
+
+def band_sequence_means(losses: Tensor, mask: Tensor, band: list[int]) -> tuple[Tensor, Tensor]:
+    """Each sequence's mean loss over its scored positions in band, and whether it has any."""
+    window = slice(band[0] - 1, band[1])
+    scored = mask[:, window].sum(1) > 0
+    return sequence_means(losses[:, window], mask[:, window]), scored
+
+
+def rounded(values: Tensor, present: Tensor | None = None) -> list[float | None]:
+    """values as a JSON list at RECORD_DIGITS significant digits (None where not present): ample
+    for a paired difference of means, and a third of the bytes of a float's full repr."""
+    keep = present.tolist() if present is not None else [True] * len(values)
+    return [float(f"{v:.{RECORD_DIGITS}g}") if k else None for v, k in zip(values.tolist(), keep)]
+
+
+def held_out_digest(batch: Batch) -> str:
+    """sha256 of the held-out inputs, targets and mask: two records with the same digest scored
+    the same sequences, so their per-sequence losses pair."""
+    from bench.reference_cache import content_digest  # imports this module: not at the top
+    return content_digest({"inputs": batch.inputs, "targets": batch.targets,
+                           "loss_mask": batch.loss_mask})
+
+
+def gap_closed(gaps: dict[str, float], roles: dict[str, str]) -> dict | None:
+    """The share of the best baseline's gap that the model closes, 1 − gap(model) / gap(best),
+    where best is the reference of role `baseline` with the smallest finite gap (the Bayes
+    predictor and bounds are not baselines). None when the task has no such baseline; the
+    fraction is None when that baseline's gap is not positive: there is no gap to close."""
+    baselines = {name: gap for name, gap in gaps.items()
+                 if roles.get(name) == "baseline" and gap is not None and math.isfinite(gap)}
+    if not baselines:
+        return None
+    best = min(baselines, key=baselines.get)
+    fraction = 1 - gaps["model"] / baselines[best] if baselines[best] > 0 else None
+    return {"baseline": best, "gap": baselines[best], "fraction": fraction}
 
 
 def score_perplexity(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor]],
@@ -275,6 +344,38 @@ def is_suspicious(metrics: dict) -> bool:
 
 
 def fmt(x: float | None, digits: int = 4) -> str:
+    """x with a fixed number of decimals: for bounded quantities (accuracy, bits per byte)."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return f"{x:.{digits}f}"
+
+
+def fmt_sig(x: float | None, sig: int = 3, resolution: float | None = None) -> str:
+    """x to `sig` significant figures (0.000726, 7.26e-05), or, given `resolution`, with the
+    decimals that show a difference of that size to `sig` significant figures: a loss beside
+    its gap (1.432140 for a gap of 0.000726), where fixed decimals would hide the gap."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if math.isinf(x) or not resolution or not math.isfinite(resolution):
+        return f"{x:.{sig}g}"
+    return f"{x:.{max(0, sig - 1 - math.floor(math.log10(abs(resolution))))}f}"
+
+
+def loss_resolution(gaps: dict[str, float | None]) -> float:
+    """The difference a column of losses must show (to 2 significant figures, beside the gap's
+    3): the model's gap when `gaps` has one, else the smallest; gaps within rounding
+    (ROUNDING_GAP) are not differences to show, and are the fallback when all are."""
+    shown = [gaps["model"]] if "model" in gaps else list(gaps.values())
+    shown = [abs(g) for g in shown if g is not None and math.isfinite(g) and abs(g) > ROUNDING_GAP]
+    return min(shown, default=ROUNDING_GAP)
+
+
+LOSS_DECIMALS = 4  # what loss columns always showed; fewer would hide a reference's digits
+
+
+def fmt_loss(loss: float | None, resolution: float) -> str:
+    """A loss in a column beside gaps: LOSS_DECIMALS decimals, more where a difference of
+    `resolution` needs them to show (to 2 significant figures)."""
+    if loss is not None and math.isinf(loss):
+        return f"{loss}"
+    return fmt(loss, max(LOSS_DECIMALS, 1 - math.floor(math.log10(resolution))))

@@ -30,7 +30,7 @@ from numbers import Real
 from pathlib import Path
 
 from bench.config import ConfigError, family_schema
-from bench.evaluate import fmt
+from bench.evaluate import fmt, fmt_loss, fmt_sig, loss_resolution
 from bench.plot import plot_gaps
 from bench.records import (RESULT_NEUTRAL, code_digest, environment, not_a_regular_file,
                            output_path, read_records, with_defaults, write_atomic)
@@ -399,7 +399,7 @@ def superseded_note(section: Section) -> list[str]:
     for group in sorted(section.superseded.values(), key=lambda g: (label_of(g[0]), g[0]["_age"])):
         if "bayes_gap" in group[0]["metrics"]:
             _, lo, hi, _ = pooled_gap(group)
-            value = f"gap [{fmt(lo)}, {fmt(hi)}]"
+            value = f"gap [{fmt_sig(lo)}, {fmt_sig(hi)}]"
         else:
             nats, _ = across_seeds([r["metrics"]["loss"]["model"] for r in group])
             value = f"perplexity {exp_or_inf(nats):.2f}"
@@ -440,8 +440,9 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
         code = code_label(*commit_of(group[0]))
         rows.append((mean, label_of(group[0]), code, group,
-                     f"{fmt(mean)} | [{fmt(lo)}, {fmt(hi)}]{'' if half is None else ' (seeds)'} | "
-                     f"{rel:.2%} | {group[0]['params']} | {group[0]['state_size']} | "
+                     f"{fmt_sig(mean)} | [{fmt_sig(lo)}, {fmt_sig(hi)}]"
+                     f"{'' if half is None else ' (seeds)'} | "
+                     f"{fmt_sig(100 * rel)}% | {group[0]['params']} | {group[0]['state_size']} | "
                      f"{group[0]['train']['steps']} | {len(group)} | {wall:.0f} |"))
     rows.sort(key=lambda row: (row[0], row[1], row[2]))
     labels = [label for _, label, _, _, _ in rows]
@@ -457,10 +458,12 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
     lines += ["", f"Reference losses from the newest record ({code_label(*commit_of(newest))}).",
               "", "| reference | role | loss | gap | 95% CI |", "|---|---|---|---|---|"]
     references = {}
+    resolution = loss_resolution({n: metrics["gap"][n] for n in metrics["roles"]})
     for name in sorted(metrics["roles"], key=lambda n: metrics["loss"][n]):
         lo, hi = metrics["gap_ci"][name]
-        lines.append(f"| {name} | {metrics['roles'][name]} | {fmt(metrics['loss'][name])} | "
-                     f"{fmt(metrics['gap'][name])} | [{fmt(lo)}, {fmt(hi)}] |")
+        lines.append(f"| {name} | {metrics['roles'][name]} | "
+                     f"{fmt_loss(metrics['loss'][name], resolution)} | "
+                     f"{fmt_sig(metrics['gap'][name])} | [{fmt_sig(lo)}, {fmt_sig(hi)}] |")
         if name != reference and f"gap.{name}" in newest["per_position"]:
             references[f"{name} ({metrics['roles'][name]})"] = newest["per_position"][f"gap.{name}"]
     plot_gaps(figure, f"{section.task}: gap to {reference} by position", models, references,

@@ -1,7 +1,7 @@
 """Terminal output of a run: a short table of the model and the references."""
 from __future__ import annotations
 
-from bench.evaluate import fmt, is_suspicious
+from bench.evaluate import fmt, fmt_loss, fmt_sig, is_suspicious, loss_resolution
 
 
 def print_perplexity_metrics(metrics: dict) -> None:
@@ -23,17 +23,19 @@ def print_metrics(metrics: dict) -> None:
         return print_perplexity_metrics(metrics)
     reference = metrics["gap_reference"]
     tokens = "accuracy" in metrics
-    header = f"{'predictor':<22}{'role':<10}{'loss':>9}{'gap':>9}{'95% CI of gap':>22}"
+    header = f"{'predictor':<22}{'role':<10}{'loss':>13}{'gap':>11}{'95% CI of gap':>24}"
     if tokens:
         header += f"{'top-1':>8}{'L1 to ref':>11}"
     print(header)
     names = (["model"] if "model" in metrics["loss"] else []) + sorted(
         (n for n in metrics["loss"] if n != "model"), key=lambda n: metrics["loss"][n])
+    resolution = loss_resolution(metrics["gap"])
     for name in names:
         lo, hi = metrics["gap_ci"][name]
         line = (f"{name:<22}{metrics['roles'].get(name, 'trained'):<10}"
-                f"{fmt(metrics['loss'][name]):>9}{fmt(metrics['gap'][name]):>9}"
-                f"{'[' + fmt(lo) + ', ' + fmt(hi) + ']':>22}")
+                f"{fmt_loss(metrics['loss'][name], resolution):>13}"
+                f"{fmt_sig(metrics['gap'][name]):>11}"
+                f"{'[' + fmt_sig(lo) + ', ' + fmt_sig(hi) + ']':>24}")
         if tokens:
             line += (f"{fmt(metrics['accuracy'][name], 3):>8}"
                      f"{fmt(metrics['l1_to_reference'][name], 3):>11}")
@@ -44,7 +46,7 @@ def print_metrics(metrics: dict) -> None:
 
 
 def _num(x) -> str:
-    return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+    return "-" if x is None else fmt_sig(x, 4) if isinstance(x, float) else str(x)
 
 
 def print_task_metrics(extra: dict) -> None:
@@ -71,7 +73,35 @@ def headline(metrics: dict) -> str:
         lo, hi = metrics["perplexity_ci"]["model"]
         return f"perplexity {metrics['perplexity']['model']:.2f} [{lo:.2f}, {hi:.2f}]"
     lo, hi = metrics["bayes_gap_ci"]
-    return f"gap {metrics['bayes_gap']:.4f} [{lo:.4f}, {hi:.4f}]"
+    return f"gap {fmt_sig(metrics['bayes_gap'])} [{fmt_sig(lo)}, {fmt_sig(hi)}]"
+
+
+def gap_verdict(metrics: dict) -> str:
+    """Whether the gap's interval excludes 0, in words."""
+    lo, hi = metrics["bayes_gap_ci"]
+    reference = ("Bayes" if metrics["gap_reference_role"] == "bayes" else
+                 f"the {metrics['gap_reference_role']} '{metrics['gap_reference']}'")
+    if lo > 0:
+        return f"gap > 0: the model is measurably worse than {reference}"
+    if hi < 0:
+        return f"gap < 0: the model is measurably better than {reference} on this held-out set"
+    return (f"interval includes 0: not distinguishable from {reference} at "
+            f"{metrics['sequences']} sequences")
+
+
+def gap_closed_line(closed: dict | None) -> str:
+    """The share of the best baseline's gap the model closed (metrics.gap_closed), in words."""
+    if closed is None:
+        return "gap closed: the task has no baseline reference"
+    baseline = f"the best baseline, {closed['baseline']} (gap {fmt_sig(closed['gap'])})"
+    if closed["fraction"] is None:
+        return f"gap closed: undefined, {baseline} has no gap to close"
+    fraction = closed["fraction"]
+    if fraction < 0:  # a negative share reads badly: say how many times the baseline's gap
+        return f"gap closed: none; the model's gap is {fmt_sig(1 - fraction)}× that of {baseline}"
+    # decimals enough to show what remains open (99.59%, not 100.0%)
+    share = fmt_sig(100 * fraction, 2, resolution=100 * abs(1 - fraction) or 1)
+    return f"gap closed: {share}% of the gap of {baseline}"
 
 
 def print_run(record: dict, path: str) -> None:
@@ -88,9 +118,11 @@ def print_run(record: dict, path: str) -> None:
               f"{record['wall_time_s']:.1f} s")
         print(f"record: {path}")
         return
-    lo, hi = m["bayes_gap_ci"]
-    print(f"Bayes gap {m['bayes_gap']:.4f} [{lo:.4f}, {hi:.4f}]  "
-          f"(relative {m['relative_gap']:.2%}); total wall {record['wall_time_s']:.1f} s")
+    print(f"Bayes {headline(m)}  (relative {fmt_sig(100 * m['relative_gap'])}%); "
+          f"total wall {record['wall_time_s']:.1f} s")
+    if "gap_excludes_zero" in m:  # records written before these fields lack them
+        print(gap_verdict(m))
+        print(gap_closed_line(m["gap_closed"]))
     if is_suspicious(m):
         print("warning: the model beats the exact Bayes predictor beyond its interval — a bug "
               "signal (leaking future tokens?), not a result")

@@ -835,9 +835,11 @@ def run(config: RunConfig, weights: dict | None = None,
             step = int(trainer.global_step) if trainer is not None else 0
             reason, exit_code = _failure(error, signals, step)
             record["status"], record["reason"] = "failed", reason
-            # the per-position curves are for boards of ok runs: without them a failed record
-            # is smaller than the ok one it replaces (which a full disk could not take)
+            # the per-position and per-sequence losses are for boards and comparisons of ok
+            # runs: without them a failed record is smaller than the ok one it replaces (which
+            # a full disk could not take)
             record.pop("per_position", None)
+            record.pop("per_sequence", None)
             prior = module.prior_train_time if module is not None else 0.0
             record["wall_time_s"] = prior + time.perf_counter() - start
             if module is not None and "train" not in record and weights is None:

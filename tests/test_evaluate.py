@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from bench.evaluate import bootstrap_ci, position_means, position_scores, score
+from bench.evaluate import (ROUNDING_GAP, bootstrap_ci, fmt_loss, fmt_sig, gap_closed,
+                            loss_resolution, position_means, position_scores, score)
 from bench.leaderboard import T_975, across_seeds
 from tasks.lgssm_colored import LGSSMColoredConfig, LGSSMColoredTask
 from tasks.markov import MarkovConfig, MarkovTask
@@ -90,3 +91,47 @@ def test_vector_scores_carry_the_signed_error_zero_where_unscored(scored):
     markov, markov_batch, predictions, _ = scored
     assert "error" not in position_scores(markov, markov_batch, predictions["bayes"],
                                           predictions["bayes"].exp())
+
+
+def test_gap_closed_and_whether_the_interval_excludes_zero_follow_their_definitions(scored):
+    task, batch, preds, _ = scored
+    halfway = torch.log((preds["bayes"].exp() + preds["unigram"].exp()) / 2)
+    m = score(task, batch, {**preds, "model": halfway}, resamples=500)["metrics"]
+    baselines = {n: m["gap"][n] for n, role in m["roles"].items() if role == "baseline"}
+    best = min(baselines, key=baselines.get)
+    assert m["gap_closed"]["baseline"] == best == "unigram"
+    assert m["gap_closed"]["fraction"] == pytest.approx(1 - m["bayes_gap"] / baselines[best])
+    assert 0 < m["gap_closed"]["fraction"] < 1
+    lo, hi = m["bayes_gap_ci"]
+    assert m["gap_excludes_zero"] is True and lo > 0
+    bayes_itself = score(task, batch, {**preds, "model": preds["bayes"]}, resamples=500)["metrics"]
+    assert bayes_itself["gap_excludes_zero"] is False
+    assert bayes_itself["gap_closed"]["fraction"] == 1
+
+
+def test_gap_closed_skips_bounds_and_non_finite_baselines_and_needs_a_gap_to_close():
+    roles = {"bayes": "bayes", "oracle": "bound", "a": "baseline", "b": "baseline",
+             "broken": "baseline"}
+    gaps = {"bayes": 0.0, "oracle": -0.5, "a": 0.4, "b": 0.2, "broken": math.nan, "model": 0.05}
+    assert gap_closed(gaps, roles) == {"baseline": "b", "gap": 0.2, "fraction": pytest.approx(0.75)}
+    assert gap_closed({**gaps, "a": 0.0, "b": 0.1}, roles)["fraction"] is None
+    assert gap_closed(gaps, {"bayes": "bayes", "oracle": "bound"}) is None
+
+
+@pytest.mark.parametrize("value, kwargs, text", [
+    (0.000726, {}, "0.000726"), (7.255e-05, {}, "7.26e-05"), (-0.0001234, {}, "-0.000123"),
+    (4.8097, {}, "4.81"), (None, {}, "-"), (math.nan, {}, "-"), (math.inf, {}, "inf"),
+    (1.4321402, {"resolution": 0.000726}, "1.432140"), (1.43, {"resolution": 0.5}, "1.430"),
+    (12.0, {"resolution": 3000.0}, "12"), (0.5, {"resolution": 0.0}, "0.5"),
+])
+def test_fmt_sig_gives_significant_figures_or_the_decimals_a_difference_needs(value, kwargs,
+                                                                              text):
+    assert fmt_sig(value, **kwargs) == text
+
+
+def test_losses_show_the_models_gap_and_ignore_differences_within_rounding():
+    assert loss_resolution({"bayes": 0.0, "bound": -5e-5, "model": 7.26e-4}) == 7.26e-4
+    assert loss_resolution({"bayes": 0.0, "bound": -5e-15, "zero": 0.164}) == 0.164
+    assert loss_resolution({"bayes": 0.0, "model": 1e-9}) == ROUNDING_GAP
+    assert fmt_loss(1.4321402, 7.26e-4) == "1.43214"  # the gap to two significant figures
+    assert fmt_loss(1.8345, 3.82) == "1.8345" and fmt_loss(None, 0.1) == "-"

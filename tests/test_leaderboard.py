@@ -16,7 +16,7 @@ import pytest
 
 from bench import leaderboard, records
 from bench.__main__ import main
-from bench.evaluate import fmt
+from bench.evaluate import fmt_sig
 from bench.leaderboard import select_runs, write_leaderboard
 from bench.plot import curve_styles, gap_figure
 from bench.records import SCHEMA, provenance, read_records
@@ -133,7 +133,7 @@ def test_rows_pool_only_one_code_version_and_the_table_shows_the_newest(tmp_path
         ("aaaaaaa", pytest.approx(0.2), 2)]
     (note,) = [line for line in text.splitlines() if line.startswith("Older code versions")]
     assert note == ("Older code versions of rows above, left out of the table: "
-                    + "; ".join(f"mamba @ {code}: gap [{fmt(gap - 0.01)}, {fmt(gap + 0.01)}], "
+                    + "; ".join(f"mamba @ {code}: gap [{fmt_sig(gap - 0.01)}, {fmt_sig(gap + 0.01)}], "
                                 "1 seed" for code, gap in [("ccccccc?", 0.9), ("bbbbbbb", 0.7),
                                                            ("aaaaaaa+dirty", 0.5)]) + ".")
     selection = select_runs(str(tmp_path / "results"))

@@ -1,0 +1,179 @@
+"""python -m bench compare: the paired difference of two runs on the same held-out sequences,
+against direct computations of its definition, and what it refuses."""
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bench.__main__ import main
+from bench.compare import compare, paired_difference
+from bench.evaluate import score_predictions
+from bench.records import SCHEMA, json_safe
+from tasks.markov import MarkovConfig, MarkovTask
+
+RESAMPLES = 400
+
+
+def mixture(preds: dict, weight: float) -> torch.Tensor:
+    """Log-probabilities of weight · Bayes + (1 − weight) · unigram: a model between the two."""
+    return torch.log(weight * preds["bayes"].exp() + (1 - weight) * preds["unigram"].exp())
+
+
+def record_of(task, batch, prediction, model="mamba", seed=0) -> dict:
+    """An `ok` run record (as JSON would hold it) of a model that predicted `prediction`."""
+    result = score_predictions(task, batch, prediction, RESAMPLES)
+    record = {"schema": SCHEMA, "run_id": f"markov--{model}--s{seed}", "status": "ok",
+              "task": {"name": "markov", "config": task.config_dict()},
+              "model": {"name": model, "config": {}},
+              "trainer": {"name": "default", "config": {"bootstrap": RESAMPLES}},
+              "seed": seed, "overrides": [], "params": 1, "state_size": 1,
+              "train": {"steps": 10, "wall_time_s": 1.0}, **result}
+    return json.loads(json.dumps(json_safe(record)))
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Records of two models on one held-out set (seq_len 80: all three bands), and the task."""
+    task = MarkovTask(MarkovConfig(order=1, vocab_size=3, seq_len=80))
+    batch = task.held_out(300)
+    preds = {name: ref.predict(batch) for name, ref in task.references().items()}
+    return (task, batch, preds, record_of(task, batch, mixture(preds, 0.9)),
+            record_of(task, batch, mixture(preds, 0.6), model="transformer"))
+
+
+def write(tmp_path, name: str, record: dict) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(record))
+    return str(path)
+
+
+def test_the_paired_interval_is_the_percentile_bootstrap_of_the_differences():
+    rng = np.random.default_rng(1)
+    a = rng.normal(1.0, 0.3, 257)
+    b = a + rng.normal(0.01, 0.02, 257)
+    paired = paired_difference(a.tolist(), b.tolist(), RESAMPLES)
+    # the definition: resample sequences (evaluate.bootstrap_ci's index draw, seed 0), mean of
+    # b − a in each resample, the 2.5% and 97.5% quantiles of those means
+    index = torch.randint(len(a), (RESAMPLES, len(a)),
+                          generator=torch.Generator().manual_seed(0)).numpy()
+    means = (b - a)[index].mean(1)
+    assert paired["difference"] == pytest.approx((b - a).mean(), abs=1e-14)
+    assert paired["ci"] == pytest.approx(list(np.quantile(means, [0.025, 0.975])), abs=1e-14)
+    assert paired["sequences"] == 257
+
+
+def test_sequences_without_a_value_in_a_band_are_left_out_of_both():
+    paired = paired_difference([1.0, None, 2.0], [1.5, None, 2.5], RESAMPLES)
+    assert paired["sequences"] == 2 and paired["difference"] == pytest.approx(0.5)
+    assert paired_difference([None], [None], RESAMPLES) is None
+
+
+def test_the_record_carries_per_sequence_losses_that_average_to_its_metrics(runs):
+    task, batch, preds, a, _ = runs
+    m, per_sequence = a["metrics"], a["per_sequence"]
+    assert len(per_sequence["loss"]["model"]) == m["sequences"] == len(batch)
+    assert np.mean(per_sequence["loss"]["model"]) == pytest.approx(m["loss"]["model"], rel=1e-6)
+    assert per_sequence["bands"] == [[1, 8], [9, 64], [65, 80]]
+    # a band's gap is the mean over sequences of (model − Bayes) over the band's positions
+    losses = (task.position_loss(mixture(preds, 0.9), batch.targets)
+              - task.position_loss(preds["bayes"], batch.targets))
+    for (first, last), band in zip(per_sequence["bands"], m["gap_by_band"]):
+        assert band["gap"] == pytest.approx(float(losses[:, first - 1:last].mean()), rel=1e-9)
+        assert band["sequences"] == len(batch)
+
+
+def test_identical_records_differ_by_zero_and_are_not_distinguishable(runs, tmp_path):
+    _, _, _, a, _ = runs
+    result = compare(write(tmp_path, "a.json", a), write(tmp_path, "b.json", a))
+    for row in result["rows"]:
+        assert row["paired"]["difference"] == 0 and row["paired"]["ci"] == [0.0, 0.0]
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+
+
+def test_identical_records_print_not_distinguishable(runs, tmp_path, capsys):
+    _, _, _, a, _ = runs
+    assert main(["compare", write(tmp_path, "a.json", a), write(tmp_path, "b.json", a)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("all", "1–8", "9–64", "65–80"))]
+    assert len(rows) == 4
+    assert all(line.endswith("not distinguishable at 300 sequences") for line in rows)
+
+
+def test_a_shifted_record_is_detected_in_both_orders(runs, tmp_path):
+    _, _, _, a, _ = runs
+    shifted = copy.deepcopy(a)
+    shifted["per_sequence"]["loss"]["model"] = [v + 0.01
+                                                for v in a["per_sequence"]["loss"]["model"]]
+    path_a, path_b = write(tmp_path, "a.json", a), write(tmp_path, "b.json", shifted)
+    overall = compare(path_a, path_b)["rows"][0]["paired"]
+    assert overall["difference"] == pytest.approx(0.01) and overall["ci"][0] > 0
+    assert compare(path_b, path_a)["rows"][0]["paired"]["ci"][1] < 0
+
+
+def test_a_worse_model_is_found_worse_overall_and_the_gaps_are_the_records(runs, tmp_path,
+                                                                          capsys):
+    _, _, _, a, b = runs
+    assert main(["compare", write(tmp_path, "a.json", a), write(tmp_path, "b.json", b)]) == 0
+    out = capsys.readouterr().out
+    overall = next(line for line in out.splitlines() if line.startswith("all"))
+    assert overall.endswith("A better")
+    result = compare(str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    row = result["rows"][0]
+    assert row["paired"]["difference"] == pytest.approx(
+        b["metrics"]["bayes_gap"] - a["metrics"]["bayes_gap"], rel=1e-5)
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("other_held_out", "different held-out sets"),
+    ("old", "re-evaluate its weights with python -m bench eval"),
+    ("failed", "only ok runs"),
+    ("text", "text record"),
+    ("malformed", "malformed per_sequence"),
+    ("missing", "no such record file"),
+    ("not_json", "not valid JSON"),
+])
+def test_records_that_do_not_pair_are_refused_in_one_line_exit_2(runs, tmp_path, capsys, case,
+                                                                  needle):
+    _, _, _, a, _ = runs
+    b = copy.deepcopy(a)
+    if case == "other_held_out":
+        b["metrics"]["held_out_digest"] = "0" * 64
+    elif case == "old":
+        del b["per_sequence"], b["metrics"]["held_out_digest"]
+    elif case == "failed":
+        b["status"], b["reason"] = "failed", "non-finite loss at step 3"
+    elif case == "text":
+        b["metrics"].update(scoring="perplexity", perplexity={}, perplexity_ci={},
+                            bits_per_byte={})
+        b["per_position"]["loss.model"] = b["per_position"]["gap.model"]
+    elif case == "malformed":
+        b["per_sequence"]["loss"]["model"] = b["per_sequence"]["loss"]["model"][:-1]
+    path_b = write(tmp_path, "b.json", b)
+    if case == "missing":
+        path_b = str(tmp_path / "absent.json")
+    elif case == "not_json":
+        (tmp_path / "b.json").write_text("{not json")
+    assert main(["compare", write(tmp_path, "a.json", a), path_b]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args", [[], ["only.json"], ["a.json", "b.json", "c.json"],
+                                  ["bootstrap=10", "x.json"]])
+def test_compare_takes_exactly_two_record_files(args, capsys):
+    assert main(["compare", *args]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_different_reference_on_the_same_sequences_is_said(runs, tmp_path, capsys):
+    _, _, _, a, b = runs
+    b = copy.deepcopy(b)
+    b["metrics"]["loss"]["bayes"] += 0.001  # e.g. another quadrature grid of the Bayes predictor
+    assert main(["compare", write(tmp_path, "a.json", a), write(tmp_path, "b.json", b)]) == 0
+    out = capsys.readouterr().out
+    assert "gap references differ" in out and "= gap B − gap A" not in out
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "references differ" not in out and "= gap B − gap A" in out
