@@ -476,16 +476,20 @@ class RunCSVLogger(CSVLogger):
         return self._experiment
 
 
-def make_logger(config: RunConfig, log_dir: str):
-    """The Lightning logger of `trainer.logger`, writing into out_dir/<log_dir>; None for none."""
+def make_logger(config: RunConfig, log_dir: str, resume_step: int = 0):
+    """The Lightning logger of `trainer.logger`, writing into out_dir/<log_dir>; None for none.
+    `resume_step`: the step a resumed run goes on from; the log's entries from it on are the
+    ones it writes again."""
     kind = config.trainer.logger
     path = os.path.normpath(os.path.join(config.out_dir, log_dir))
     if kind == "csv":
         return RunCSVLogger(path)
     if kind == "tensorboard":
         from lightning.pytorch.loggers import TensorBoardLogger
+        # purge_step (SummaryWriter's): TensorBoard hides the earlier events from that step on
         return TensorBoardLogger(save_dir=os.path.dirname(path), name=os.path.basename(path),
-                                 version="", default_hp_metric=False)
+                                 version="", default_hp_metric=False,
+                                 purge_step=resume_step or None)
     if kind == "wandb":
         os.environ.setdefault("WANDB_MODE", "offline")  # a user's WANDB_MODE=online wins
         from lightning.pytorch.loggers import WandbLogger
@@ -511,10 +515,8 @@ class RunLog(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         step = int(trainer.global_step)  # > 0 when resumed from a checkpoint
-        if isinstance(self.logger, RunCSVLogger):
+        if isinstance(self.logger, RunCSVLogger):  # TensorBoard's: make_logger's purge_step
             self.logger.keep_before = step
-        elif step and isinstance(getattr(self.logger, "_kwargs", None), dict):
-            self.logger._kwargs["purge_step"] = step  # TensorBoard: drop the later events
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch,
                              batch_idx: int) -> None:
@@ -585,9 +587,10 @@ class StderrProgressBar(L.pytorch.callbacks.TQDMProgressBar):
 
 
 def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
-                 signals: SignalGuard | None = None) -> L.Trainer:
+                 signals: SignalGuard | None = None, resume_step: int = 0) -> L.Trainer:
     """The Trainer of a run; its training log goes to out_dir/<log_dir> (default
-    logs/<run_id>) unless trainer.logger=none; `signals`' handlers are kept over Lightning's."""
+    logs/<run_id>) unless trainer.logger=none, continued from `resume_step` when resumed;
+    `signals`' handlers are kept over Lightning's."""
     t = config.trainer
     # A terminal redraws the bar in place; a log file gets a line per refresh, so refresh less.
     callbacks: list = [StderrProgressBar(
@@ -599,7 +602,7 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
     if signals is not None:
         callbacks.append(KeepSignalHandlers(signals))
     log_dir = log_dir or run_log_dir(run_id)
-    logger = make_logger(config, log_dir)
+    logger = make_logger(config, log_dir, resume_step)
     if logger is not None:
         callbacks.append(RunLog(logger, t.log_every, os.path.join(config.out_dir, log_dir)))
     return L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
@@ -664,7 +667,8 @@ RESUME_MAY_CHANGE = frozenset({"eval_sequences", "eval_batch_size", "bootstrap",
 def check_resume(config: RunConfig) -> dict:
     """Validate `resume=<checkpoint>` before anything runs or is written: the file exists and is
     readable, this runner wrote it, and it was made with the same task and model (name and
-    config). Returns the checkpoint's run metadata; raises ConfigError (one line) otherwise."""
+    config). Returns the checkpoint's run metadata, with `resume_step` (the step the run goes
+    on from); raises ConfigError (one line) otherwise."""
     path = config.resume
     if not os.path.isfile(path):
         raise ConfigError(f"resume: no checkpoint file '{path}'")
@@ -701,7 +705,7 @@ def check_resume(config: RunConfig) -> dict:
             raise ConfigError(f"resume: '{path}' was made with a different {group}: "
                               f"{'; '.join(diffs[:2])}{more}; a resumed run trains on as it "
                               "started, or its record would not say what ran")
-    return meta
+    return {**meta, "resume_step": int(checkpoint.get("global_step", 0))}
 
 
 def _global_zero(trainer: L.Trainer | None) -> bool:
@@ -779,7 +783,8 @@ def run(config: RunConfig, weights: dict | None = None,
                 model.load_state_dict(weights["state_dict"])
                 record["train"] = weights.get("train")
             module = ICLModule(model, task, config.trainer, run_info, signals, start)
-            trainer = make_trainer(config, run_id, log_dir, signals)
+            trainer = make_trainer(config, run_id, log_dir, signals,
+                                   resumed["resume_step"] if resumed else 0)
             if weights is None:
                 with signals.phase("flag"):
                     trainer.fit(module, datamodule=task, ckpt_path=config.resume or None)
