@@ -367,10 +367,8 @@ class ICLModule(L.LightningModule):
         # Steps from the checkpoint on are trained again by this run: keep only earlier ones.
         resume_step = int(checkpoint.get("global_step", 0))
         self.loss_curve = [(int(s), float(v)) for s, v in meta["loss_curve"] if s < resume_step]
-        # A validation point at step s scored the weights after s steps: the checkpoint's own
-        # step included (LiveValidation runs before ModelCheckpoint, which Lightning puts last).
         self.val_curve = [(int(s), float(v)) for s, v in meta.get("val_curve", [])
-                          if s <= resume_step]
+                          if s < resume_step]
         self.prior_train_time = float(meta["train_wall_time_s"])
         self.resumed = meta
 
@@ -626,10 +624,12 @@ class LiveValidation(L.Callback):
     `val/...` in the training log (headline()) and [step, value] in the record's
     train.val_curve, the step counting optimizer steps done (N, 2N, ..., max_steps).
 
-    After the step, at its batch end (never inside training_step, which reads nothing back
-    between its checks): in eval mode without gradients, under the training precision, with the
-    random state forked and no training batch drawn, so a run's result is bit for bit the same
-    with or without validation.
+    Between steps: when the batch of step s (s optimizer steps done) starts, and when training
+    ends, never inside training_step (which reads nothing back between its checks). So a
+    checkpoint of step s holds the points before s and the run resumed from it scores s itself,
+    as the loss curve and the log go on (RunLog). In eval mode without gradients, under the
+    training precision, with the random state forked and no training batch drawn, so a run's
+    result is bit for bit the same with or without validation.
 
     Under DDP rank 0 alone validates, on its own replica (module.model, not the DDP wrapper),
     with no collective inside: the other ranks go on and wait for it in the next step's gradient
@@ -652,11 +652,19 @@ class LiveValidation(L.Callback):
             self.references = (reference_scores(task, self.sequences) if task.scoring == "gap"
                                else ReferenceScores({}, None))
 
-    def on_train_batch_end(self, trainer: L.Trainer, module: ICLModule, outputs, batch,
-                           batch_idx: int) -> None:
-        step = int(trainer.global_step)  # optimizer steps done, this batch's included
-        if not trainer.is_global_zero or (step % self.config.val_every
-                                          and step < self.config.max_steps):
+    def on_train_batch_start(self, trainer: L.Trainer, module: ICLModule, batch,
+                             batch_idx: int) -> None:
+        step = int(trainer.global_step)  # optimizer steps done, this batch's still to come
+        if step > 0 and step % self.config.val_every == 0:
+            self.validate_at(step, trainer, module)
+
+    def on_train_end(self, trainer: L.Trainer, module: ICLModule) -> None:
+        step = int(trainer.global_step)  # the last step
+        if not module.val_curve or module.val_curve[-1][0] != step:
+            self.validate_at(step, trainer, module)
+
+    def validate_at(self, step: int, trainer: L.Trainer, module: ICLModule) -> None:
+        if not trainer.is_global_zero:
             return
         values = headline(self.validate(trainer, module), "val")
         module.val_curve.append((step, next(iter(values.values()))))
@@ -742,8 +750,8 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
         run_log = RunLog(logger, t.log_every, os.path.join(config.out_dir, log_dir),
                          hyperparameters(config.describe(), run_id))
         callbacks.append(run_log)
-    if t.val_every > 0:
-        callbacks.append(LiveValidation(t, run_log))
+    if t.val_every > 0:  # before RunLog, whose on_train_end closes the log
+        callbacks.insert(len(callbacks) - (run_log is not None), LiveValidation(t, run_log))
     return L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
                      num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
                      gradient_clip_val=t.grad_clip or None, logger=False,
