@@ -72,6 +72,10 @@ class TrainerConfig:
     bootstrap: int = 2000  # bootstrap resamples for the confidence interval
     reference_cache: bool = True  # held-out set + reference scores once per task config, in out_dir/cache
     log_every: int = 10
+    # optimizer steps between validations of the headline (Bayes gap; text: nats/token) on a
+    # fixed sample of val_sequences held-out sequences, logged as val/*; 0 = none (README "Training logs")
+    val_every: int = 0
+    val_sequences: int = 64
     checkpoint_every: int = 0  # steps between checkpoints; 0 = none
     progress: bool = True
     threads: int = 0  # CPU threads for torch; 0 = torch's default (one per core). See README "Threads"
@@ -82,7 +86,8 @@ class TrainerConfig:
     def __post_init__(self):
         from bench.checks import ACCELERATORS, LOGGERS, PRECISIONS, STRATEGIES
         at_least = {"max_steps": 1, "batch_size": 1, "eval_sequences": 2, "eval_batch_size": 1,
-                    "bootstrap": 1, "log_every": 1, "num_nodes": 1, "warmup_steps": 0,
+                    "bootstrap": 1, "log_every": 1, "val_every": 0, "val_sequences": 1,
+                    "num_nodes": 1, "warmup_steps": 0,
                     "checkpoint_every": 0, "threads": 0, "loader_workers": -1}
         for name, low in at_least.items():
             if getattr(self, name) < low:

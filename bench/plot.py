@@ -120,6 +120,15 @@ def position_curves(record: dict) -> tuple[dict[str, list], str]:
              if key.startswith(kind + ".")}, kind)
 
 
+def validation_label(record: dict) -> str:
+    """What a record's train.val_curve holds (bench/train.py LiveValidation): the Bayes gap to
+    its gap reference, or for text (no Bayes predictor) the model's loss in nats/token."""
+    metrics = record.get("metrics") or {}
+    if metrics.get("scoring") == "perplexity":
+        return "validation loss (nats/token)"
+    return f"validation gap to {metrics.get('gap_reference') or 'bayes'}"
+
+
 def runs_figure(records: list[dict]):
     """Training loss by step (and the validation gap where the record has it) beside the gap
     (or loss) by position: every run a solid curve; the first run's references dashed."""
@@ -145,9 +154,10 @@ def runs_figure(records: list[dict]):
             curve = (record.get("train") or {}).get("val_curve") or []
             axes[1].plot([s for s, _ in curve], [v for _, v in curve], color=colour, lw=0.9,
                          marker="o", ms=2.5, label=label)
-        axes[1].axhline(0, color="k", lw=0.6)
         axes[1].set_xlabel("step")
-        axes[1].set_ylabel("validation gap")
+        axes[1].set_ylabel(validation_label(records[0]))
+        if (records[0].get("metrics") or {}).get("scoring") != "perplexity":
+            axes[1].axhline(0, color="k", lw=0.6)  # a gap's zero; nats/token are far from it
     first, kind = position_curves(records[0])
     models = {label: position_curves(r)[0].get("model", []) for r, label in zip(records, labels)}
     references = {name: curve for name, curve in first.items() if name != "model"}

@@ -28,14 +28,15 @@ from torch import Tensor
 
 from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
 from bench import reference_cache
-from bench.evaluate import probe_summary, score_predictions, token_scores
+from bench.evaluate import (ReferenceScores, probe_summary, reference_scores, score_predictions,
+                            token_scores)
 from bench.records import (SCHEMA, RunFailed, SignalAfterRecord, new_run_id,
                            planned_environment, provenance, write_record)
 from models import build_model
 from models.backbone import Backbone, IOSpec
 from models.ssd import kernel_fallback
 from tasks import task_families
-from tasks.base import Batch, Task
+from tasks.base import VAL_STREAM, Batch, Task
 
 CHECKPOINT_FORMAT = "icl-bench/checkpoint/1"  # marks checkpoints this runner wrote
 CHECKPOINT_KEY = "icl_bench"  # where the run's metadata sits in the Lightning checkpoint
@@ -247,6 +248,7 @@ class ICLModule(L.LightningModule):
         self.signals = signals
         self.clock_start = time.perf_counter() if clock_start is None else clock_start
         self.loss_curve: list[tuple[int, float]] = []
+        self.val_curve: list[tuple[int, float]] = []  # (step, headline): LiveValidation's
         self.prior_train_time = 0.0  # training seconds of the run(s) this one resumes
         self.resumed: dict | None = None  # the checkpoint's metadata, when resumed
         self._nonfinite_checks = 0  # consecutive checks with a non-finite loss
@@ -317,18 +319,22 @@ class ICLModule(L.LightningModule):
             name: torchmetrics.CatMetric(nan_strategy="disable")
             for name in fields}).to(self.device)
 
+    def held_out_outputs(self, held_out: Batch) -> tuple[dict[str, Tensor], torch.dtype]:
+        """What scoring needs of the model on held-out sequences (float32, where the model is),
+        for the final evaluation and the live validation alike: its predictions, or for a
+        perplexity task its per-position loss and top-1 hits; and the dtype it predicted in."""
+        if self.task.scoring == "gap":
+            prediction = self.model.predict(held_out.inputs)
+            return {"prediction": prediction.float()}, prediction.dtype
+        loss, correct, dtype = token_scores(self.model, held_out, self.task.output_dim)
+        return {"loss": loss, "correct": correct.float()}, dtype
+
     def test_step(self, batch: tuple[Tensor, Batch], batch_idx: int) -> None:
         index, held_out = batch
         self.gathered["index"].update(index.float())  # float32 counts exactly up to 2^24
-        # predictions under the training precision
-        if self.task.scoring == "gap":
-            prediction = self.model.predict(held_out.inputs)
-            self.gathered["prediction"].update(prediction.float())
-            dtype = prediction.dtype
-        else:
-            loss, correct, dtype = token_scores(self.model, held_out, self.task.output_dim)
-            self.gathered["loss"].update(loss)
-            self.gathered["correct"].update(correct.float())
+        outputs, dtype = self.held_out_outputs(held_out)  # under the training precision
+        for name, value in outputs.items():
+            self.gathered[name].update(value)
         self.eval_device = str(held_out.inputs.device)
         self.eval_dtype = str(dtype).removeprefix("torch.")
 
@@ -343,17 +349,15 @@ class ICLModule(L.LightningModule):
                 raise Interrupted(agreed_signal(self.signals.signum, world, self.device))
         computed = {name: metric.compute() for name, metric in self.gathered.items()}
         order = computed.pop("index").long().argsort()
-        if self.task.scoring == "gap":
-            self.test_predictions = computed["prediction"][order].double().cpu()
-        else:
-            self.test_scores = {"loss": computed["loss"][order].double().cpu(),
-                                "correct": computed["correct"][order].bool().cpu()}
+        self.test_predictions, self.test_scores = scoring_inputs(
+            self.task, {name: value[order] for name, value in computed.items()})
         del self.gathered
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = {
             "format": CHECKPOINT_FORMAT, **self.run_info,
             "loss_curve": [list(point) for point in self.loss_curve],
+            "val_curve": [list(point) for point in self.val_curve],
             "train_wall_time_s": self.train_time()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -363,6 +367,8 @@ class ICLModule(L.LightningModule):
         # Steps from the checkpoint on are trained again by this run: keep only earlier ones.
         resume_step = int(checkpoint.get("global_step", 0))
         self.loss_curve = [(int(s), float(v)) for s, v in meta["loss_curve"] if s < resume_step]
+        self.val_curve = [(int(s), float(v)) for s, v in meta.get("val_curve", [])
+                          if s < resume_step]
         self.prior_train_time = float(meta["train_wall_time_s"])
         self.resumed = meta
 
@@ -389,6 +395,43 @@ def parameter_groups(model: torch.nn.Module, config) -> list[dict]:
             {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
             {"params": recurrent, "weight_decay": 0.0,
              "lr": config.lr * config.recurrent_lr_ratio}]
+
+
+def scoring_inputs(task: Task, outputs: dict[str, Tensor]) -> tuple[Tensor | None,
+                                                                     dict[str, Tensor] | None]:
+    """ICLModule.held_out_outputs of a whole held-out set (in its order) as score_predictions
+    takes them, on the CPU: the predictions (gap tasks), or the per-position scores."""
+    if task.scoring == "gap":
+        return outputs["prediction"].double().cpu(), None
+    return None, {"loss": outputs["loss"].double().cpu(), "correct": outputs["correct"].bool().cpu()}
+
+
+def headline(metrics: dict, prefix: str) -> dict[str, float]:
+    """What the training log gets of a scored held-out set, as `<prefix>/<name>`, the headline
+    first: the model's Bayes gap (to the gap reference), its 95% interval, the relative gap and
+    the model's loss; for text (no Bayes predictor) nats/token, its interval and perplexity."""
+    if metrics.get("scoring") == "perplexity":
+        low, high = metrics["loss_ci"]["model"]
+        values = {"loss": metrics["loss"]["model"], "loss_ci_low": low, "loss_ci_high": high,
+                  "perplexity": metrics["perplexity"]["model"]}
+    else:
+        low, high = metrics["bayes_gap_ci"]
+        values = {"bayes_gap": metrics["bayes_gap"], "bayes_gap_ci_low": low,
+                  "bayes_gap_ci_high": high, "relative_gap": metrics["relative_gap"],
+                  "loss": metrics["loss"]["model"]}
+    return {f"{prefix}/{name}": float(value) for name, value in values.items()}
+
+
+def validation_set(task: Task, n: int) -> Batch:
+    """The live validation's n held-out sequences, fixed for the run: drawn as the final
+    evaluation's held-out set is (Task.held_out: the same distribution, eval_x_scale or the
+    held-out simplex region included) but from the validation stream, so they are not the
+    sequences the final evaluation scores. A task whose data decides its held-out set (text:
+    the evaluation split's windows) gives n of those windows, evenly spaced over the split."""
+    batch = task.held_out(n, VAL_STREAM)
+    if len(batch) > n:
+        batch = batch.select(torch.linspace(0, len(batch) - 1, n).round().long())
+    return batch
 
 
 def build(config: RunConfig) -> tuple[Task, Backbone]:
@@ -476,16 +519,20 @@ class RunCSVLogger(CSVLogger):
         return self._experiment
 
 
-def make_logger(config: RunConfig, log_dir: str):
-    """The Lightning logger of `trainer.logger`, writing into out_dir/<log_dir>; None for none."""
+def make_logger(config: RunConfig, log_dir: str, resume_step: int = 0):
+    """The Lightning logger of `trainer.logger`, writing into out_dir/<log_dir>; None for none.
+    `resume_step`: the step a resumed run goes on from; the log's entries from it on are the
+    ones it writes again."""
     kind = config.trainer.logger
     path = os.path.normpath(os.path.join(config.out_dir, log_dir))
     if kind == "csv":
         return RunCSVLogger(path)
     if kind == "tensorboard":
         from lightning.pytorch.loggers import TensorBoardLogger
+        # purge_step (SummaryWriter's): TensorBoard hides the earlier events from that step on
         return TensorBoardLogger(save_dir=os.path.dirname(path), name=os.path.basename(path),
-                                 version="", default_hp_metric=False)
+                                 version="", default_hp_metric=False,
+                                 purge_step=resume_step or None)
     if kind == "wandb":
         os.environ.setdefault("WANDB_MODE", "offline")  # a user's WANDB_MODE=online wins
         from lightning.pytorch.loggers import WandbLogger
@@ -502,19 +549,24 @@ class RunLog(L.Callback):
     `tokens_per_s` (batch size x seq_len of all ranks per step) over the steps since the
     previous row, or since this process began training. A diverged step gets its row too (loss
     nan, no throughput). Rank 0 only. A resumed run continues the log from the checkpoint's
-    step (see _ContinuedWriter)."""
+    step (see _ContinuedWriter). The run's composed configuration goes to the logger's
+    hyperparameters when training starts (hparams.yaml), LiveValidation's rows and the final
+    evaluation's headline (log_final) to its metrics."""
 
-    def __init__(self, logger, log_every: int, directory: str):
+    def __init__(self, logger, log_every: int, directory: str, hyperparameters: dict):
         self.logger, self.log_every, self.directory = logger, log_every, directory
+        self.hyperparameters = hyperparameters
         self._since: tuple[int, float] | None = None  # (step, time) the interval began
         self._step, self._lr, self._tokens = 0, math.nan, 0
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         step = int(trainer.global_step)  # > 0 when resumed from a checkpoint
-        if isinstance(self.logger, RunCSVLogger):
+        if isinstance(self.logger, RunCSVLogger):  # TensorBoard's: make_logger's purge_step
             self.logger.keep_before = step
-        elif step and isinstance(getattr(self.logger, "_kwargs", None), dict):
-            self.logger._kwargs["purge_step"] = step  # TensorBoard: drop the later events
+        if trainer.is_global_zero:
+            os.makedirs(self.directory, exist_ok=True)
+            self.logger.log_hyperparams(self.hyperparameters)
+            self.logger.save()
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch,
                              batch_idx: int) -> None:
@@ -534,7 +586,7 @@ class RunLog(L.Callback):
         since_step, since_time = self._since
         steps, seconds = step + 1 - since_step, max(now - since_time, 1e-9)
         self._since = (step + 1, now)
-        self._write({"loss": module.logged_loss, "lr": self._lr, "steps_per_s": steps / seconds,
+        self.write({"loss": module.logged_loss, "lr": self._lr, "steps_per_s": steps / seconds,
                      "tokens_per_s": steps * self._tokens / seconds}, step)
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
@@ -547,15 +599,107 @@ class RunLog(L.Callback):
             return
         try:
             if isinstance(exception, Diverged) and exception.loss is not None:
-                self._write({"loss": exception.loss, "lr": self._lr}, exception.step)
+                self.write({"loss": exception.loss, "lr": self._lr}, exception.step)
             self.logger.finalize("failed")
         except Exception:  # the run's own error is the one its record must report
             pass
 
-    def _write(self, metrics: dict, step: int) -> None:
+    def write(self, metrics: dict, step: int) -> None:
+        """One row of the log at `step`, written at once (rank 0)."""
         os.makedirs(self.directory, exist_ok=True)
         self.logger.log_metrics(metrics, step=step)
         self.logger.save()
+
+    def log_final(self, metrics: dict, step: int) -> None:
+        """The final evaluation's headline (`test/...`) at the last step, then the log closed
+        again (on_train_end closed it; a TensorBoard writer reopens for the row)."""
+        self.write(headline(metrics, "test"), step)
+        self.logger.finalize("success")
+
+
+class LiveValidation(L.Callback):
+    """trainer.val_every: every N optimizer steps and at the last one, the run's headline (the
+    Bayes gap; text: nats/token) on the fixed validation_set of trainer.val_sequences sequences,
+    scored as the final evaluation scores (ICLModule.held_out_outputs, score_predictions): a row
+    `val/...` in the training log (headline()) and [step, value] in the record's
+    train.val_curve, the step counting optimizer steps done (N, 2N, ..., max_steps).
+
+    Between steps: when the batch of step s (s optimizer steps done) starts, and when training
+    ends, never inside training_step (which reads nothing back between its checks). So a
+    checkpoint of step s holds the points before s and the run resumed from it scores s itself,
+    as the loss curve and the log go on (RunLog). In eval mode without gradients, under the
+    training precision, with the random state forked and no training batch drawn, so a run's
+    result is bit for bit the same with or without validation.
+
+    Under DDP rank 0 alone validates, on its own replica (module.model, not the DDP wrapper),
+    with no collective inside: the other ranks go on and wait for it in the next step's gradient
+    all-reduce. Sharding a few dozen sequences over the ranks would save little and need a
+    gather that every rank must reach; the record and the log are rank 0's anyway."""
+
+    def __init__(self, config: TrainerConfig, run_log: RunLog | None):
+        self.config, self.run_log = config, run_log
+        self.sequences: Batch | None = None
+        self.references: ReferenceScores | None = None
+
+    def on_train_start(self, trainer: L.Trainer, module: ICLModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        task = module.task
+        with torch.random.fork_rng(devices=self._rng_devices(module)):
+            self.sequences = validation_set(task, self.config.val_sequences)
+            # a text model's nats/token need no reference; a gap needs every reference's scores
+            # (the task's summary of them is part of scoring), computed once, here
+            self.references = (reference_scores(task, self.sequences) if task.scoring == "gap"
+                               else ReferenceScores({}, None))
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: ICLModule, batch,
+                             batch_idx: int) -> None:
+        step = int(trainer.global_step)  # optimizer steps done, this batch's still to come
+        if step > 0 and step % self.config.val_every == 0:
+            self.validate_at(step, trainer, module)
+
+    def on_train_end(self, trainer: L.Trainer, module: ICLModule) -> None:
+        step = int(trainer.global_step)  # the last step
+        if not module.val_curve or module.val_curve[-1][0] != step:
+            self.validate_at(step, trainer, module)
+
+    def validate_at(self, step: int, trainer: L.Trainer, module: ICLModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        values = headline(self.validate(trainer, module), "val")
+        module.val_curve.append((step, next(iter(values.values()))))
+        if self.run_log is not None:
+            self.run_log.write(values, step)
+
+    def validate(self, trainer: L.Trainer, module: ICLModule) -> dict:
+        """The metrics of the validation set (score_predictions'), NaN where the model's
+        outputs are not finite: a diverging run is stopped by its loss checks, not here."""
+        model, size = module.model, self.config.eval_batch_size
+        training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=self._rng_devices(module)), \
+                    trainer.precision_plugin.forward_context():
+                parts = [module.held_out_outputs(
+                    self.sequences.select(slice(start, start + size)).to(module.device))[0]
+                    for start in range(0, len(self.sequences), size)]
+        finally:
+            model.train(training)
+        predictions, scores = scoring_inputs(
+            module.task, {name: torch.cat([part[name] for part in parts]) for name in parts[0]})
+        try:
+            return score_predictions(module.task, self.sequences, predictions,
+                                     self.config.bootstrap, self.references, scores)["metrics"]
+        except FloatingPointError:
+            nan = math.nan
+            return {"scoring": "perplexity", "loss": {"model": nan}, "loss_ci": {"model": [nan, nan]},
+                    "perplexity": {"model": nan}} if module.task.scoring == "perplexity" else {
+                    "bayes_gap": nan, "bayes_gap_ci": [nan, nan], "relative_gap": nan,
+                    "loss": {"model": nan}}
+
+    @staticmethod
+    def _rng_devices(module: ICLModule) -> list:
+        return [module.device] if module.device.type == "cuda" else []
 
 
 class StderrProgressBar(L.pytorch.callbacks.TQDMProgressBar):
@@ -585,9 +729,10 @@ class StderrProgressBar(L.pytorch.callbacks.TQDMProgressBar):
 
 
 def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
-                 signals: SignalGuard | None = None) -> L.Trainer:
+                 signals: SignalGuard | None = None, resume_step: int = 0) -> L.Trainer:
     """The Trainer of a run; its training log goes to out_dir/<log_dir> (default
-    logs/<run_id>) unless trainer.logger=none; `signals`' handlers are kept over Lightning's."""
+    logs/<run_id>) unless trainer.logger=none, continued from `resume_step` when resumed;
+    `signals`' handlers are kept over Lightning's."""
     t = config.trainer
     # A terminal redraws the bar in place; a log file gets a line per refresh, so refresh less.
     callbacks: list = [StderrProgressBar(
@@ -599,9 +744,14 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
     if signals is not None:
         callbacks.append(KeepSignalHandlers(signals))
     log_dir = log_dir or run_log_dir(run_id)
-    logger = make_logger(config, log_dir)
+    logger = make_logger(config, log_dir, resume_step)
+    run_log = None
     if logger is not None:
-        callbacks.append(RunLog(logger, t.log_every, os.path.join(config.out_dir, log_dir)))
+        run_log = RunLog(logger, t.log_every, os.path.join(config.out_dir, log_dir),
+                         hyperparameters(config.describe(), run_id))
+        callbacks.append(run_log)
+    if t.val_every > 0:  # before RunLog, whose on_train_end closes the log
+        callbacks.insert(len(callbacks) - (run_log is not None), LiveValidation(t, run_log))
     return L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
                      num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
                      gradient_clip_val=t.grad_clip or None, logger=False,
@@ -609,6 +759,18 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
                      enable_progress_bar=t.progress, enable_model_summary=False,
                      num_sanity_val_steps=0, limit_val_batches=0, log_every_n_steps=t.log_every,
                      use_distributed_sampler=False, deterministic=False)
+
+
+def hyperparameters(described: dict, run_id: str) -> dict:
+    """A run's composed configuration as one flat mapping for a logger's hyperparameters:
+    task.<field>, model.<field> and trainer.<field> with each group's name (and the task's and
+    model's family), the seed and the run id."""
+    flat = {"run_id": run_id, "seed": described["seed"]}
+    for group in ("task", "model", "trainer"):
+        entry = described[group]
+        flat.update({f"{group}.{key}": entry[key] for key in ("name", "family") if key in entry})
+        flat.update({f"{group}.{key}": value for key, value in entry["config"].items()})
+    return flat
 
 
 def quiet_lightning() -> None:
@@ -657,14 +819,15 @@ def code_of_this_process() -> dict:
 # environment, the code) must be the checkpoint's: the optimizer, its schedule over max_steps
 # and the batches continue from the checkpoint as they were.
 RESUME_MAY_CHANGE = frozenset({"eval_sequences", "eval_batch_size", "bootstrap", "reference_cache",
-                               "log_every", "checkpoint_every", "progress", "threads", "logger",
-                               "loader_workers", "save_weights"})
+                               "log_every", "val_every", "val_sequences", "checkpoint_every",
+                               "progress", "threads", "logger", "loader_workers", "save_weights"})
 
 
 def check_resume(config: RunConfig) -> dict:
     """Validate `resume=<checkpoint>` before anything runs or is written: the file exists and is
     readable, this runner wrote it, and it was made with the same task and model (name and
-    config). Returns the checkpoint's run metadata; raises ConfigError (one line) otherwise."""
+    config). Returns the checkpoint's run metadata, with `resume_step` (the step the run goes
+    on from); raises ConfigError (one line) otherwise."""
     path = config.resume
     if not os.path.isfile(path):
         raise ConfigError(f"resume: no checkpoint file '{path}'")
@@ -701,7 +864,7 @@ def check_resume(config: RunConfig) -> dict:
             raise ConfigError(f"resume: '{path}' was made with a different {group}: "
                               f"{'; '.join(diffs[:2])}{more}; a resumed run trains on as it "
                               "started, or its record would not say what ran")
-    return meta
+    return {**meta, "resume_step": int(checkpoint.get("global_step", 0))}
 
 
 def _global_zero(trainer: L.Trainer | None) -> bool:
@@ -779,7 +942,8 @@ def run(config: RunConfig, weights: dict | None = None,
                 model.load_state_dict(weights["state_dict"])
                 record["train"] = weights.get("train")
             module = ICLModule(model, task, config.trainer, run_info, signals, start)
-            trainer = make_trainer(config, run_id, log_dir, signals)
+            trainer = make_trainer(config, run_id, log_dir, signals,
+                                   resumed["resume_step"] if resumed else 0)
             if weights is None:
                 with signals.phase("flag"):
                     trainer.fit(module, datamodule=task, ckpt_path=config.resume or None)
@@ -810,6 +974,9 @@ def run(config: RunConfig, weights: dict | None = None,
                 if probe is not None:
                     record["metrics"]["probe"] = probe
                     times["probe"] = lap()
+                run_log = next((c for c in trainer.callbacks if isinstance(c, RunLog)), None)
+                if run_log is not None and weights is None:  # the trained run's log
+                    run_log.log_final(record["metrics"], int(trainer.global_step))
                 # predicted under the training precision (autocast for *-mixed), as trained
                 record["eval"] = {"device": module.eval_device, "world_size": trainer.world_size,
                                   "precision": str(trainer.precision),
@@ -952,4 +1119,5 @@ def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone
             "compile": module.config.compile,
             "kernel": scan_kernels(model, getattr(module, "train_device", "cpu")),
             "kernel_fallback": kernel_fallback(getattr(module, "train_device", "cpu")),
-            "loss_curve": [list(point) for point in module.loss_curve]}
+            "loss_curve": [list(point) for point in module.loss_curve],
+            "val_curve": [list(point) for point in module.val_curve]}

@@ -1,6 +1,6 @@
 """The training log (trainer.logger): a CSV under out_dir/logs/<run_id>/ holding the loss curve
-of the record, the learning-rate schedule and the throughput; a resumed run continues it, each
-step once; a failed run leaves the steps it did; logger=none writes nothing; a logger whose
+of the record, the learning-rate schedule and the throughput, then a row of the final
+evaluation's headline (test/...); a resumed run continues it, each step once; a failed run leaves the steps it did; logger=none writes nothing; a logger whose
 package is missing is refused at compose time with one line."""
 import csv
 import importlib.util
@@ -21,6 +21,8 @@ RUN = ["task.seq_len=24", "trainer.max_steps=20", "trainer.warmup_steps=2",
        "trainer.eval_sequences=32", "trainer.bootstrap=200", "trainer.progress=false",
        "trainer.log_every=3", "trainer.checkpoint_every=10"]
 LOGGED = list(range(0, 20, 3))
+FINAL = {"test/bayes_gap", "test/bayes_gap_ci_low", "test/bayes_gap_ci_high", "test/relative_gap",
+         "test/loss"}
 
 
 def tiny(*overrides: str) -> list[str]:
@@ -38,6 +40,11 @@ def read_log(path: Path) -> list[dict]:
     return [{key: float(value) if value else None for key, value in row.items()} for row in rows]
 
 
+def training_rows(rows: list[dict]) -> list[dict]:
+    """The rows RunLog writes every log_every steps (not the final evaluation's)."""
+    return [row for row in rows if row.get("lr") is not None]
+
+
 @pytest.fixture(scope="module")
 def first(tmp_path_factory):
     """One 20-step run: (out_dir, record, its log's rows as written before any resume)."""
@@ -51,7 +58,13 @@ def test_the_csv_log_is_where_the_record_says_and_holds_its_loss_curve(first):
     out, record, rows = first
     assert record["log_dir"] == f"logs/{record['run_id']}"  # relative to out_dir
     assert [p.name for p in (out / "logs").iterdir()] == [record["run_id"]]
-    assert set(rows[0]) == {"step", "loss", "lr", "steps_per_s", "tokens_per_s"}
+    assert set(rows[0]) == {"step", "loss", "lr", "steps_per_s", "tokens_per_s", *FINAL}
+    *rows, final = rows  # the final evaluation's headline, at the last step
+    assert final["step"] == 20 and final["test/bayes_gap"] == record["metrics"]["bayes_gap"]
+    assert [final["test/bayes_gap_ci_low"], final["test/bayes_gap_ci_high"]] == \
+        record["metrics"]["bayes_gap_ci"]
+    assert final["test/loss"] == record["metrics"]["loss"]["model"]
+    assert rows == training_rows(rows)
     curve = record["train"]["loss_curve"]
     assert [r["step"] for r in rows] == [s for s, _ in curve] == LOGGED
     assert [r["loss"] for r in rows] == pytest.approx([v for _, v in curve], rel=1e-12)
@@ -59,6 +72,7 @@ def test_the_csv_log_is_where_the_record_says_and_holds_its_loss_curve(first):
 
 def test_the_learning_rate_warms_up_then_follows_the_cosine(first):
     _, record, rows = first
+    rows = training_rows(rows)
     t = record["trainer"]["config"]
     expected = [t["lr"] * cosine_with_warmup(int(r["step"]), t["warmup_steps"], t["max_steps"],
                                              t["min_lr_ratio"]) for r in rows]
@@ -71,7 +85,7 @@ def test_the_learning_rate_warms_up_then_follows_the_cosine(first):
 def test_the_throughput_is_positive_and_counts_batch_times_length(first):
     _, record, rows = first
     per_step = record["trainer"]["config"]["batch_size"] * record["task"]["config"]["seq_len"]
-    for row in rows:
+    for row in training_rows(rows):
         assert 0 < row["steps_per_s"] < 1e6
         assert row["tokens_per_s"] == pytest.approx(row["steps_per_s"] * per_step, rel=1e-9)
 
@@ -85,6 +99,10 @@ def test_a_resumed_run_continues_the_same_log_each_step_once(first, capsys):
     assert resumed["log_dir"] == record["log_dir"]
     assert [p.name for p in (out / "logs").iterdir()] == [record["run_id"]]  # no second log
     rows = read_log(out / record["log_dir"] / "metrics.csv")
+    # the first part's final row (step 20) went with the later steps; the resumed run's came
+    assert [r["step"] for r in rows if r["lr"] is None] == [20]
+    assert rows[-1]["test/bayes_gap"] == resumed["metrics"]["bayes_gap"]
+    rows, before = training_rows(rows), training_rows(before)
     assert [r["step"] for r in rows] == LOGGED  # 0..9 kept, 12..18 written again, once each
     assert rows[:4] == before[:4]  # the rows before the checkpoint's step are untouched
     # the resumed part trained on the same batches: the same losses and learning rates
