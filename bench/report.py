@@ -123,6 +123,10 @@ def print_run(record: dict, path: str) -> None:
     if "gap_excludes_zero" in m:  # records written before these fields lack them
         print(gap_verdict(m))
         print(gap_closed_line(m["gap_closed"]))
+    if m.get("gap_by_band"):  # where in the sequence the gap is: short contexts often differ
+        print("gap by position: " + ", ".join(
+            f"{b['positions'][0]}–{b['positions'][1]} "
+            + ("–" if b["gap"] is None else fmt_sig(b["gap"])) for b in m["gap_by_band"]))
     if is_suspicious(m):
         print("warning: the model beats the exact Bayes predictor beyond its interval — a bug "
               "signal (leaking future tokens?), not a result")

@@ -135,3 +135,24 @@ def test_losses_show_the_models_gap_and_ignore_differences_within_rounding():
     assert loss_resolution({"bayes": 0.0, "model": 1e-9}) == ROUNDING_GAP
     assert fmt_loss(1.4321402, 7.26e-4) == "1.43214"  # the gap to two significant figures
     assert fmt_loss(1.8345, 3.82) == "1.8345" and fmt_loss(None, 0.1) == "-"
+
+
+def test_a_run_summary_says_what_the_gap_means(scored, capsys):
+    """Beside the gap: whether its interval excludes 0, the share of the best baseline's gap
+    closed and the gap by context band, each as the record holds it."""
+    from bench.report import print_run
+    task, batch, preds, _ = scored
+    halfway = torch.log((preds["bayes"].exp() + preds["unigram"].exp()) / 2)
+    m = score(task, batch, {**preds, "model": halfway}, resamples=500)["metrics"]
+    record = {"metrics": m, "model": {"name": "mamba"}, "task": {"name": "markov"},
+              "train": {"steps": 1, "wall_time_s": 1.0, "device": "cpu"}, "params": 1,
+              "state_size": 1, "wall_time_s": 1.0}
+    print_run(record, "r.json")
+    out = capsys.readouterr().out
+    assert "gap > 0: the model is measurably worse than Bayes" in out
+    share = fmt_sig(100 * m["gap_closed"]["fraction"], 2,
+                    resolution=100 * (1 - m["gap_closed"]["fraction"]))
+    assert f"gap closed: {share}% of the gap of the best baseline, unigram" in out
+    bands = ", ".join(f"{b['positions'][0]}–{b['positions'][1]} {fmt_sig(b['gap'])}"
+                      for b in m["gap_by_band"])
+    assert f"gap by position: {bands}\n" in out
