@@ -17,7 +17,7 @@ Used three ways:
   which is why this runs in its own process and never inside the test session.
 
 On the CPU the script patches what the kernel's Python wrappers need from a GPU (facts measured
-in shared/notes/mamba-ssm-on-cpu.md): `torch.cuda.device(index)` becomes a null context,
+on a CPU install of mamba-ssm 2.3.2.post1): `torch.cuda.device(index)` becomes a null context,
 `torch.cuda.get_device_properties(...)` an object with `multi_processor_count` (132, an H100's;
 it only decides how the backward splits heads between programs), and every autotuned kernel takes
 the first of its configs instead of timing them (the interpreter has no benchmark timer). The
