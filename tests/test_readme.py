@@ -1,0 +1,107 @@
+"""README.md's commands run as written (issue 20): every `python -m bench` line of its bash blocks
+runs in-process, in README order (later lines read what earlier ones wrote: records, weights),
+in a scratch directory and at a few training steps; the install lines name what `.ci/run`
+installs; the test command is the one `.ci/run` runs."""
+from __future__ import annotations
+
+import glob
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+CI = ROOT / ".ci" / "run"
+
+# What makes a training command cheap: replaces the command's own value of these keys.
+FEW_STEPS = {"trainer.max_steps": "3", "trainer.warmup_steps": "0", "trainer.eval_sequences": "16",
+             "trainer.bootstrap": "50", "trainer.progress": "false", "trainer.threads": "1",
+             "trainer.val_sequences": "8"}
+CHEAPER = {"run": FEW_STEPS, "sweep": FEW_STEPS, "suite": {**FEW_STEPS, "entries": "1"},
+           "eval": {k: v for k, v in FEW_STEPS.items() if k in (
+               "trainer.eval_sequences", "trainer.bootstrap", "trainer.progress", "trainer.threads")},
+           "references": {"n": "16"}, "speed": {"steps": "1", "compile": "off",
+                                                "precisions": "32-true"}}
+
+
+def readme_commands(text: str) -> list[str]:
+    """The shell commands of the ```bash blocks: continuation lines joined, `&&` chains split,
+    comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                commands += [part.strip() for part in line.split("&&")]
+    return commands
+
+
+def expand(arg: str) -> str:
+    """A shell glob of a path (`runs/x--*.json`) as the shell would expand it when it matches one
+    file (the newest name when several do); `<run_id>`: the README's first run (Quick start)."""
+    key, sep, value = arg.partition("=") if "=" in arg else ("", "", arg)
+    if "<run_id>" in value:  # README's placeholder for the run a command printed: its first run's
+        first = min(Path("runs").glob("*.json"), key=lambda p: p.stem.rsplit("--", 1)[1])
+        value = value.replace("<run_id>", first.stem)
+    matches = sorted(glob.glob(value)) if any(c in value for c in "*?") else []
+    value = matches[-1] if matches else value
+    return f"{key}={value}" if sep else value
+
+
+def cheap(argv: list[str], scratch: Path) -> list[str]:
+    """argv with the few-steps settings of its command, and the committed records read, never
+    written: boards and claims go to the scratch directory."""
+    command, args = argv[0], argv[1:]
+    settings = dict(CHEAPER.get(command, {}))
+    if command == "run" and "print_config=true" in args:
+        settings = {}
+    if any(a.startswith("trainer.val_every=") for a in args):
+        settings["trainer.val_every"] = "1"
+    if command in ("leaderboard", "claims"):
+        settings["out_dir"] = str(ROOT / "results")
+        if "check=true" not in args:
+            settings["out"] = str(scratch / f"{command}.md")
+    kept = [expand(a) for a in args if a.split("=", 1)[0] not in settings]
+    return [command, *kept, *(f"{k}={v}" for k, v in settings.items())]
+
+
+def test_readme_commands_are_found():
+    commands = readme_commands(README.read_text())
+    bench = [c for c in commands if c.startswith("python -m bench ")]
+    assert len(bench) >= 15 and any(c.startswith("pip install") for c in commands)
+    assert all(c.startswith(("python -m bench ", "python -m pytest ", "pip install",
+                             "MAMBA_FORCE_BUILD=TRUE"))
+               for c in commands), [c for c in commands]
+
+
+def test_the_install_lines_are_what_ci_installs():
+    ci = CI.read_text().replace("python3 -m pip", "pip").replace('"', "").replace("--quiet ", "")
+    ci = re.sub(r"\\\n\s*", "", ci)
+    for command in readme_commands(README.read_text()):
+        if command.startswith("pip install -e ."):
+            assert "pip install -e .[test]" in ci  # the package with its test extra
+        elif command.startswith(("pip install", "MAMBA_FORCE_BUILD")):
+            assert command.replace('"', "") in ci, command
+        elif command.startswith("python -m pytest"):
+            assert command.replace("python", "python3", 1) in CI.read_text(), command
+
+
+def test_every_bench_command_of_the_readme_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    failed = []
+    for command in readme_commands(README.read_text()):
+        if not command.startswith("python -m bench "):
+            continue
+        argv = cheap(shlex.split(command)[3:], scratch)
+        code = main(argv)
+        out = capsys.readouterr()
+        if code != 0:
+            failed.append(f"{command}\n  as {' '.join(argv)}: exit {code}: {out.err.strip()[-300:]}")
+    assert not failed, "\n".join(failed)
+    assert (tmp_path / "runs" / "curves.png").is_file()  # `plot runs/` drew the runs above
