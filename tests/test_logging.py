@@ -25,9 +25,14 @@ FINAL = {"test/bayes_gap", "test/bayes_gap_ci_low", "test/bayes_gap_ci_high", "t
          "test/loss"}
 
 
-def tiny(*overrides: str) -> list[str]:
+def with_overrides(base: list[str], overrides) -> list[str]:
+    """base with `overrides` in place of its keys."""
     keys = {o.split("=", 1)[0] for o in overrides}
-    return [*(a for a in RUN if a.split("=", 1)[0] not in keys), *overrides]
+    return [*(a for a in base if a.split("=", 1)[0] not in keys), *overrides]
+
+
+def tiny(*overrides: str) -> list[str]:
+    return with_overrides(RUN, overrides)
 
 
 def records(out: Path) -> list[dict]:

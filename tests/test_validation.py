@@ -3,9 +3,7 @@ the last, the Bayes gap of a fixed validation set goes to the log (val/...) and 
 train.val_curve, scored by the final evaluation's code; it changes nothing of the run's result;
 a resumed run keeps the curve up to its checkpoint's step; the log also gets the composed config
 (hparams.yaml) and the final headline (test/...)."""
-import csv
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -17,6 +15,7 @@ import yaml
 import bench.train
 from bench.__main__ import main
 from tasks.base import TEST_STREAM
+from test_logging import read_log, records, with_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 # 14 steps, validation every 4 (and at the last), a checkpoint at step 8
@@ -29,18 +28,7 @@ VAL_STEPS = [4, 8, 12, 14]
 
 def tiny(*overrides: str) -> list[str]:
     """RUN with `overrides` in place of its keys."""
-    keys = {o.split("=", 1)[0] for o in overrides}
-    return [*(a for a in RUN if a.split("=", 1)[0] not in keys), *overrides]
-
-
-def records(out: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
-
-
-def read_log(path: Path) -> list[dict]:
-    with open(path, newline="") as file:
-        return [{key: float(value) if value else None for key, value in row.items()}
-                for row in csv.DictReader(file)]
+    return with_overrides(RUN, overrides)
 
 
 @pytest.fixture(scope="module")
