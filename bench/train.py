@@ -7,7 +7,6 @@ stops it where it happened. Nothing is written before a resume checkpoint has be
 from __future__ import annotations
 
 import contextlib
-import csv
 import datetime
 import functools
 import math
@@ -21,13 +20,12 @@ import warnings
 import lightning as L
 import torchmetrics
 import torch
-from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
 from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
 from bench import reference_cache
+from bench.csvlog import RunCSVLogger
 from bench.evaluate import (ReferenceScores, probe_summary, reference_scores, score_predictions,
                             token_scores)
 from bench.records import (SCHEMA, RunFailed, SignalAfterRecord, new_run_id,
@@ -468,57 +466,6 @@ def run_log_dir(run_id: str, resumed: dict | None = None) -> str:
     return os.path.join(LOG_ROOT, run_id)
 
 
-class _ContinuedWriter(ExperimentWriter):
-    """Lightning's metrics.csv writer, except that an existing file is continued instead of
-    deleted: its rows of steps before `keep_before` stay (a resumed run trains the later steps
-    again), the others go; new rows are appended under the same header."""
-
-    def __init__(self, log_dir: str, keep_before: int):
-        self.keep_before = keep_before
-        super().__init__(log_dir)
-
-    def _check_log_dir_exists(self) -> None:  # called by __init__ before anything is written
-        path = self.metrics_file_path
-        if not os.path.isfile(path):
-            return
-        with open(path, newline="") as file:
-            reader = csv.DictReader(file)
-            keys = sorted(reader.fieldnames or [])
-            rows = [row for row in reader if _row_step(row) < self.keep_before]
-        temporary = f"{path}.tmp"
-        with open(temporary, "w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(temporary, path)
-        self.metrics_keys = keys
-
-
-def _row_step(row: dict) -> float:
-    """The step of a metrics.csv row; a row without one (a line cut short) is never kept."""
-    try:
-        return float(row.get("step"))
-    except (TypeError, ValueError):
-        return math.inf
-
-
-class RunCSVLogger(CSVLogger):
-    """Lightning's CSVLogger writing `<log_dir>/metrics.csv` (no version subdirectory), which a
-    resumed run continues: see _ContinuedWriter. Set `keep_before` before the first write."""
-
-    def __init__(self, log_dir: str):
-        log_dir = os.path.normpath(log_dir)
-        super().__init__(save_dir=os.path.dirname(log_dir), name=os.path.basename(log_dir),
-                         version="")
-        self.keep_before = 0
-
-    @property
-    def experiment(self) -> _ContinuedWriter:  # used on rank 0 only (RunLog)
-        if self._experiment is None:
-            self._experiment = _ContinuedWriter(self.log_dir, self.keep_before)
-        return self._experiment
-
-
 def make_logger(config: RunConfig, log_dir: str, resume_step: int = 0):
     """The Lightning logger of `trainer.logger`, writing into out_dir/<log_dir>; None for none.
     `resume_step`: the step a resumed run goes on from; the log's entries from it on are the
@@ -549,7 +496,7 @@ class RunLog(L.Callback):
     `tokens_per_s` (batch size x seq_len of all ranks per step) over the steps since the
     previous row, or since this process began training. A diverged step gets its row too (loss
     nan, no throughput). Rank 0 only. A resumed run continues the log from the checkpoint's
-    step (see _ContinuedWriter). The run's composed configuration goes to the logger's
+    step (see bench.csvlog). The run's composed configuration goes to the logger's
     hyperparameters when training starts (hparams.yaml), LiveValidation's rows and the final
     evaluation's headline (log_final) to its metrics."""
 
