@@ -149,9 +149,17 @@ def choices(group: str) -> list[str]:
 
 
 def describe_choice(group: str, name: str) -> str:
-    """The first comment line of conf/<group>/<name>.yaml."""
-    first = (CONF_DIR / group / f"{name}.yaml").read_text().splitlines()[0]
-    return first.lstrip("# ").strip() if first.startswith("#") else ""
+    """The first comment line of conf/<group>/<name>.yaml (what `bench list` shows); a task or
+    model file without one is described by its family's class (`description`), "" otherwise."""
+    text = (CONF_DIR / group / f"{name}.yaml").read_text()
+    first = text.splitlines()[0] if text.strip() else ""
+    if first.startswith("#"):
+        return first.lstrip("# ").strip()
+    if group not in ("task", "model"):
+        return ""
+    values = yaml.safe_load(text) or {}
+    family = values.get("family", name) if isinstance(values, dict) else name
+    return getattr(_families(group).get(family), "description", "")
 
 
 def _load_yaml(path: Path) -> dict:

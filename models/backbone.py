@@ -95,7 +95,7 @@ class Core(nn.Module, abc.ABC):
 
     family: ClassVar[str]
     Config: ClassVar[type]  # dataclass; must have an int field `d_model`
-    description: ClassVar[str]
+    description: ClassVar[str]  # `bench list` shows it for a conf file without a first comment
     owns_io: ClassVar[bool] = False
 
     def __init__(self, config, io: IOSpec):

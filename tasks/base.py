@@ -126,7 +126,7 @@ class Task(L.LightningDataModule, abc.ABC):
     family: ClassVar[str]
     kind: ClassVar[Kind]
     Config: ClassVar[type]  # a dataclass: the task's typed, defaulted parameters
-    description: ClassVar[str]
+    description: ClassVar[str]  # `bench list` shows it for a conf file without a first comment
     # "gap": scored against a bayes/bound reference (the Bayes gap); "perplexity": a task with
     # no Bayes predictor (text), scored by perplexity, its references labelled baselines
     scoring: ClassVar[str] = "gap"

@@ -62,6 +62,27 @@ def test_list_names_every_task_and_model(capsys):
     assert "markov" in text and "mamba" in text and "transformer" in text
 
 
+def test_list_describes_a_file_without_a_comment_by_its_family(tmp_path, monkeypatch):
+    """The first comment line of a conf file, else its family's `description` (a user's own
+    preset, or an empty file, which made `bench list` fail with an IndexError)."""
+    import bench.config
+    from models import model_families
+    from tasks import task_families
+    for group in ("task", "model", "trainer"):
+        (tmp_path / group).mkdir()
+    (tmp_path / "task" / "mine.yaml").write_text("family: markov\norder: 2\n")
+    (tmp_path / "task" / "markov.yaml").write_text("")
+    (tmp_path / "model" / "mine.yaml").write_text("# my own\nfamily: lstm\n")
+    (tmp_path / "trainer" / "mine.yaml").write_text("max_steps: 5\n")
+    monkeypatch.setattr(bench.config, "CONF_DIR", tmp_path)
+    described = bench.config.describe_choice
+    assert described("task", "mine") == task_families()["markov"].description
+    assert described("task", "markov") == task_families()["markov"].description
+    assert described("model", "mine") == "my own"
+    assert described("trainer", "mine") == ""
+    assert model_families()["lstm"].description  # what a model file without a comment shows
+
+
 @pytest.mark.parametrize("args,needle", [
     (["run", "task=nope"], "unknown task 'nope'; choose one of:"),
     (["run", "model=nope"], "unknown model 'nope'; choose one of:"),

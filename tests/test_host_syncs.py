@@ -6,21 +6,19 @@ import pytest
 
 from bench.config import compose
 from bench.speed import step_profile
+from models import model_families
+from tasks import task_families
 
 TINY = ["trainer.batch_size=4", "trainer.eval_sequences=8", "trainer.bootstrap=10"]
-TASKS = {  # every task family, at a small size
-    "markov": ["task.seq_len=32"],
-    "switching_markov": ["task.seq_len=32"],
-    "hmm": ["task.seq_len=32"],
-    "lgssm": ["task.seq_len=16"],
-    "lgssm_colored": ["task.seq_len=16"],
-    "linreg": ["task.seq_len=12"],
-    "linreg_tokens": ["task.seq_len=12"],
-    "nonlinreg": ["task.seq_len=12"],
-    "pydoc": ["task.seq_len=32", "task.tokenizer=byte"],
-}
-MODELS = ["mamba", "mambazero", "transformer", "linear_transformer", "gd_ssm", "selective_ssm",
-          "nonselective_ssm", "lru", "griffin", "lstm"]
+# every task family (the registry's), at a small size, through the conf file named after it;
+# text through the corpus that ships with Python. linreg_tokens: linreg's other prompt sampler.
+CONF_OF_FAMILY = {"text": "pydoc"}
+EXTRA = {"text": ["task.tokenizer=byte"]}
+TASKS = {CONF_OF_FAMILY.get(family, family): ["task.seq_len=16", *EXTRA.get(family, [])]
+         for family in task_families()}
+TASKS["linreg_tokens"] = ["task.seq_len=12"]
+# every model family, and the two presets that switch a family to another code path
+MODELS = [*model_families(), "linear_transformer", "nonselective_ssm"]
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))

@@ -25,6 +25,15 @@ CASES = {
 }
 
 
+def test_every_family_with_a_pool_has_a_case():
+    """CASES holds one small config per family whose Config has num_tasks (the registry's)."""
+    import dataclasses
+    from tasks import task_families
+    pooled = {family for family, cls in task_families().items()
+              if "num_tasks" in {f.name for f in dataclasses.fields(cls.Config)}}
+    assert pooled == set(CASES)
+
+
 def distinct_tasks(latent: dict[str, torch.Tensor]) -> torch.Tensor:
     """The distinct rows of the latent parameters, all of them flattened side by side."""
     flat = torch.cat([v.double().flatten(1) for _, v in sorted(latent.items())], 1)
