@@ -87,9 +87,10 @@ def test_bad_input_exit_code_from_the_shell():
 
 
 def test_suite_entries_are_valid_and_a_bad_shard_exits_2(capsys):
-    from bench.config import compose, load_suite
+    from bench.checks import compose_checked
+    from bench.config import load_suite
     for entry in load_suite("leaderboard"):
-        compose(entry)
+        compose_checked(entry)
     assert main(["suite", "name=leaderboard", "shard=2/2"]) == 2
     assert "shard must be i/n" in capsys.readouterr().err
     size = len(load_suite("leaderboard"))

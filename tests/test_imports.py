@@ -3,9 +3,6 @@ cycle, counting the imports inside functions too (a function-local import hides 
 Python's import machinery, not from the design). The graph is built from the source with `ast`,
 so nothing is imported to check it."""
 import ast
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
