@@ -24,7 +24,7 @@ from pathlib import Path
 
 try:  # Ctrl-C while Python is still importing: the same one line as later, no traceback
     from bench.commands import COMMANDS
-    from bench.config import ConfigError, choices, compose, describe_choice, first_line
+    from bench.config import ConfigError, choices, describe_choice, first_line
 except KeyboardInterrupt:
     print("error: interrupted", file=sys.stderr)
     raise SystemExit(130) from None
@@ -144,7 +144,8 @@ def cmd_run(argv: list[str]) -> int:
     argv, dry = take_option(argv, "print_config", "false")
     if dry not in ("true", "false"):
         raise ConfigError(f"print_config must be true or false, got '{dry}'")
-    config = compose(argv)  # every check a run makes before it starts, memory included
+    from bench.checks import compose_checked
+    config = compose_checked(argv)  # every check a run makes before it starts, memory included
     if dry == "true":
         print_config(config)
         return 0
@@ -175,7 +176,8 @@ def cmd_references(argv: list[str]) -> int:
     argv, n = take_option(argv, "n", "")
     if n:
         argv = [*argv, f"trainer.eval_sequences={positive_int('n', n, low=2)}"]
-    config = compose(argv)
+    from bench.checks import compose_checked
+    config = compose_checked(argv)
     from bench import reference_cache
     from bench.evaluate import score_predictions
     from bench.report import print_metrics
@@ -245,7 +247,7 @@ def cmd_speed(argv: list[str]) -> int:
     argv, precisions = take_option(argv, "precisions", "all")
     argv, compiles = take_option(argv, "compile", "all")
     argv, out = take_option(argv, "out", "")
-    from bench.checks import PRECISIONS
+    from bench.config import PRECISIONS
     from models.ssd import KERNELS
     for key, value, allowed in (("kernels", kernels, ("all", *KERNELS)),
                                 ("precisions", precisions, ("all", *PRECISIONS)),
@@ -263,11 +265,12 @@ def cmd_speed(argv: list[str]) -> int:
     chosen = ([f"model.kernel={kernels}"] if kernels != "all" else []) + \
         ([f"trainer.precision={precisions}"] if precisions != "all" else []) + \
         ([f"trainer.compile={compiles == 'on'}"] if compiles != "all" else [])
-    config = compose(argv)
+    from bench.checks import compose_checked
+    config = compose_checked(argv)
     if kernels != "all" and not hasattr(config.model, "kernel"):
         raise ConfigError(f"kernels={kernels}: model {config.model_name} has no SSD kernel to "
                           "choose")
-    config = compose([*argv, *chosen])
+    config = compose_checked([*argv, *chosen])
     from bench.speed import measure, print_speed
     result = measure(config, steps, kernels, precisions, compiles,
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -340,12 +343,12 @@ def finished_runs(configs: list) -> dict[int, str]:
     in their out_dir — a suite entry a suite's record (any suite's: boards and claims pool
     them), a sweep entry a sweep's; an ad-hoc run finishes nothing — with the same seed, made
     by the current code version (records.code_digest) from a clean checkout in the environment
-    the run would train in here (records.planned_environment: a CPU record does not finish a
+    the run would train in here (checks.planned_environment: a CPU record does not finish a
     GPU run, nor the reverse). Nothing counts as finished when the code version is unknown or
     dirty: then nobody can tell that the record's code is the code about to run."""
     from bench.leaderboard import code_version
-    from bench.records import (environment, planned_environment, provenance, read_records,
-                               record_matches)
+    from bench.checks import planned_environment
+    from bench.records import environment, provenance, read_records, record_matches
     here = provenance()
     if not here["code"] or here["dirty"] is not False:
         return {}
@@ -471,11 +474,12 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
         given = {arg.split("=", 1)[0] for arg in entry}
         return [arg for arg in defaults if arg.split("=", 1)[0] not in given]
 
+    from bench.checks import compose_checked
     runs = [merged(entries[n - 1]) for n in numbers]
     configs = []
     for number, entry in zip(numbers, runs):
         try:
-            configs.append(compose([*unless_given(entry), *entry]))
+            configs.append(compose_checked([*unless_given(entry), *entry]))
         except ConfigError as error:
             own = " ".join(entries[number - 1])
             raise ConfigError(f"entry {number} of {what}" + (f" ({own})" if own else "")
@@ -525,6 +529,13 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Idle OpenMP threads sleep instead of spinning. Torch's CPU threads spin-wait between the
+    # many small ops of these models; when another process shares the cores, spinning threads
+    # steal each other's time and a run is ~5x slower (README "Threads"). The OpenMP runtime
+    # reads it once, when torch loads it: `python -m bench` has loaded only bench, bench.commands
+    # and bench.config (no torch) when main starts, so it is set first thing here, not at import
+    # (importing bench changes no environment). A value in the environment wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(__doc__.strip())

@@ -1,5 +1,5 @@
-"""Checks of a whole run configuration that need more than one config group, made when it is
-composed and before anything runs: the hardware it asks for, whether the model fits the task,
+"""Checks of a whole run configuration that need more than one config group, made once it is
+composed (compose_checked) and before anything runs: the hardware it asks for, whether the model fits the task,
 whether it fits in memory, and whether its record can be written.
 
 The memory check builds the model under FakeTensorMode (shapes and dtypes without storage), so a
@@ -23,22 +23,21 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from bench.config import first_line
+from bench.config import (ACCELERATORS, LOGGERS, PRECISIONS, STRATEGIES, ConfigError, RunConfig,
+                          compose, first_line)
+from bench.records import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, Environment, _environment,
+                           code_of_this_process)
 
 GIB = 2**30
 MIB = 2**20
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
-STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
-PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true", "64")
-LOGGERS = ("csv", "tensorboard", "wandb", "none")
 # The packages a logger needs (any one of them), and what to install; csv needs nothing.
 LOGGER_PACKAGES = {"tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
                    "wandb": (("wandb",), "wandb")}
 
 
 class CheckFailed(ValueError):
-    """A whole-run check failed; the message is one line (bench.config turns it into a
-    ConfigError)."""
+    """A whole-run check failed; the message is one line (compose_checked turns it into
+    a ConfigError)."""
 
 
 def cuda_devices() -> int:
@@ -297,8 +296,7 @@ def _footprint(config, model_config, task, kernel: str | None, eval_rows: int,
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from bench.evaluate import token_scores
-    from bench.train import masked_loss
+    from bench.evaluate import masked_loss, token_scores
     from models import build_model
     from models.backbone import IOSpec
     from models.ssd import kernel_footprint, scan_override
@@ -609,6 +607,17 @@ def largest_integer_override(config) -> str | None:
     return named
 
 
+def compose_checked(argv: list[str]) -> RunConfig:
+    """compose(argv) and every whole-run check (check_run) of the result, a failure as a
+    one-line ConfigError raised before anything runs: what the CLI runs before a command."""
+    config = compose(argv)
+    try:
+        check_run(config)
+    except CheckFailed as error:
+        raise ConfigError(str(error)) from None
+    return config
+
+
 def check_run(config) -> None:
     """Every whole-run check, cheapest first."""
     device = check_hardware(config)
@@ -633,5 +642,90 @@ def check_run(config) -> None:
             raise CheckFailed(f"out_dir={config.out_dir}: {inside} is not a directory, and the "
                               f"run's {folder} go there")
     if config.resume:  # a suite's entries are all checked before its first run
-        from bench.train import check_resume
         check_resume(config)
+
+
+def planned_environment(config) -> Environment:
+    """The environment a run of config (a bench.config.RunConfig) trains in on this machine,
+    resolved as the run resolves it (bench.checks.check_hardware, models.ssd.resolve_kernel)."""
+    from models.ssd import resolve_kernel
+    device = check_hardware(config)
+    kernel = getattr(config.model, "kernel", None)
+    # this rank's GPU (Lightning gives rank r of a node the device LOCAL_RANK)
+    name = (torch.cuda.get_device_name(int(os.environ.get("LOCAL_RANK", 0)))
+            if device == "cuda" else "cpu")
+    return _environment(device, name,
+                        resolve_kernel(kernel, torch.device(device)) if kernel else None,
+                        config.trainer.precision, config.trainer.compile, config.trainer.tf32)
+
+
+def _differences(saved, current, prefix: str) -> list[str]:
+    """Dotted keys whose values differ between two nested dicts, with both values."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        # Names first: "a different task: task.name=..." says the most in the fewest words.
+        order = {"name": 0, "family": 1}
+        for key in sorted(set(saved) | set(current), key=lambda k: (order.get(k, 2), str(k))):
+            if key not in saved:
+                out.append(f"{prefix}.{key} (not in the checkpoint)")
+            elif key not in current:
+                out.append(f"{prefix}.{key} (only in the checkpoint)")
+            else:
+                out += _differences(saved[key], current[key], f"{prefix}.{key}")
+        return out
+    if isinstance(saved, (list, tuple)) and isinstance(current, (list, tuple)):
+        saved, current = list(saved), list(current)
+    return [] if saved == current else [f"{prefix}={saved!r} in the checkpoint, {current!r} now"]
+
+
+# Trainer settings a resumed run may change: how it is evaluated, logged and checkpointed, and
+# how batches are fed; none changes what is trained. Every other setting (and the seed, the
+# environment, the code) must be the checkpoint's: the optimizer, its schedule over max_steps
+# and the batches continue from the checkpoint as they were.
+RESUME_MAY_CHANGE = frozenset({"eval_sequences", "eval_batch_size", "bootstrap", "reference_cache",
+                               "log_every", "val_every", "val_sequences", "checkpoint_every",
+                               "progress", "threads", "logger", "loader_workers", "save_weights"})
+
+
+def check_resume(config: RunConfig) -> dict:
+    """Validate `resume=<checkpoint>` before anything runs or is written: the file exists and is
+    readable, this runner wrote it, and it was made with the same task and model (name and
+    config). Returns the checkpoint's run metadata, with `resume_step` (the step the run goes
+    on from); raises ConfigError (one line) otherwise."""
+    path = config.resume
+    if not os.path.isfile(path):
+        raise ConfigError(f"resume: no checkpoint file '{path}'")
+    try:
+        # weights_only=False: Lightning checkpoints hold more than tensors (loop states, our
+        # metadata); only load checkpoints you trust, as with any pickle.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # unreadable, truncated, not a torch file: all one line
+        raise ConfigError(f"resume: cannot read checkpoint '{path}': {type(error).__name__}: "
+                          f"{first_line(error)}") from None
+    meta = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"resume: '{path}' is not a checkpoint written by this runner "
+                          f"(no '{CHECKPOINT_KEY}' metadata of format {CHECKPOINT_FORMAT})")
+    described = config.describe()
+
+    def trained_by(trainer: dict | None) -> dict:
+        settings = (trainer or {}).get("config") or {}
+        return {key: value for key, value in settings.items() if key not in RESUME_MAY_CHANGE}
+
+    now, code_now = planned_environment(config), code_of_this_process()["code"]
+    compared = {  # what the checkpoint was made with, what this run would use
+        "task": (meta.get("task"), described["task"]),
+        "model": (meta.get("model"), described["model"]),
+        "seed": (meta.get("seed"), described["seed"]),
+        "trainer": (trained_by(meta.get("trainer")), trained_by(described["trainer"])),
+        # older checkpoints carry no environment or code: nothing to compare them with
+        "environment": (meta.get("environment", now._asdict()), now._asdict()),
+        "code": (meta.get("code", code_now), code_now)}
+    for group, (then, current) in compared.items():
+        diffs = _differences(then, current, group)
+        if diffs:
+            more = f" (and {len(diffs) - 2} more)" if len(diffs) > 2 else ""
+            raise ConfigError(f"resume: '{path}' was made with a different {group}: "
+                              f"{'; '.join(diffs[:2])}{more}; a resumed run trains on as it "
+                              "started, or its record would not say what ran")
+    return {**meta, "resume_step": int(checkpoint.get("global_step", 0))}

@@ -5,6 +5,7 @@ gap of a sequence is the difference of two losses on it, and its confidence inte
 bootstrap over sequences of those differences."""
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -216,10 +217,47 @@ def rounded(values: Tensor, present: Tensor | None = None) -> list[float | None]
     return [float(f"{v:.{RECORD_DIGITS}g}") if k else None for v, k in zip(values.tolist(), keep)]
 
 
+def content_digest(value) -> str:
+    """sha256 of nested dicts/lists of tensors: every tensor's name path, dtype, shape and bytes."""
+    digest = hashlib.sha256()
+
+    def visit(item, where: str) -> None:
+        if isinstance(item, dict):
+            for key in sorted(item, key=str):
+                visit(item[key], f"{where}/{key}")
+        elif isinstance(item, (list, tuple)):
+            for i, element in enumerate(item):
+                visit(element, f"{where}/{i}")
+        elif isinstance(item, Tensor):
+            flat = item.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"{where}:{flat.dtype}:{tuple(item.shape)}".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(f"{where}={item!r}".encode())
+
+    visit(value, "")
+    return digest.hexdigest()
+
+
+def masked_loss(task: Task, output: Tensor, batch: Batch) -> Tensor:
+    """Mean training loss over the scored positions: cross-entropy of logits, or squared error
+    averaged over the target's coordinates. Every position is computed and the unscored ones
+    are zeroed (`where`, sums): boolean-mask indexing would have a data-dependent shape, a host
+    synchronisation on every step. In at least float32 (the logits of bf16 autocast)."""
+    mask = batch.loss_mask
+    dtype = torch.promote_types(output.dtype, torch.float32)
+    if task.kind == "tokens":
+        per_position = torch.nn.functional.cross_entropy(
+            output.to(dtype).flatten(0, -2), batch.targets.flatten(),
+            reduction="none").view_as(mask)
+    else:
+        per_position = (output.to(dtype) - batch.targets.to(dtype)).pow(2).mean(-1)
+    return torch.where(mask, per_position, 0).sum() / mask.sum()
+
+
 def held_out_digest(batch: Batch) -> str:
     """sha256 of the held-out inputs, targets and mask: two records with the same digest scored
     the same sequences, so their per-sequence losses pair."""
-    from bench.reference_cache import content_digest  # imports this module: not at the top
     return content_digest({"inputs": batch.inputs, "targets": batch.targets,
                            "loss_mask": batch.loss_mask})
 

@@ -163,8 +163,8 @@ def section_parity_tables(args: dict) -> dict:
 
 
 def _compose(argv: list[str]):
-    from bench.config import compose
-    return compose(argv)
+    from bench.checks import compose_checked
+    return compose_checked(argv)
 
 
 def section_speed(args: dict) -> dict:

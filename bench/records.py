@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -20,6 +21,8 @@ from typing import NamedTuple
 from bench.config import ConfigError
 
 SCHEMA = "icl-bench/run/1"
+CHECKPOINT_FORMAT = "icl-bench/checkpoint/1"  # marks checkpoints this runner wrote
+CHECKPOINT_KEY = "icl_bench"  # where the run's metadata sits in the Lightning checkpoint
 # Trainer keys that change neither training nor evaluation: runs differing only in them pool.
 RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every",
                   "logger", "loader_workers", "save_weights")
@@ -112,6 +115,14 @@ def provenance() -> dict:
     import torch
     return {"commit": commit, "code": code_digest(commit) if ours else None, "dirty": dirty,
             "version": version, "torch": torch.__version__}
+
+
+@functools.cache
+def code_of_this_process() -> dict:
+    """provenance() as it was at this process's first run: the code a suite's later runs execute
+    is what was loaded then, whatever the checkout holds (a new commit, an edit) by the time they
+    start, so every record of the process names that code."""
+    return provenance()
 
 
 def new_run_id(task: str, model: str, seed: int) -> str:
@@ -375,19 +386,3 @@ def environment(record: dict) -> Environment:
                         train.get("precision", trainer.get("precision")),
                         train.get("compile", trainer.get("compile", False)),
                         train.get("tf32", False))
-
-
-def planned_environment(config) -> Environment:
-    """The environment a run of config (a bench.config.RunConfig) trains in on this machine,
-    resolved as the run resolves it (bench.checks.check_hardware, models.ssd.resolve_kernel)."""
-    import torch
-    from bench.checks import check_hardware
-    from models.ssd import resolve_kernel
-    device = check_hardware(config)
-    kernel = getattr(config.model, "kernel", None)
-    # this rank's GPU (Lightning gives rank r of a node the device LOCAL_RANK)
-    name = (torch.cuda.get_device_name(int(os.environ.get("LOCAL_RANK", 0)))
-            if device == "cuda" else "cpu")
-    return _environment(device, name,
-                        resolve_kernel(kernel, torch.device(device)) if kernel else None,
-                        config.trainer.precision, config.trainer.compile, config.trainer.tf32)

@@ -28,7 +28,7 @@ from torch import Tensor
 import tasks
 from bench import evaluate
 from bench.config import RunConfig, first_line
-from bench.evaluate import ReferenceScores, reference_scores
+from bench.evaluate import ReferenceScores, content_digest, reference_scores
 from bench.records import write_atomic
 from tasks.base import TEST_STREAM, Batch, Task
 
@@ -54,28 +54,6 @@ def cache_key(task: Task, n: int) -> str:
                    "sequences": n, "split": TEST_STREAM, "torch": torch.__version__,
                    "code": _source_digest(), "data": task.cache_identity()}
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def content_digest(value) -> str:
-    """sha256 of nested dicts/lists of tensors: every tensor's name path, dtype, shape and bytes."""
-    digest = hashlib.sha256()
-
-    def visit(item, where: str) -> None:
-        if isinstance(item, dict):
-            for key in sorted(item, key=str):
-                visit(item[key], f"{where}/{key}")
-        elif isinstance(item, (list, tuple)):
-            for i, element in enumerate(item):
-                visit(element, f"{where}/{i}")
-        elif isinstance(item, Tensor):
-            flat = item.detach().cpu().contiguous().reshape(-1)
-            digest.update(f"{where}:{flat.dtype}:{tuple(item.shape)}".encode())
-            digest.update(flat.view(torch.uint8).numpy().tobytes())
-        else:
-            digest.update(f"{where}={item!r}".encode())
-
-    visit(value, "")
-    return digest.hexdigest()
 
 
 def cache_path(out_dir: str, task: Task, n: int) -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import math
 import os
 import signal
@@ -26,18 +25,17 @@ from torch import Tensor
 from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
 from bench import reference_cache
 from bench.csvlog import RunCSVLogger
-from bench.evaluate import (ReferenceScores, probe_summary, reference_scores, score_predictions,
-                            token_scores)
-from bench.records import (SCHEMA, RunFailed, SignalAfterRecord, new_run_id,
-                           planned_environment, provenance, write_record)
+from bench.evaluate import (ReferenceScores, masked_loss, probe_summary, reference_scores,
+                            score_predictions, token_scores)
+from bench.checks import check_resume, loader_workers, planned_environment, world_size
+from bench.records import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, SCHEMA, RunFailed, SignalAfterRecord,
+                           code_of_this_process, new_run_id, write_record)
 from models import build_model
 from models.backbone import Backbone, IOSpec
 from models.ssd import kernel_fallback
 from tasks import task_families
 from tasks.base import VAL_STREAM, Batch, Task
 
-CHECKPOINT_FORMAT = "icl-bench/checkpoint/1"  # marks checkpoints this runner wrote
-CHECKPOINT_KEY = "icl_bench"  # where the run's metadata sits in the Lightning checkpoint
 # Under 16-mixed, checks in a row with a non-finite loss before a run counts as diverged: an
 # overflow is skipped by GradScaler (and the scale lowered); only a persistent NaN is fatal.
 NONFINITE_PATIENCE = 3
@@ -45,21 +43,6 @@ NONFINITE_PATIENCE = 3
 # first-time text baselines can take long.
 RECORD_WAIT = datetime.timedelta(hours=6)
 
-
-def masked_loss(task: Task, output: Tensor, batch: Batch) -> Tensor:
-    """Mean training loss over the scored positions: cross-entropy of logits, or squared error
-    averaged over the target's coordinates. Every position is computed and the unscored ones
-    are zeroed (`where`, sums): boolean-mask indexing would have a data-dependent shape, a host
-    synchronisation on every step. In at least float32 (the logits of bf16 autocast)."""
-    mask = batch.loss_mask
-    dtype = torch.promote_types(output.dtype, torch.float32)
-    if task.kind == "tokens":
-        per_position = torch.nn.functional.cross_entropy(
-            output.to(dtype).flatten(0, -2), batch.targets.flatten(),
-            reduction="none").view_as(mask)
-    else:
-        per_position = (output.to(dtype) - batch.targets.to(dtype)).pow(2).mean(-1)
-    return torch.where(mask, per_position, 0).sum() / mask.sum()
 
 
 def cosine_with_warmup(step: int, warmup: int, total: int, floor: float) -> float:
@@ -435,13 +418,11 @@ def validation_set(task: Task, n: int) -> Batch:
 def build(config: RunConfig) -> tuple[Task, Backbone]:
     if config.trainer.threads > 0:
         torch.set_num_threads(config.trainer.threads)
-    from bench.checks import world_size
     # trainer.batch_size is the global batch: each of the world_size ranks samples its share
     # (validated to divide evenly when the config was composed)
     task = task_families()[config.task_family](
         config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
     task.progress = config.trainer.progress  # for tasks with long preparation (text: tokenizing)
-    from bench.checks import loader_workers
     task.loader_workers = loader_workers(config)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     torch.manual_seed(config.seed)  # parameter initialisation
@@ -734,86 +715,6 @@ def quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _differences(saved, current, prefix: str) -> list[str]:
-    """Dotted keys whose values differ between two nested dicts, with both values."""
-    if isinstance(saved, dict) and isinstance(current, dict):
-        out = []
-        # Names first: "a different task: task.name=..." says the most in the fewest words.
-        order = {"name": 0, "family": 1}
-        for key in sorted(set(saved) | set(current), key=lambda k: (order.get(k, 2), str(k))):
-            if key not in saved:
-                out.append(f"{prefix}.{key} (not in the checkpoint)")
-            elif key not in current:
-                out.append(f"{prefix}.{key} (only in the checkpoint)")
-            else:
-                out += _differences(saved[key], current[key], f"{prefix}.{key}")
-        return out
-    if isinstance(saved, (list, tuple)) and isinstance(current, (list, tuple)):
-        saved, current = list(saved), list(current)
-    return [] if saved == current else [f"{prefix}={saved!r} in the checkpoint, {current!r} now"]
-
-
-@functools.cache
-def code_of_this_process() -> dict:
-    """provenance() as it was at this process's first run: the code a suite's later runs execute
-    is what was loaded then, whatever the checkout holds (a new commit, an edit) by the time they
-    start, so every record of the process names that code."""
-    return provenance()
-
-
-# Trainer settings a resumed run may change: how it is evaluated, logged and checkpointed, and
-# how batches are fed; none changes what is trained. Every other setting (and the seed, the
-# environment, the code) must be the checkpoint's: the optimizer, its schedule over max_steps
-# and the batches continue from the checkpoint as they were.
-RESUME_MAY_CHANGE = frozenset({"eval_sequences", "eval_batch_size", "bootstrap", "reference_cache",
-                               "log_every", "val_every", "val_sequences", "checkpoint_every",
-                               "progress", "threads", "logger", "loader_workers", "save_weights"})
-
-
-def check_resume(config: RunConfig) -> dict:
-    """Validate `resume=<checkpoint>` before anything runs or is written: the file exists and is
-    readable, this runner wrote it, and it was made with the same task and model (name and
-    config). Returns the checkpoint's run metadata, with `resume_step` (the step the run goes
-    on from); raises ConfigError (one line) otherwise."""
-    path = config.resume
-    if not os.path.isfile(path):
-        raise ConfigError(f"resume: no checkpoint file '{path}'")
-    try:
-        # weights_only=False: Lightning checkpoints hold more than tensors (loop states, our
-        # metadata); only load checkpoints you trust, as with any pickle.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # unreadable, truncated, not a torch file: all one line
-        raise ConfigError(f"resume: cannot read checkpoint '{path}': {type(error).__name__}: "
-                          f"{first_line(error)}") from None
-    meta = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
-    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(f"resume: '{path}' is not a checkpoint written by this runner "
-                          f"(no '{CHECKPOINT_KEY}' metadata of format {CHECKPOINT_FORMAT})")
-    described = config.describe()
-
-    def trained_by(trainer: dict | None) -> dict:
-        settings = (trainer or {}).get("config") or {}
-        return {key: value for key, value in settings.items() if key not in RESUME_MAY_CHANGE}
-
-    now, code_now = planned_environment(config), code_of_this_process()["code"]
-    compared = {  # what the checkpoint was made with, what this run would use
-        "task": (meta.get("task"), described["task"]),
-        "model": (meta.get("model"), described["model"]),
-        "seed": (meta.get("seed"), described["seed"]),
-        "trainer": (trained_by(meta.get("trainer")), trained_by(described["trainer"])),
-        # older checkpoints carry no environment or code: nothing to compare them with
-        "environment": (meta.get("environment", now._asdict()), now._asdict()),
-        "code": (meta.get("code", code_now), code_now)}
-    for group, (then, current) in compared.items():
-        diffs = _differences(then, current, group)
-        if diffs:
-            more = f" (and {len(diffs) - 2} more)" if len(diffs) > 2 else ""
-            raise ConfigError(f"resume: '{path}' was made with a different {group}: "
-                              f"{'; '.join(diffs[:2])}{more}; a resumed run trains on as it "
-                              "started, or its record would not say what ran")
-    return {**meta, "resume_step": int(checkpoint.get("global_step", 0))}
-
-
 def _global_zero(trainer: L.Trainer | None) -> bool:
     if trainer is not None:
         return trainer.is_global_zero
@@ -877,7 +778,6 @@ def run(config: RunConfig, weights: dict | None = None,
     start = time.perf_counter()
     trainer = module = model = None
     path, failure = "", None
-    from bench.checks import world_size
     with SignalGuard() as signals:
         signals.distributed = world_size(config) > 1
         try:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from bench.config import ConfigError, RunConfig, compose, first_line
+from bench.checks import checked_task, compose_checked
+from bench.config import ConfigError, RunConfig, first_line
 from bench.records import write_atomic
 
 WEIGHTS_FORMAT = "icl-bench/weights/1"
@@ -99,7 +100,7 @@ def eval_config(payload: dict, argv: list[str]) -> RunConfig:
     given = {_key(arg) for arg in argv}
     saved = [str(o) for o in payload["overrides"]
              if _key(str(o)) not in given and _key(str(o)) not in ("resume", "trainer.logger")]
-    config = compose([*saved, *argv, "trainer.logger=none"])
+    config = compose_checked([*saved, *argv, "trainer.logger=none"])
     trained = payload.get("task") or {}
     if config.task_family != trained.get("family"):
         raise ConfigError(f"eval: the weights were trained on task family {trained.get('family')!r}"
@@ -124,7 +125,6 @@ def eval_config(payload: dict, argv: list[str]) -> RunConfig:
 def check_weights_fit(config: RunConfig, payload: dict) -> None:
     """The state_dict loads into the model this configuration builds (strict: every name, every
     shape); ConfigError (one line) otherwise, before anything is written."""
-    from bench.checks import checked_task
     from models import build_model
     from models.backbone import IOSpec
     task = checked_task(config)

@@ -20,7 +20,7 @@ posterior of (A, C), which is intractable, so the task offers
 Accuracy against context length (paper 004 Fig. 3, top: "next-character prediction accuracy
 versus context length k"): `summarize` puts into the record's metrics.task the top-1 accuracy of
 the model and of every reference at k = 1, 2, 4, ..., seq_len, where the value "at k" averages
-the positions whose context length lies in (k/2, k] (the bins of tasks/lgssm_colored.py: the
+the positions whose context length lies in (k/2, k] (the bins of tasks/base.py: the
 paper scores only the final prediction of 1000 sequences of each length k; averaging the bin
 uses every held-out position once and is far less noisy), with its standard error over sequences.
 
@@ -40,10 +40,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tasks.base import Batch, Reference, Task
+from tasks.base import Batch, Reference, Task, binned_means, doubling_lengths
 from tasks.distributions import (batch_chunks, categorical, chain_states,
                                  dirichlet, inverse_cdf, inverse_cdf_table, scan_pays)
-from tasks.lgssm_colored import binned_means, doubling_lengths
 from tasks.markov import add_beta_log_probs, counts_in_context
 
 

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tasks.base import Batch, Reference, Task
+from tasks.base import Batch, Reference, Task, binned_means, context_bins, doubling_lengths
 from tasks.smc import DiagonalSystem, ParameterPrior, smc_predictive
 
 SMC_RUNS = 2  # independent runs of the bayes reference: their mean, and their spread as its error
@@ -433,7 +433,7 @@ class LGSSMTask(Task):
     def summarize(self, batch: Batch, losses: dict[str, Tensor],
                   scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
         """Per context-length bin k ∈ {8, 16, .., seq_len} (the context lengths k/2 < t <= k, as
-        tasks/lgssm_colored.py bins them), the excess loss of every predictor over `bayes` and
+        tasks/base.py bins them), the excess loss of every predictor over `bayes` and
         over `clairvoyant`, with standard errors over sequences, and the Monte Carlo error of
         `bayes`, from its two runs a and b (ŷ = (a + b)/2, per-position losses L):
 
@@ -451,7 +451,6 @@ class LGSSMTask(Task):
         - bayes_mc_stderr: the standard error that the runs' randomness adds to the mean of
           L_bayes over the bin, sqrt(Σ_i D_i²)/(2n), D_i the bin mean of L_a - L_b of sequence
           i (L_a - L_b ≈ 2(a - b)·(ŷ - x)/m, twice the spread of L_bayes's fluctuation)."""
-        from tasks.lgssm_colored import binned_means, context_bins, doubling_lengths
         ks = doubling_lengths(8, self.config.seq_len)
         mask = batch.loss_mask.cpu()
         predictors = [n for n in losses if not n.startswith("bayes_run")]

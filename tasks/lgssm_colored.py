@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tasks.base import TEST_STREAM, Batch, Reference, Task, make_generator
+from tasks.base import (TEST_STREAM, Batch, Reference, Task, context_bins, doubling_lengths,
+                        make_generator)
 from tasks.lgssm import kalman_filter, linear_recurrence, pooled_ridge_mean
 
 USE_TRAINING_PRIOR = -1.0  # eval_rho value: evaluate on ρ drawn from the training prior
@@ -109,42 +110,6 @@ def white_noise_system(signal_decay: float, like: Tensor) -> tuple[Tensor, ...]:
 
     return (scalar(signal_decay), scalar(1.0), scalar(1.0), scalar(1.0),
             scalar(1 / (1 - signal_decay**2)))
-
-
-def context_bins(ks: list[int], length: int, device: torch.device | str = "cpu") -> Tensor:
-    """(len(ks), length) float64 indicators: row r marks the positions whose context length
-    (position index + 1: the loss at index i predicts from i + 1 observations) lies in
-    (k_r // 2, k_r]. For k = 1, 2, 4, ... the bins tile the axis on a log scale."""
-    bins = torch.zeros(len(ks), length, dtype=torch.float64, device=device)
-    for row, k in enumerate(ks):
-        bins[row, k // 2:k] = 1.0
-    return bins
-
-
-def doubling_lengths(first: int, last: int) -> list[int]:
-    """first, 2·first, 4·first, ... up to last."""
-    ks, k = [], first
-    while k <= last:
-        ks.append(k)
-        k *= 2
-    return ks
-
-
-def binned_means(values: Tensor, mask: Tensor, ks: list[int]) -> tuple[list, list]:
-    """Per context-length bin (context_bins), the mean over sequences of each sequence's mean of
-    `values` (B, T) over its scored positions (mask) in the bin, and its standard error over
-    sequences; None where no sequence (for the error: fewer than two) has a scored position."""
-    mask = mask.cpu().double()
-    bins = context_bins(ks, mask.shape[1])
-    counts = mask @ bins.T  # (B, K): scored positions of each sequence in each bin
-    has = counts > 0
-    sequences = has.sum(0)
-    rate = torch.where(has, (values.cpu().double() * mask) @ bins.T / counts.clamp_min(1), 0.0)
-    mean = rate.sum(0) / sequences.clamp_min(1)
-    spread = ((rate - mean).pow(2) * has).sum(0) / (sequences - 1).clamp_min(1)
-    stderr = (spread / sequences.clamp_min(1)).sqrt()
-    return ([float(m) if c > 0 else None for m, c in zip(mean, sequences)],
-            [float(e) if c > 1 else None for e, c in zip(stderr, sequences)])
 
 
 def loglog_slope(context_lengths: list[int], values: list[float]) -> float | None:

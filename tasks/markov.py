@@ -17,7 +17,7 @@ MIN_REGION_MASS of the prior (checked when the config is built). The held-out se
 the training prior, `held_out_from_prior` is False, and `bayes` (add-β, the posterior predictive
 of the unrestricted prior, the paper's "optimal Laplacian smoothing") is exact for neither the
 training nor the held-out distribution; it is asymptotically minimax, which is what the paper
-tests. `summarize` reports, per context-length bin (tasks/lgssm_colored.py), the mean total
+tests. `summarize` reports, per context-length bin (tasks/base.py), the mean total
 variation distance of each predictor to add-β, which for S = 2 is Table 2's
 |P_θ(x_t = 1 | x_1^{t-1}) - P*(x_t = 1 | x_1^{t-1})|.
 
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tasks.base import TEST_STREAM, Batch, Reference, Task, make_generator
+from tasks.base import (TEST_STREAM, Batch, Reference, Task, binned_means, doubling_lengths,
+                        make_generator)
 from tasks.distributions import (batch_chunks, chain_states, dirichlet, gamma,
                                  inverse_cdf, inverse_cdf_table, scan_pays)
-from tasks.lgssm_colored import binned_means, doubling_lengths
 
 MIN_REGION_MASS = 0.01  # prior mass each side of simplex_split must hold (rejection sampling)
 MAX_REJECTION_ROUNDS = 10_000  # a row still rejected after this many rounds is a bug (p < 1e-43)
@@ -394,7 +394,7 @@ class MarkovTask(Task):
                   scores: dict[str, dict[str, Tensor]] | None = None) -> dict:
         """With simplex_split: the mean total variation distance (L1 / 2) of every predictor's
         next-token distribution to add-β's, per context-length bin k = 1, 2, 4, ..., seq_len
-        (tasks/lgssm_colored.py binned_means), with its standard error over sequences; for
+        (tasks/base.py binned_means), with its standard error over sequences; for
         S = 2 it is paper 000 Table 2's |P_θ(x_t = 1 | ·) - P*(x_t = 1 | ·)|. Nothing without
         simplex_split."""
         if not self.config.simplex_split:

@@ -449,14 +449,15 @@ def test_every_integer_field_at_2_to_the_62_is_checked_or_harmless(group, conf, 
     """2^62 fits 64 bits but no tensor: the whole-run checks refuse it in one line (a size) or
     accept it (a step count, an interval, a cap); never an internal error (torch's 'Storage
     size calculation overflowed' in 26 of them) and never a hang."""
-    from bench.config import ConfigError, compose
+    from bench.checks import compose_checked
+    from bench.config import ConfigError
     args = [*integer_override(group, conf, name, many, 2**62), f"out_dir={tmp_path / 'out'}"]
     if conf == "gd_ssm_constructed":
         args.append("task=linreg_tokens")
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(60)
     try:
-        compose(args)
+        compose_checked(args)
     except ConfigError as error:
         assert "\n" not in str(error) and str(error).strip(), str(error)
     finally:
@@ -474,7 +475,7 @@ def pool_tasks() -> list[str]:
     from bench.config import choices, compose
     found = {}
     for name in choices("task"):
-        config = compose([f"task={name}"], check=False)
+        config = compose([f"task={name}"])
         if "num_tasks" in {f.name for f in dataclasses.fields(config.task)}:
             found.setdefault(config.task_family, name)
     return sorted(found.values())
@@ -488,7 +489,7 @@ def test_the_memory_estimate_covers_drawing_the_pool_of_tasks(task):
     from bench.checks import Allocations, pool_peak_bytes
     from bench.config import compose
     from tasks import task_families
-    config = compose([f"task={task}", "task.num_tasks=64"], check=False)
+    config = compose([f"task={task}", "task.num_tasks=64"])
     sampled = task_families()[config.task_family](config.task, batch_size=32)
     with Allocations() as allocated:
         sampled.task_pool("cpu")

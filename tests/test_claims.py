@@ -32,7 +32,7 @@ def record(selector: list[str], seed: int = 0, gap: float = 0.001, stamp="202601
            origin="suite:leaderboard", commit="a" * 40, **extra) -> dict:
     """An `ok` record of the run `selector` composes to, with everything the leaderboard reads;
     its task/model/trainer configs are the composed ones, so selectors match it exactly."""
-    config = compose(selector, check=False)
+    config = compose(selector)
     loss = {"bayes": 0.5, "unigram": 0.58, "model": 0.5 + gap}
     rec = {"schema": SCHEMA,
            "run_id": f"{config.task_name}--{config.model_name}--s{seed}--{stamp}-{next(_ids):06x}",
@@ -548,10 +548,10 @@ def test_every_shipped_command_is_a_valid_bench_command(shipped):
                 suites.add(name)
             else:
                 assert words[3] in ("run", "references"), command
-                compose([w for w in words[4:] if not w.startswith("n=")], check=False)
+                compose([w for w in words[4:] if not w.startswith("n=")])
     for name in suites:
         for entry in load_suite(name):
-            compose(entry, check=False)
+            compose(entry)
 
 
 def test_the_research_check_finds_a_cpu_claim_left_unmeasured(tmp_path, capsys):

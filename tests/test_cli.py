@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -108,9 +109,10 @@ def test_bad_input_exit_code_from_the_shell():
 
 
 def test_suite_entries_are_valid_and_a_bad_shard_exits_2(capsys):
-    from bench.config import compose, load_suite
+    from bench.checks import compose_checked
+    from bench.config import load_suite
     for entry in load_suite("leaderboard"):
-        compose(entry)
+        compose_checked(entry)
     assert main(["suite", "name=leaderboard", "shard=2/2"]) == 2
     assert "shard must be i/n" in capsys.readouterr().err
     size = len(load_suite("leaderboard"))
@@ -146,15 +148,32 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
 
 @pytest.mark.parametrize("given,expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
 def test_idle_threads_sleep_unless_the_user_says_otherwise(given, expected):
-    """bench sets OMP_WAIT_POLICY=PASSIVE before torch loads (a run sharing the cores keeps
-    most of its speed, README "Threads"); a value the user set is kept."""
+    """The CLI sets OMP_WAIT_POLICY=PASSIVE before torch loads (a run sharing the cores keeps
+    most of its speed, README "Threads"); a value the user set is kept. Importing bench (and
+    bench.__main__, as `python -m bench` does before main) changes no environment and loads no
+    torch: the policy is read when torch loads, which a run's main does after setting it."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if given:
         env["OMP_WAIT_POLICY"] = given
     env["PYTHONPATH"] = str(REPO)
-    # bench itself must not load torch: the policy is read when torch loads
-    probe = ("import bench, os, sys; "
-             "print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)")
+    probe = textwrap.dedent("""
+        import os, sys
+        before = dict(os.environ)
+        import bench, bench.__main__
+        assert dict(os.environ) == before, "importing bench changed the environment"
+        assert "torch" not in sys.modules, "importing bench loaded torch"
+        seen = []
+
+        class Spy:  # the policy as the first import of torch finds it
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" and not seen:
+                    seen.append(os.environ.get("OMP_WAIT_POLICY"))
+
+        sys.meta_path.insert(0, Spy())
+        code = bench.__main__.main(["run", "print_config=true", "trainer.max_steps=1"])
+        print("policy:", code, seen[0], os.environ["OMP_WAIT_POLICY"])""")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert done.stdout.split() == [expected, "False"], done.stderr
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.split() == ["policy:", "0", expected, expected], done.stdout[-2000:]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench.__main__ import main
-from bench.config import compose
+from bench.checks import compose_checked
 from bench.train import build, scan_kernels
 
 TINY = ["task.seq_len=16", "trainer.max_steps=3", "trainer.warmup_steps=1",
@@ -18,8 +18,8 @@ TINY = ["task.seq_len=16", "trainer.max_steps=3", "trainer.warmup_steps=1",
 def test_a_compiled_run_predicts_what_the_eager_model_predicts(tmp_path):
     # lstm: the model of the zoo whose graph compiles fastest on the CPU (~15 s)
     overrides = ["model=lstm", *TINY]
-    compiled_task, compiled = build(compose([*overrides, "trainer.compile=true"]))
-    _, eager = build(compose(overrides))
+    compiled_task, compiled = build(compose_checked([*overrides, "trainer.compile=true"]))
+    _, eager = build(compose_checked(overrides))
     assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints interchange
     inputs = compiled_task.held_out(16).inputs
     with torch.no_grad():
@@ -35,7 +35,7 @@ def test_a_compiled_run_predicts_what_the_eager_model_predicts(tmp_path):
 @pytest.mark.parametrize("kernel, used", [("auto", "torch"), ("torch", "torch"),
                                           ("sequential", "sequential")])
 def test_the_record_names_the_scan_that_ran(kernel, used):
-    _, model = build(compose([f"model.kernel={kernel}", *TINY]))
+    _, model = build(compose_checked([f"model.kernel={kernel}", *TINY]))
     assert scan_kernels(model, "cpu") == used
 
 

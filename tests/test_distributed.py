@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bench.__main__ import main
+from bench.checks import compose_checked
 from bench.config import compose
 from bench.train import build, masked_loss
 from tasks.base import TRAIN_STREAM, make_generator
@@ -30,8 +31,7 @@ EVAL_SCRIPT = textwrap.dedent("""
     quiet_lightning()
     config = compose(["trainer.accelerator=cpu", f"trainer.devices={devices}",
                       "trainer.strategy=ddp" if devices > 1 else "trainer.strategy=auto",
-                      "task.seq_len=24", "trainer.batch_size=4", "trainer.eval_batch_size=5"],
-                     check=False)
+                      "task.seq_len=24", "trainer.batch_size=4", "trainer.eval_batch_size=5"])
     task, model = build(config)
     module = ICLModule(model, task, config.trainer)
     task.set_held_out(37, 5)
@@ -61,18 +61,18 @@ def test_sharded_evaluation_gathers_exactly_the_single_process_predictions(tmp_p
     torch.testing.assert_close(two["predictions"], one["predictions"], rtol=0, atol=1e-6)
 
     # ... and they are the model's own predictions on the held-out set, made without Lightning
-    config = compose(["task.seq_len=24", "trainer.batch_size=4"], check=False)
+    config = compose(["task.seq_len=24", "trainer.batch_size=4"])
     task, model = build(config)
     direct = model.predict(task.held_out(37).inputs).double()
     torch.testing.assert_close(one["predictions"], direct, rtol=0, atol=1e-6)
 
 
 def test_batch_size_is_the_global_batch():
-    config = compose(["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
-                      "trainer.batch_size=32"])
+    config = compose_checked(["trainer.accelerator=cpu", "trainer.devices=2",
+                              "trainer.strategy=ddp", "trainer.batch_size=32"])
     task, _ = build(config)
     assert task.batch_size == 16
-    single, _ = build(compose(["trainer.batch_size=32"]))
+    single, _ = build(compose_checked(["trainer.batch_size=32"]))
     assert single.batch_size == 32
 
 
@@ -111,8 +111,8 @@ def test_a_ddp_run_evaluates_on_both_ranks(tmp_path):
     assert record["eval"]["device"] == "cpu"
     # the loss curve is the mean over ranks: at step 0 (weights as initialised) the mean of the
     # losses of rank 0's and rank 1's batches
-    config = compose(["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
-                      *TINY])
+    config = compose_checked(["trainer.accelerator=cpu", "trainer.devices=2",
+                              "trainer.strategy=ddp", *TINY])
     task, model = build(config)
     with torch.no_grad():
         losses = [float(masked_loss(task, model(batch.inputs), batch)) for batch in (

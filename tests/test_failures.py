@@ -19,6 +19,7 @@ import torch
 
 import bench.train
 from bench.__main__ import main
+from bench.checks import compose_checked
 from bench.config import compose
 from bench.records import SCHEMA, RunFailed, write_record
 from conftest import nan_loss_from
@@ -148,7 +149,8 @@ def test_other_ranks_write_no_record(tmp_path, monkeypatch):
     """Rank 0 alone writes records: a failure on another rank raises RunFailed without one."""
     monkeypatch.setattr(L.Trainer, "is_global_zero", property(lambda self: False))
     nan_loss_from(1, monkeypatch)
-    config = compose([f"out_dir={tmp_path}", *tiny("trainer.max_steps=20", "trainer.log_every=1")])
+    config = compose_checked([f"out_dir={tmp_path}",
+                              *tiny("trainer.max_steps=20", "trainer.log_every=1")])
     with pytest.raises(RunFailed) as failure:
         bench.train.run(config)
     assert failure.value.path is None and failure.value.exit_code == 1
@@ -379,7 +381,7 @@ def test_a_suite_counts_a_run_done_only_in_the_environment_it_would_run_in(tmp_p
     from bench.__main__ import finished_runs
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
     monkeypatch.setattr(bench.records, "provenance", lambda: dict(version))
-    config = compose(["model=mamba", f"out_dir={tmp_path}", *TINY])
+    config = compose_checked(["model=mamba", f"out_dir={tmp_path}", *TINY])
     config.origin = "suite:leaderboard"  # as `suite` sets it: records of its kind finish it
 
     def put(name: str, train: dict) -> None:
@@ -412,9 +414,9 @@ def test_a_non_finite_loss_stops_a_run_at_once_except_an_overflow_under_16_mixed
     so one non-finite loss is not the end: only NONFINITE_PATIENCE checks in a row are."""
     from bench.train import NONFINITE_PATIENCE, Diverged, ICLModule, build
     assert NONFINITE_PATIENCE == 3
+    # unchecked: 16-mixed needs CUDA to train; the decision needs none
     config = compose([f"trainer.precision={precision}", *tiny("trainer.max_steps=10",
-                                                              "trainer.log_every=100")],
-                     check=False)  # 16-mixed needs CUDA to train; the decision needs none
+                                                              "trainer.log_every=100")])
     task, model = build(config)
     module = ICLModule(model, task, config.trainer)
     module.trainer = L.Trainer(accelerator="cpu", devices=1, logger=False,
@@ -433,12 +435,13 @@ def test_a_non_finite_loss_stops_a_run_at_once_except_an_overflow_under_16_mixed
 def test_every_record_of_a_process_names_the_code_it_loaded(tmp_path, monkeypatch, capsys):
     """A suite's later runs execute the code loaded at its first run: a commit or an edit made
     while it runs must not change the code their records name."""
+    import bench.records
     import bench.train
     monkeypatch.setattr(bench.train, "code_of_this_process",
                         functools.cache(bench.train.code_of_this_process.__wrapped__))
     versions = iter([{"commit": c * 40, "code": c * 12, "dirty": False, "version": None,
                       "torch": "t"} for c in "ab"])
-    monkeypatch.setattr(bench.train, "provenance", lambda: next(versions))
+    monkeypatch.setattr(bench.records, "provenance", lambda: next(versions))
     for seed in (0, 1):
         assert main(["run", f"out_dir={tmp_path}", f"seed={seed}", *tiny("trainer.max_steps=2")]) == 0
     capsys.readouterr()
@@ -528,13 +531,13 @@ def test_a_run_that_never_leaves_its_warm_up_says_so(tmp_path, capsys):
 
 def test_resume_accepts_a_change_of_what_cannot_change_the_numbers(first_run, tmp_path):
     """Where records go and how a run is logged, shown, threaded, checkpointed and evaluated may
-    change on resume; compose's checks (check_resume among them) accept it."""
+    change on resume; compose_checked's checks (check_resume among them) accept it."""
     _, checkpoint = first_run
-    compose([f"resume={checkpoint}", f"out_dir={tmp_path / 'elsewhere'}",
-             *tiny("trainer.max_steps=8", "trainer.logger=none", "trainer.progress=true",
-                   "trainer.threads=1", "trainer.checkpoint_every=3", "trainer.log_every=5",
-                   "trainer.eval_batch_size=16", "trainer.eval_sequences=64",
-                   "trainer.bootstrap=100", "trainer.reference_cache=false")])
+    compose_checked([f"resume={checkpoint}", f"out_dir={tmp_path / 'elsewhere'}",
+                     *tiny("trainer.max_steps=8", "trainer.logger=none", "trainer.progress=true",
+                           "trainer.threads=1", "trainer.checkpoint_every=3", "trainer.log_every=5",
+                           "trainer.eval_batch_size=16", "trainer.eval_sequences=64",
+                           "trainer.bootstrap=100", "trainer.reference_cache=false")])
 
 
 def _signalled_in(target, name: str, signum: int, monkeypatch) -> None:
@@ -601,7 +604,7 @@ def test_a_reference_cache_that_cannot_be_written_warns_and_keeps_the_result(
     full disk said only 'RuntimeError: [enforce fail at inline_container.cc:672]')."""
     import bench.reference_cache as cache
     from bench.train import build
-    config = compose([f"out_dir={tmp_path}", *tiny("trainer.eval_sequences=16")], check=False)
+    config = compose([f"out_dir={tmp_path}", *tiny("trainer.eval_sequences=16")])
     task, _ = build(config)
     batch, cached = cache.held_out_set(config, task)
     assert cached is None
@@ -637,7 +640,7 @@ def test_a_damaged_cache_is_named_and_recomputed(tmp_path, capsys):
     """A cache whose bytes do not match their digest is said to be recomputed, not used."""
     import bench.reference_cache as cache
     from bench.train import build
-    config = compose([f"out_dir={tmp_path}", *tiny("trainer.eval_sequences=16")], check=False)
+    config = compose([f"out_dir={tmp_path}", *tiny("trainer.eval_sequences=16")])
     task, _ = build(config)
     batch, _ = cache.held_out_set(config, task)
     cache.complete(config, task, batch, None)
@@ -766,7 +769,7 @@ def test_an_edited_corpus_is_tokenized_and_its_references_keyed_again(offline_hf
 
     def tokens_and_key():
         monkeypatch.setattr(tasks.text, "_FOUND", {})  # a new process finds the corpus anew
-        task, _ = build(compose(args, check=False))
+        task, _ = build(compose(args))
         tokens = np.asarray(task.split_tokens("train").tokens).astype(np.uint8)  # bytes
         return tokens.tobytes(), cache.cache_key(task, 16)
 

@@ -248,7 +248,7 @@ def test_paper_preset_is_appendix_b3():
     assert CONF.with_name("hmm_paper.yaml").read_text().startswith("# ")
     assert {k: v for k, v in paper.items() if default[k] != v} == {"seq_len": 512,
                                                                    "num_tasks": 50_000}
-    config = compose(["task=hmm_paper", "model=transformer_hmm"], check=False)
+    config = compose(["task=hmm_paper", "model=transformer_hmm"])
     task = HMMTask(config.task)
     assert task.seq_len == 512 and task.num_tasks == 50_000
     assert task.pool_bytes() == 50_000 * (50 * 50 + 50 * 100) * 8  # 3.0 GB of float64

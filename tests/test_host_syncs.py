@@ -4,7 +4,7 @@ indexing). Counted on the CPU by bench.speed.step_profile, the way a GPU run wou
 step of every task family and of every model family, as Lightning runs it."""
 import pytest
 
-from bench.config import compose
+from bench.checks import compose_checked
 from bench.speed import step_profile
 from models import model_families
 from tasks import task_families
@@ -23,7 +23,7 @@ MODELS = [*model_families(), "linear_transformer", "nonselective_ssm"]
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_no_host_sync_in_a_training_step_of_any_task(task):
-    profile = step_profile(compose([f"task={task}", *TASKS[task], *TINY]))
+    profile = step_profile(compose_checked([f"task={task}", *TASKS[task], *TINY]))
     assert profile["host_syncs"] == 0, profile["sync_ops"]
     assert profile["aten_calls"] > 0
 
@@ -31,7 +31,7 @@ def test_no_host_sync_in_a_training_step_of_any_task(task):
 @pytest.mark.parametrize("model", MODELS)
 def test_no_host_sync_in_a_training_step_of_any_model(model):
     task = ["task=linreg", "task.seq_len=12"] if model == "gd_ssm" else ["task.seq_len=32"]
-    profile = step_profile(compose([f"model={model}", *task, *TINY]))
+    profile = step_profile(compose_checked([f"model={model}", *task, *TINY]))
     assert profile["host_syncs"] == 0, profile["sync_ops"]
 
 
@@ -48,7 +48,7 @@ def test_the_counter_sees_a_host_sync(monkeypatch):
         return loss
 
     monkeypatch.setattr(bench.train, "masked_loss", reading)
-    profile = step_profile(compose(["task.seq_len=32", *TINY]))
+    profile = step_profile(compose_checked(["task.seq_len=32", *TINY]))
     assert profile["sync_ops"] == {"__float__": 1}
 
 
@@ -59,5 +59,5 @@ def test_a_training_batch_is_a_few_hundred_ops_not_a_loop_over_time(task):
     replace made 4,500-19,000 (one per op per time step)."""
     from bench.speed import sampler_cost
     from bench.train import build
-    sampled, _ = build(compose([f"task={task}"]))
+    sampled, _ = build(compose_checked([f"task={task}"]))
     assert sampler_cost(sampled, repeats=1)["aten_calls"] < 1500

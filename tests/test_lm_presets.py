@@ -40,7 +40,7 @@ PRESETS = [
 def preset_model(preset: str, overrides: list[str], vocab: int = GPT2_VOCAB):
     """The preset as `python -m bench run model=<preset> <overrides>` composes it, built for a
     GPT-2-tokenised text task without storage."""
-    config = compose([f"model={preset}", *overrides], check=False)
+    config = compose([f"model={preset}", *overrides])
     with torch.device("meta"):
         return build_model(config.model_family, config.model,
                            IOSpec("tokens", vocab, vocab, CONTEXT))

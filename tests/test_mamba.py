@@ -379,10 +379,10 @@ def test_constructed_preset_through_the_runner():
     """`model=mambazero_constructed` as a run builds it (float32): add-β to float32 rounding on
     the task's held-out sequences (β = 0.5 set on both sides), and the constructed parameters
     stay trainable (every one gets a gradient)."""
-    from bench.config import compose
+    from bench.checks import compose_checked
     from bench.train import build, masked_loss
-    task, net = build(compose(["task=markov", "task.beta=0.5", "task.seq_len=64",
-                               "model=mambazero_constructed", "model.beta=0.5"]))
+    task, net = build(compose_checked(["task=markov", "task.beta=0.5", "task.seq_len=64",
+                                       "model=mambazero_constructed", "model.beta=0.5"]))
     batch = task.held_out(32)
     assert kl_and_abs(task.add_beta(batch), net.predict(batch.inputs).double())[1] < 1e-5
     masked_loss(task, net(batch.inputs), batch).backward()
@@ -400,11 +400,12 @@ def test_constructed_preset_through_the_runner():
     (["task=lgssm"], "tokens task"),
 ])
 def test_constructed_preset_refuses_what_the_theorems_do_not_cover(overrides, message):
-    from bench.config import ConfigError, compose
+    from bench.checks import compose_checked
+    from bench.config import ConfigError
     args = ["task=markov", "model=mambazero_constructed"]
     args = [a for a in args if not any(o.split("=")[0] == a.split("=")[0] for o in overrides)]
     with pytest.raises(ConfigError, match=message):
-        compose([*args, *overrides])
+        compose_checked([*args, *overrides])
 
 
 # --- orders k > 1: no construction exists with a_t = 1 (the paper's Conjecture 1 regime) ---------
@@ -624,13 +625,13 @@ def test_fig5_probe_can_fail():
 
 def test_fig5_probe_reaches_the_run_record(tmp_path):
     """A markov run of MambaZero with the L1 head writes Fig. 5's scalars into metrics.probe."""
-    from bench.config import compose
+    from bench.checks import compose_checked
     from bench.train import run
-    record, _ = run(compose(["task=markov", "task.seq_len=32", "model=mambazero",
-                             "model.l1_prediction=true", "trainer.max_steps=2",
-                             "trainer.eval_sequences=16", "trainer.bootstrap=20",
-                             "trainer.progress=false", "trainer.logger=none",
-                             f"out_dir={tmp_path}"]))
+    record, _ = run(compose_checked(["task=markov", "task.seq_len=32", "model=mambazero",
+                                     "model.l1_prediction=true", "trainer.max_steps=2",
+                                     "trainer.eval_sequences=16", "trainer.bootstrap=20",
+                                     "trainer.progress=false", "trainer.logger=none",
+                                     f"out_dir={tmp_path}"]))
     probe = record["metrics"]["probe"]
     assert probe["bc_wrong_ratio"] >= 0 and len(probe["bc_inner_by_window"]) == 2
     assert probe["count_free_beta_min"] <= probe["count_free_beta_max"]
@@ -664,10 +665,10 @@ def test_d_conv_is_the_window_of_the_convolution(w):
 def test_d_conv_composes_with_every_markov_order(model, w, order):
     """Paper 000 Fig. 3b's grid (w ∈ {2, 3, 4} × k ∈ {1, 2, 3}; the paper needs w >= k + 1 to
     learn): each pair composes from the CLI keys and takes a finite training step."""
-    from bench.config import compose
+    from bench.checks import compose_checked
     from bench.train import build, masked_loss
-    config = compose(["task=markov", f"task.order={order}", "task.seq_len=24", f"model={model}",
-                      f"model.d_conv={w}", "trainer.batch_size=4"])
+    config = compose_checked(["task=markov", f"task.order={order}", "task.seq_len=24",
+                              f"model={model}", f"model.d_conv={w}", "trainer.batch_size=4"])
     assert config.model.d_conv == w and config.task.order == order
     task, net = build(config)
     batch = task.training_batch(0)

@@ -7,6 +7,7 @@ import torch
 
 from bench import checks
 from bench.checks import GIB, Allocations, CheckFailed, memory_estimate, model_footprint
+from bench.checks import compose_checked
 from bench.config import ConfigError, compose
 from bench.train import masked_loss
 from models import build_model
@@ -25,7 +26,7 @@ def test_a_measured_step_is_the_real_steps_allocation_peak():
     """The fake training step allocates what a real one does (the boolean mask's selection,
     which fake tensors cannot size, is the same copy through an index of every row)."""
     config = compose(["model=transformer", "model.d_model=16", "task.vocab_size=3000",
-                      "task.seq_len=16", "trainer.batch_size=4"], check=False)
+                      "task.seq_len=16", "trainer.batch_size=4"])
     task = task_of(config)
     measured = model_footprint(config, task, None, eval_rows=4)
     model = build_model(config.model_family, config.model,
@@ -44,7 +45,7 @@ def test_the_loss_of_a_large_vocabulary_is_counted():
     (~10 GB; the loss was left out before and the whole step estimated at 0.8 GiB)."""
     def activations(vocab):
         config = compose(["model=transformer", "model.d_model=16", f"task.vocab_size={vocab}",
-                          "task.seq_len=64", "trainer.batch_size=8"], check=False)
+                          "task.seq_len=64", "trainer.batch_size=8"])
         return model_footprint(config, task_of(config), None, eval_rows=8).backward
 
     logits = 8 * 64 * 50257
@@ -53,7 +54,7 @@ def test_the_loss_of_a_large_vocabulary_is_counted():
 
 def mamba_estimate(kernel, precision="bf16-mixed"):
     config = compose(["model=mamba", "model.d_model=64", "model.n_layers=2", "model.chunk_size=16",
-                      "task.seq_len=64", f"trainer.precision={precision}"], check=False)
+                      "task.seq_len=64", f"trainer.precision={precision}"])
     estimate = memory_estimate(config, task_of(config), "cuda", kernel=kernel)
     return {t.what: t.bytes for t in estimate.parts("device", "training")}
 
@@ -88,7 +89,7 @@ def test_the_gpu_and_the_host_each_hold_their_part():
     """Training state, activations and the evaluation's forward pass are on the GPU; the
     held-out set, float64 predictions and bootstrap on the host. A CPU run has one side, the host,
     where both add up."""
-    config = compose(["model=mamba", "model.d_model=32"], check=False)
+    config = compose(["model=mamba", "model.d_model=32"])
     task = task_of(config)
     gpu, cpu = (memory_estimate(config, task, device) for device in ("cuda", "cpu"))
     assert gpu.sides == ("device", "host") and cpu.sides == ("host",)
@@ -105,7 +106,7 @@ def test_the_gpu_and_the_host_each_hold_their_part():
 def test_each_side_is_compared_with_its_own_free_memory(monkeypatch, short, where):
     free = {"cuda": 40 * GIB, "host": 40 * GIB, {"device": "cuda"}.get(short, short): GIB // 4}
     monkeypatch.setattr(checks, "available_bytes", lambda side: free[side])
-    config = compose(["model=mamba", "model.d_model=32"], check=False)
+    config = compose(["model=mamba", "model.d_model=32"])
     with pytest.raises(CheckFailed, match=f"GiB for [a-z]+ {where} but it has 0.2 GiB free"):
         checks.check_memory(config, task_of(config), "cuda")
     free[{"device": "cuda"}.get(short, short)] = 40 * GIB
@@ -138,7 +139,7 @@ def text_config(corpus_dir, *extra):
     defaults = {"task.seq_len": "32", "model.d_model": "16"}
     defaults.update(arg.split("=", 1) for arg in extra)
     return compose(["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=byte",
-                    *(f"{key}={value}" for key, value in defaults.items())], check=False)
+                    *(f"{key}={value}" for key, value in defaults.items())])
 
 
 def test_the_window_count_is_the_windows_evaluation_builds():
@@ -178,19 +179,20 @@ def test_a_byte_level_text_run_is_not_refused(corpus_dir):
 def test_a_refused_text_evaluation_names_task_eval_windows(corpus_dir, monkeypatch):
     monkeypatch.setattr(checks, "available_bytes", lambda side: 300 * 2**20)
     with pytest.raises(ConfigError, match=r"for evaluation on the host .* task\.eval_windows$"):
-        compose(["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=byte",
-                 "task.seq_len=32", "task.eval_stride=1", "model.d_model=16", "out_dir=/tmp"])
+        compose_checked(["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=byte",
+                         "task.seq_len=32", "task.eval_stride=1", "model.d_model=16",
+                         "out_dir=/tmp"])
 
 
 @pytest.mark.parametrize("task", ["markov", "linreg"])
 def test_a_float64_run_is_checked_like_any_other(task):
     """64-true: the model without storage is built in float64 (module.double() cannot swap the
     parameters of fake tensors), and its weights count 8 bytes each."""
-    from bench.config import compose
+    from bench.checks import compose_checked
     from bench.checks import memory_estimate
     from tasks import task_families
-    config = compose([f"task={task}", "trainer.precision=64-true"])  # the whole check runs
-    single = compose([f"task={task}"])
+    config = compose_checked([f"task={task}", "trainer.precision=64-true"])  # the whole check runs
+    single = compose_checked([f"task={task}"])
     sampled = task_families()[config.task_family](config.task, batch_size=32)
 
     def weights(c) -> int:

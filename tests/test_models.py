@@ -3,7 +3,7 @@ predictions are causal, and the state size is reported."""
 import pytest
 import torch
 
-from bench.config import compose
+from bench.checks import compose_checked
 from bench.train import build, masked_loss
 from conftest import model_task_cases
 from tasks.base import make_generator
@@ -19,7 +19,7 @@ ONLY = {"gd_ssm_constructed": {"vectors": ["task=linreg_tokens", "task.seq_len=1
 @pytest.mark.parametrize("model,task_args", list(model_task_cases(TASKS, ONLY)))
 def test_step_causality_and_state(model, task_args):
     torch.manual_seed(0)
-    task, net = build(compose([*task_args, f"model={model}"]))
+    task, net = build(compose_checked([*task_args, f"model={model}"]))
     batch = task.sample(3, make_generator(0))
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in net.parameters()]

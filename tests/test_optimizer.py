@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.config import ConfigError, compose
+from bench.checks import compose_checked
+from bench.config import ConfigError
 from bench.train import ICLModule, build, parameter_groups
 
 RECURRENT = {"gd_ssm": {"core.blocks.0.layer.A"},
@@ -16,9 +17,9 @@ RECURRENT = {"gd_ssm": {"core.blocks.0.layer.A"},
 @pytest.mark.parametrize("model,task", [("gd_ssm", "linreg"), ("mamba", "markov"),
                                         ("lru", "linreg")])
 def test_groups_split_every_parameter_once(model, task):
-    config = compose([f"task={task}", f"model={model}", "model.n_layers=1",
-                      "trainer.lr=0.002", "trainer.recurrent_lr_ratio=0.5",
-                      "trainer.weight_decay=0.05"])
+    config = compose_checked([f"task={task}", f"model={model}", "model.n_layers=1",
+                              "trainer.lr=0.002", "trainer.recurrent_lr_ratio=0.5",
+                              "trainer.weight_decay=0.05"])
     _, net = build(config)
     matrices, vectors, recurrent = parameter_groups(net, config.trainer)
     names = {id(p): name for name, p in net.named_parameters()}
@@ -32,8 +33,8 @@ def test_groups_split_every_parameter_once(model, task):
 
 
 def test_the_optimizer_uses_beta2_and_the_group_rates():
-    config = compose(["task=linreg", "model=gd_ssm", "trainer.lr=0.002",
-                      "trainer.recurrent_lr_ratio=0.5", "trainer.adam_beta2=0.999"])
+    config = compose_checked(["task=linreg", "model=gd_ssm", "trainer.lr=0.002",
+                              "trainer.recurrent_lr_ratio=0.5", "trainer.adam_beta2=0.999"])
     task, net = build(config)
     optimizer = ICLModule(net, task, config.trainer).configure_optimizers()["optimizer"]
     assert [g["betas"] for g in optimizer.param_groups] == [(0.9, 0.999)] * 3
@@ -44,4 +45,4 @@ def test_the_optimizer_uses_beta2_and_the_group_rates():
 @pytest.mark.parametrize("override", ["trainer.adam_beta2=1", "trainer.recurrent_lr_ratio=0"])
 def test_bad_optimizer_settings_are_config_errors(override):
     with pytest.raises(ConfigError):
-        compose([override])
+        compose_checked([override])

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from bench.__main__ import main
-from bench.config import choices, compose
+from bench.checks import compose_checked
+from bench.config import choices
 from bench.train import build, masked_loss
 from models import IOSpec, model_families
 from models.griffin import rotary, rotary_angles
@@ -48,7 +49,7 @@ ONLY = {"gd_ssm_constructed": {"vectors": ["task=linreg_tokens"]},
 @pytest.mark.parametrize("model,task_args", list(model_task_cases(TASKS, ONLY)))
 def test_bf16_autocast_forward_backward_is_finite_and_close_to_float32(model, task_args):
     torch.manual_seed(0)
-    task, net = build(compose([*task_args, f"model={model}"]))
+    task, net = build(compose_checked([*task_args, f"model={model}"]))
     batch = task.sample(4, make_generator(0))
     with torch.no_grad():
         reference = net.predict(batch.inputs)  # float32 throughout

@@ -7,7 +7,7 @@ import torch
 
 from bench import reference_cache
 from bench.__main__ import main
-from bench.config import compose
+from bench.checks import compose_checked
 from bench.evaluate import score_predictions
 from bench.train import build
 
@@ -18,7 +18,7 @@ TINY = ["task.seq_len=16", "trainer.max_steps=3", "trainer.warmup_steps=1",
 
 @pytest.mark.parametrize("task", ["markov", "hmm", "linreg", "lgssm_colored"])
 def test_cached_scores_equal_fresh_ones(tmp_path, task):
-    config = compose([f"task={task}", f"out_dir={tmp_path}", *TINY])
+    config = compose_checked([f"task={task}", f"out_dir={tmp_path}", *TINY])
     fresh_task, model = build(config)
     batch, cached = reference_cache.held_out_set(config, fresh_task)
     assert cached is None  # nothing cached yet
@@ -38,17 +38,17 @@ def test_cached_scores_equal_fresh_ones(tmp_path, task):
 
 def test_the_key_is_the_task_configuration_and_the_held_out_size(tmp_path):
     def key(*overrides):
-        task, _ = build(compose([f"out_dir={tmp_path}", *overrides]))
+        task, _ = build(compose_checked([f"out_dir={tmp_path}", *overrides]))
         return reference_cache.cache_key(task, 64)
     assert key() == key("model=transformer", "seed=3", "trainer.lr=0.01")  # not the model's
     assert key() != key("task.beta=0.5")
     assert key() != key("task=hmm")
-    task, _ = build(compose([]))
+    task, _ = build(compose_checked([]))
     assert reference_cache.cache_key(task, 64) != reference_cache.cache_key(task, 65)
 
 
 def test_a_change_of_the_task_code_invalidates_the_cache(tmp_path, monkeypatch):
-    config = compose([f"out_dir={tmp_path}", *TINY])
+    config = compose_checked([f"out_dir={tmp_path}", *TINY])
     task, _ = build(config)
     batch, _ = reference_cache.held_out_set(config, task)
     reference_cache.complete(config, task, batch, None)
@@ -58,7 +58,7 @@ def test_a_change_of_the_task_code_invalidates_the_cache(tmp_path, monkeypatch):
 
 
 def test_a_damaged_cache_file_is_recomputed_and_replaced(tmp_path):
-    config = compose([f"out_dir={tmp_path}", *TINY])
+    config = compose_checked([f"out_dir={tmp_path}", *TINY])
     task, _ = build(config)
     path = reference_cache.cache_path(str(tmp_path), task, 24)
     path.parent.mkdir(parents=True)
@@ -89,7 +89,7 @@ def test_runs_reuse_the_cache_and_report_it(tmp_path, capsys):
 def test_a_cache_whose_content_does_not_match_its_digest_is_recomputed(tmp_path):
     """A flipped byte in a cached score (or input) must not become a Bayes loss: the file's
     content is checked against the digest it was written with."""
-    config = compose([f"out_dir={tmp_path}", *TINY])
+    config = compose_checked([f"out_dir={tmp_path}", *TINY])
     task, _ = build(config)
     batch, _ = reference_cache.held_out_set(config, task)
     fresh = reference_cache.complete(config, task, batch, None)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from scipy.stats import norm
 
-from bench.config import compose
+from bench.checks import compose_checked
 from bench.evaluate import probe_summary
 from bench.train import run
 from models import IOSpec, build_model, model_families
@@ -311,10 +311,11 @@ def test_decay_probe_at_switch_tokens_on_a_constructed_mamba():
 
 def test_decay_probe_reaches_the_run_record(tmp_path):
     """A switching_markov run with a Mamba writes metrics.probe (one layer, one head here)."""
-    record, _ = run(compose(["task=switching_markov", "task.seq_len=32", "task.p_switch=0.05",
-                             "model=mamba", "trainer.max_steps=2", "trainer.eval_sequences=16",
-                             "trainer.bootstrap=20", "trainer.progress=false",
-                             "trainer.logger=none", f"out_dir={tmp_path}"]))
+    record, _ = run(compose_checked(["task=switching_markov", "task.seq_len=32",
+                                     "task.p_switch=0.05", "model=mamba", "trainer.max_steps=2",
+                                     "trainer.eval_sequences=16", "trainer.bootstrap=20",
+                                     "trainer.progress=false", "trainer.logger=none",
+                                     f"out_dir={tmp_path}"]))
     probe = record["metrics"]["probe"]
     assert probe["switch_positions"] + probe["other_positions"] == 16 * 32
     assert probe["switch_positions"] > 0

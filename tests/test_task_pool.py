@@ -109,8 +109,8 @@ def test_memory_estimate_counts_the_pool():
     """num_tasks = 10^5 LG-SSMs hold (16 + 8 + 16 + 4) float64 each, 35.2 MB; drawn in chunks
     that are then joined, with a chunk's sampling temporaries: more than twice that for
     training (checks.pool_peak_bytes, measured against a draw in tests/test_bad_input.py)."""
-    small = compose(["task=lgssm", "model=lstm"], check=False)
-    large = compose(["task=lgssm", "model=lstm", "task.num_tasks=100000"], check=False)
+    small = compose(["task=lgssm", "model=lstm"])
+    large = compose(["task=lgssm", "model=lstm", "task.num_tasks=100000"])
     tasks = [LGSSMTask(c.task, batch_size=c.trainer.batch_size) for c in (small, large)]
     estimates = [memory_estimate(c, t, "cpu") for c, t in zip((small, large), tasks)]
     need = [{phase: e.need("host", phase) for phase in ("training", "evaluation")}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.__main__ import main
-from bench.config import compose
+from bench.checks import compose_checked
 from bench.evaluate import score_predictions, token_scores
 from bench.train import build
 from tasks.base import TRAIN_STREAM, make_generator
@@ -32,9 +32,9 @@ def corpus_dir(tmp_path_factory):
 
 
 def text_config(corpus_dir, *extra):
-    return compose(["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=byte",
-                    "task.seq_len=32", "model.d_model=16",
-                    "trainer.batch_size=8", *extra])
+    return compose_checked(["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=byte",
+                            "task.seq_len=32", "model.d_model=16",
+                            "trainer.batch_size=8", *extra])
 
 
 def test_training_windows_are_the_generators_and_shift_by_one(corpus_dir):
@@ -139,8 +139,8 @@ def test_the_gpt2_path_loads_a_local_tokenizer_file(tmp_path, corpus_dir, capsys
     for split, name in (("train", "wiki.train.raw"), ("validation", "wiki.valid.raw"),
                         ("test", "wiki.test.raw")):
         (data / name).write_text((corpus_dir / f"{split}.txt").read_text())
-    config = compose(["task=wikitext103", f"task.data_dir={data}", f"task.tokenizer_file={path}",
-                      "model.d_model=16"])
+    config = compose_checked(["task=wikitext103", f"task.data_dir={data}",
+                              f"task.tokenizer_file={path}", "model.d_model=16"])
     task, model = build(config)
     assert task.tokenizer().name == "gpt2" and task.tokenizer().vocab_size == 300
     assert task.input_dim == 50257  # the model is GPT-2 sized whatever file stands in

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.__main__ import main
+from bench.checks import compose_checked
 from bench.config import ConfigError, compose
 from models import IOSpec, build_model, model_families
 from models.mamba import Mamba, MambaConfig
@@ -106,18 +107,17 @@ def test_tying_needs_a_token_task_with_one_vocabulary():
 
 def test_config_errors_about_tying_are_one_line():
     with pytest.raises(ConfigError) as error:
-        compose(["model=transformer", "model.tie_embeddings=true", "task=lgssm"])
+        compose_checked(["model=transformer", "model.tie_embeddings=true", "task=lgssm"])
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith("model transformer cannot be built for task lgssm: "
                               "tie_embeddings=true")
     with pytest.raises(ConfigError, match="model.tie_embeddings: invalid value 2"):
-        compose(["model.tie_embeddings=2"], check=False)
+        compose(["model.tie_embeddings=2"])
     with pytest.raises(ConfigError, match="model.tie_embeddings: invalid value maybe"):
-        compose(["model.tie_embeddings=maybe"], check=False)
-    assert compose(["model.tie_embeddings=true"], check=False).model.tie_embeddings is True
-    assert compose(["model=lstm", "model.tie_embeddings=yes"],
-                   check=False).model.tie_embeddings is True
+        compose(["model.tie_embeddings=maybe"])
+    assert compose(["model.tie_embeddings=true"]).model.tie_embeddings is True
+    assert compose(["model=lstm", "model.tie_embeddings=yes"]).model.tie_embeddings is True
 
 
 def test_dtype_conversion_and_autocast_keep_the_tie():

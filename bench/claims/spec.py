@@ -128,7 +128,7 @@ def parse_metric(metric, where: str) -> tuple[list[str], str | None]:
 def composed(selector: tuple[str, ...]) -> RunConfig:
     """The run configuration a selector (or a suite entry) composes to, without the hardware
     checks; cached: many quantities share one selector."""
-    return compose(list(selector), check=False)
+    return compose(list(selector))
 
 
 def make_quantity(name: str, spec, base: list[str], layer: list[str], claim: str) -> Quantity:
@@ -186,7 +186,7 @@ def check_command(command, where: str) -> str:
     elif words[3] in ("run", "references", "speed"):
         options = ("n=", "steps=", "kernels=", "precisions=", "compile=", "out=")
         try:
-            compose([a for a in args if not a.startswith(options)], check=False)
+            compose([a for a in args if not a.startswith(options)])
         except ConfigError as error:
             raise ConfigError(f"{where}: command '{command}': {error}") from None
     return command
