@@ -302,7 +302,7 @@ def test_every_conf_file_sets_fields_of_its_family_with_their_types(group, name,
     schema = families_of(group)[family].Config
     hints = typing.get_type_hints(schema)
     assert set(values) <= set(hints), set(values) - set(hints)
-    composed = getattr(compose([f"{group}={name}"], check=False), group)
+    composed = getattr(compose([f"{group}={name}"]), group)
     for key, value in values.items():
         got = getattr(composed, key)
         assert got == value, (key, value, got)

@@ -715,7 +715,7 @@ def test_the_vector_tasks_are_all_here():
 def test_64_true_trains_and_scores_every_vector_task(task, tmp_path, capsys):
     """trainer.precision=64-true crashed on the four vector tasks after the start (float32
     inputs into a float64 model)."""
-    small_bayes = hasattr(compose([f"task={task}"], check=False).task, "bayes_particles")
+    small_bayes = hasattr(compose([f"task={task}"]).task, "bayes_particles")
     extra = ["task.bayes_particles=64"] if small_bayes else []  # lgssm's SMC
     assert main(["run", f"task={task}", "trainer.precision=64-true", f"out_dir={tmp_path}",
                  "trainer.logger=none", "trainer.reference_cache=false",
