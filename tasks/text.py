@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,8 +237,16 @@ class TextTask(Task):
         return self._baselines
 
     def summarize(self, batch: Batch, losses: dict, scores: dict | None = None) -> dict:
-        return {"corpus": self.corpus.description, "tokenizer": self.config.tokenizer,
-                "eval_split": self.config.eval_split, "bytes_per_token": self.bytes_per_token()}
+        return {"corpus": portable(self.corpus.description), "corpus_key": self.corpus.key,
+                "tokenizer": self.config.tokenizer, "eval_split": self.config.eval_split,
+                "bytes_per_token": self.bytes_per_token()}
+
+
+def portable(description: str) -> str:
+    """A corpus description without this machine's directories: every absolute path by its last
+    component ("local folder pydoc-topics-py3.11"); corpus_key (name and content identity)
+    says which data it was."""
+    return re.sub(r"(?<![\w.])/(?:[^\s/]+/)*([^\s/]+)", r"\1", description)
 
 
 PYDOC = "pydoc-topics"  # real English text that ships with Python: always available offline

@@ -101,6 +101,11 @@ def test_a_run_reports_perplexity_and_reuses_both_caches(corpus_dir, tmp_path, c
     assert m["scoring"] == "perplexity" and "bayes_gap" not in m
     assert m["perplexity"]["model"] == pytest.approx(math.exp(m["loss"]["model"]))
     assert "perplexity" in capsys.readouterr().out
+    # the record's metrics name the corpus without this machine's directories (the config keeps
+    # task.data_dir as the user gave it)
+    assert str(corpus_dir.parent) not in json.dumps(m)
+    assert m["task"]["corpus"] == f"local folder {corpus_dir.name}"
+    assert m["task"]["corpus_key"].endswith(tuple("0123456789abcdef"))
 
 
 def test_no_corpus_is_one_line_naming_the_files_and_the_folder(tmp_path, capsys):
