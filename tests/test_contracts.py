@@ -57,9 +57,19 @@ Z = 4.0
 
 
 def small_task(family: str):
+    """The family at the SMALL sizes its Config has and accepts; a size it refuses (a task
+    that needs an odd seq_len) leaves its default."""
     cls = task_families()[family]
     names = {f.name for f in dataclasses.fields(cls.Config)}
-    return cls(cls.Config(**{k: v for k, v in SMALL.items() if k in names}))
+    settings: dict = {}
+    for key, value in SMALL.items():
+        if key in names:
+            try:
+                cls.Config(**settings, **{key: value})
+            except ValueError:
+                continue
+            settings[key] = value
+    return cls(cls.Config(**settings))
 
 
 @functools.lru_cache(maxsize=None)

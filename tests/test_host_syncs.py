@@ -5,6 +5,7 @@ step of every task family and of every model family, as Lightning runs it."""
 import pytest
 
 from bench.checks import compose_checked
+from bench.config import ConfigError
 from bench.speed import step_profile
 from models import model_families
 from tasks import task_families
@@ -23,7 +24,12 @@ MODELS = [*model_families(), "linear_transformer", "nonselective_ssm"]
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_no_host_sync_in_a_training_step_of_any_task(task):
-    profile = step_profile(compose_checked([f"task={task}", *TASKS[task], *TINY]))
+    try:
+        config = compose_checked([f"task={task}", *TASKS[task], *TINY])
+    except ConfigError:  # a family that refuses the short sequence keeps its default length
+        config = compose_checked([f"task={task}", *(o for o in TASKS[task]
+                                                   if not o.startswith("task.seq_len=")), *TINY])
+    profile = step_profile(config)
     assert profile["host_syncs"] == 0, profile["sync_ops"]
     assert profile["aten_calls"] > 0
 
