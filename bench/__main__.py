@@ -189,6 +189,8 @@ def cmd_references(argv: list[str]) -> int:
     print(f"task {config.task_name} {task.config_dict()}  ({len(task.references())} references, "
           f"{result['metrics']['sequences']} held-out sequences)")
     print_metrics(result["metrics"])
+    for name, reference in task.references().items():  # what each reference computes
+        print(f"  {name:<20} {reference.description}")
     return 0
 
 

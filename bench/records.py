@@ -57,7 +57,7 @@ CODE_PATHS = ("bench", "tasks", "models", "conf", "pyproject.toml")
 # ...less what only reads records or lists runs: editing a claim's rule, a suite's list or the
 # leaderboard's layout changes no result, so a suite run over several sessions stays one version.
 DOWNSTREAM_PATHS = ("conf/claims", "conf/suite", "bench/claims", "bench/leaderboard.py",
-                    "bench/report.py", "bench/plot.py",
+                    "bench/compare.py", "bench/report.py", "bench/plot.py",
                     "bench/claims.py")  # where the claims lived before bench/claims/: old commits
 
 

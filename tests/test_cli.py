@@ -177,3 +177,12 @@ def test_idle_threads_sleep_unless_the_user_says_otherwise(given, expected):
     assert done.returncode == 0, done.stderr[-2000:]
     last = done.stdout.strip().splitlines()[-1]
     assert last.split() == ["policy:", "0", expected, expected], done.stdout[-2000:]
+
+
+def test_references_prints_each_reference_with_what_it_computes(tmp_path, monkeypatch, capsys):
+    from tasks.markov import MarkovTask
+    monkeypatch.chdir(tmp_path)  # its reference cache goes to runs/ here
+    assert main(["references", "task=markov", "n=16", "trainer.progress=false"]) == 0
+    out = capsys.readouterr().out
+    for name, reference in MarkovTask().references().items():
+        assert f"  {name:<20} {reference.description}\n" in out
