@@ -16,6 +16,7 @@ import torch
 
 from bench.config import ConfigError, TrainerConfig
 from bench.evaluate import bootstrap_ci, fmt_sig
+from bench.leaderboard import unusable
 from bench.records import read_record
 
 
@@ -36,7 +37,6 @@ def load(path: str) -> dict:
         raise ConfigError(f"compare: {path}: a text record; text is scored per token over the "
                           "whole split (perplexity), not per sequence, so its runs do not pair "
                           "by sequence")
-    from bench.leaderboard import unusable
     why = unusable(record)
     if why:
         raise ConfigError(f"compare: {path}: {why}")
