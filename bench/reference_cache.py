@@ -38,13 +38,16 @@ CACHE_DIR = os.path.join("cache", "references")  # under out_dir
 
 @functools.cache
 def _source_digest() -> str:
-    """A digest of the code the cached values depend on: every module of the `tasks` package
-    (samplers and references) and the scoring code, as this process loaded it (read once: an
-    edit while a suite runs must not send its later runs to another cache key)."""
+    """A digest of the code the cached values depend on: every module of the `tasks` package,
+    its subpackages (tasks/corpora) included (samplers and references), and the scoring code, as
+    this process loaded it (read once: an edit while a suite runs must not send its later runs
+    to another cache key)."""
     digest = hashlib.sha256()
-    files = sorted(Path(tasks.__file__).parent.glob("*.py")) + [Path(evaluate.__file__)]
+    root = Path(tasks.__file__).parent
+    files = sorted(root.rglob("*.py")) + [Path(evaluate.__file__)]
     for path in files:
-        digest.update(path.name.encode())
+        digest.update((path.relative_to(root).as_posix() if path.is_relative_to(root)
+                       else path.name).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
