@@ -9,10 +9,10 @@ references are labelled baselines fit on the training split (unigram, bigram, an
 unigram cache), the record reports perplexity, nats per token and bits per byte, and the
 leaderboard shows perplexity for these sections.
 
-The corpus is found, tokenized and cached by tasks/corpus.py. Finding it happens when the task
-is built (so a missing corpus is a one-line configuration error before anything runs);
-tokenizing happens once, in `prepare_data` (rank 0) or on first use, into a memory-mapped cache
-under task.cache_dir."""
+The corpus is found, tokenized and cached by the tasks/corpora/ package. Finding it happens
+when the task is built (so a missing corpus is a one-line configuration error before anything
+runs); tokenizing happens once, in `prepare_data` (rank 0) or on first use, into a
+memory-mapped cache under task.cache_dir."""
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from tasks import corpus as text_corpus
+from tasks import corpora as text_corpus
 from tasks.base import Batch, Reference, Task
 
 TOKENIZER_VOCAB = {"gpt2": 50257, "byte": 256}

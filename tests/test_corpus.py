@@ -1,4 +1,4 @@
-"""tasks/corpus.py: finding text corpora offline, tokenizers, the token cache, windows, metrics
+"""tasks/corpora/: finding text corpora offline, tokenizers, the token cache, windows, metrics
 and n-gram baselines. No network: the hub is switched off for every test, and HF's caches point
 into tmp_path."""
 import json
@@ -11,7 +11,8 @@ import pytest
 import torch
 from scipy import stats
 
-from tasks import corpus as C
+from tasks import corpora as C
+from tasks.corpora import sources, tokenizers
 
 TRAIN = ["The first document.\nIt has two lines.\n",
          "Zweites Dokument: Grüße, naïve café ✓\n"]
@@ -141,12 +142,13 @@ def test_explicit_data_files_and_a_single_file(tmp_path):
 
 def test_split_keywords_need_delimiters():
     from pathlib import PurePosixPath as P
-    assert C._split_of(P("wiki.valid.raw")) == "validation"
-    assert C._split_of(P("train-00003-of-00023.parquet")) == "train"
-    assert C._split_of(P("pg19/test/12345.txt")) == "test"
-    assert C._split_of(P("latest.txt")) is None and C._split_of(P("interval.txt")) is None
+    assert sources._split_of(P("wiki.valid.raw")) == "validation"
+    assert sources._split_of(P("train-00003-of-00023.parquet")) == "train"
+    assert sources._split_of(P("pg19/test/12345.txt")) == "test"
+    assert sources._split_of(P("latest.txt")) is None
+    assert sources._split_of(P("interval.txt")) is None
     with pytest.raises(C.CorpusError):
-        C._split_of(P("train_test.txt"))
+        sources._split_of(P("train_test.txt"))
 
 
 def test_missing_split_is_one_line_naming_the_splits_found(tmp_path):
@@ -266,7 +268,7 @@ def test_bpe_is_trained_once_saved_beside_the_cache_and_round_trips(pydoc, tmp_p
 
     def no_training(*args, **kwargs):
         raise AssertionError("retrained")
-    monkeypatch.setattr(C, "document_texts", no_training)
+    monkeypatch.setattr(tokenizers, "document_texts", no_training)  # looked up there
     mtime = path.stat().st_mtime_ns
     again = C.make_tokenizer("bpe", vocab_size=1000, corpus=corpus, cache_dir=tmp_path)
     assert again.identity == tok.identity and path.stat().st_mtime_ns == mtime

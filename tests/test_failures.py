@@ -667,7 +667,7 @@ def test_a_damaged_token_cache_or_cached_tokenizer_is_named_and_rebuilt(tmp_path
     import datasets.config
     import numpy as np
 
-    from tasks import corpus as C
+    from tasks import corpora as C
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
     data = tmp_path / "data"
@@ -788,7 +788,8 @@ def test_a_single_line_longer_than_a_bpe_piece_is_trained_in_pieces(offline_hf, 
                                                                      monkeypatch):
     """BPE training held ~140 bytes a character of one text: a 50 MB line peaked at 7 GB. A
     line is given to the trainer in pieces of at most TRAIN_PIECE characters."""
-    from tasks import corpus as C
+    from tasks import corpora as C
+    from tasks.corpora import tokenizers
     data = tmp_path / "data"
     data.mkdir()
     words = "the cat sat on the mat while a dog ran after the ball".split()
@@ -805,7 +806,7 @@ def test_a_single_line_longer_than_a_bpe_piece_is_trained_in_pieces(offline_hf, 
             pieces.append(len(piece))
             yield piece
 
-    monkeypatch.setattr(C, "training_pieces", counted)
+    monkeypatch.setattr(tokenizers, "training_pieces", counted)  # looked up there
     C.make_tokenizer("bpe", vocab_size=300, corpus=corpus, cache_dir=tmp_path / "cache",
                      progress=False)
     assert sum(pieces) == len(line) and len(pieces) == 2 and max(pieces) <= C.TRAIN_PIECE

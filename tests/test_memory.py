@@ -143,7 +143,7 @@ def text_config(corpus_dir, *extra):
 
 
 def test_the_window_count_is_the_windows_evaluation_builds():
-    from tasks.corpus import evaluation_starts, evaluation_window_count
+    from tasks.corpora.windows import evaluation_starts, evaluation_window_count
     for n_tokens in (2, 17, 33, 34, 100, 257, 1000):
         for seq_len, stride, cap in ((16, None, None), (16, 5, None), (16, 1, 7), (32, 32, 3)):
             assert evaluation_window_count(n_tokens, seq_len, stride, cap) == \
