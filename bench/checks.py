@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_leaves
 
 from bench.config import (ACCELERATORS, LOGGERS, PRECISIONS, STRATEGIES, ConfigError, RunConfig,
                           compose, first_line)
-from bench.records import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, Environment, _environment,
+from bench.records import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, Environment, make_environment,
                            code_of_this_process)
 
 GIB = 2**30
@@ -654,7 +654,7 @@ def planned_environment(config) -> Environment:
     # this rank's GPU (Lightning gives rank r of a node the device LOCAL_RANK)
     name = (torch.cuda.get_device_name(int(os.environ.get("LOCAL_RANK", 0)))
             if device == "cuda" else "cpu")
-    return _environment(device, name,
+    return make_environment(device, name,
                         resolve_kernel(kernel, torch.device(device)) if kernel else None,
                         config.trainer.precision, config.trainer.compile, config.trainer.tf32)
 

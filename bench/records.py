@@ -358,8 +358,10 @@ class Environment(NamedTuple):
                           *(["tf32"] if self.tf32 else [])])
 
 
-def _environment(device: str, device_name: str, kernel: str | None, precision: str | None,
-                 compile: bool, tf32: bool) -> Environment:
+def make_environment(device: str, device_name: str, kernel: str | None, precision: str | None,
+                     compile: bool, tf32: bool) -> Environment:
+    """The Environment of these facts: the device kind named by its GPU, precision aliases
+    resolved, TF32 only where it exists (CUDA)."""
     cpu = device == "cpu"
     kind = device if cpu or device_name == device else f"{device}: {device_name}"
     return Environment(kind, kernel, PRECISION_ALIASES.get(precision, precision), bool(compile),
@@ -382,7 +384,7 @@ def environment(record: dict) -> Environment:
         kernel = record["model"]["config"].get("kernel")
         if device == "cpu" and kernel in KERNELS:
             kernel = resolve_kernel(kernel, torch.device("cpu"))
-    return _environment(device, train.get("device_name") or device, kernel,
+    return make_environment(device, train.get("device_name") or device, kernel,
                         train.get("precision", trainer.get("precision")),
                         train.get("compile", trainer.get("compile", False)),
                         train.get("tf32", False))

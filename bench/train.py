@@ -618,12 +618,11 @@ class LiveValidation(L.Callback):
         try:
             return score_predictions(module.task, self.sequences, predictions,
                                      self.config.bootstrap, self.references, scores)["metrics"]
-        except FloatingPointError:
-            nan = math.nan
-            return {"scoring": "perplexity", "loss": {"model": nan}, "loss_ci": {"model": [nan, nan]},
-                    "perplexity": {"model": nan}} if module.task.scoring == "perplexity" else {
-                    "bayes_gap": nan, "bayes_gap_ci": [nan, nan], "relative_gap": nan,
-                    "loss": {"model": nan}}
+        except FloatingPointError:  # every number headline() reads, of either scoring, NaN
+            nan, model = math.nan, {"model": math.nan}
+            return {"scoring": module.task.scoring, "loss": model, "perplexity": model,
+                    "loss_ci": {"model": [nan, nan]}, "bayes_gap": nan,
+                    "bayes_gap_ci": [nan, nan], "relative_gap": nan}
 
     @staticmethod
     def _rng_devices(module: ICLModule) -> list:
