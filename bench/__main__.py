@@ -5,7 +5,7 @@
   leaderboard  rewrite leaderboard.md from the run records in out_dir
   claims       write claims.md: every claim of the three papers, decided from the run records
   speed        training throughput of a model and throughput of the task's oracle
-  suite        run every entry of conf/suite/<name>.yaml (or a suite file) in turn; to results/
+  suite        run every entry of a suite (conf/suite/, conf/papers/*/suites/) in turn; to results/
   sweep        run the grid of comma lists and ranges (model=a,b seed=0-4) as a suite; to runs/
   list         the tasks and models, one line each
   gpucheck     every check of the GPU path (kernel parity, speed, end-to-end runs) in a budget
@@ -43,27 +43,28 @@ USAGE = {
     "leaderboard": "python -m bench leaderboard [out_dir=results] [out=leaderboard.md] "
                    "[include=suite|all]\n  Rewrite the leaderboard from the run records in out_dir.",
     "claims": "python -m bench claims [out_dir=results] [out=claims.md] [include=suite|all] "
-              "[rules=conf/claims] [check=false]\n  Decide every claim of the rules "
-              "(conf/claims/*.yaml: each claim's quantities, record selectors and metric paths, "
-              "its control and rule) on 95% intervals from the run records in out_dir and write "
-              "claims.md: holds, holds at reduced scale, fails, not reached at reduced scale, "
-              "undecided or not measured. check=true: the research checks of the records "
-              "instead (a CPU claim left unmeasured, a verdict on a control that did not hold); "
-              "exit 1 on a problem.",
+              "[rules=conf/papers] [check=false]\n  Decide every claim of the rules "
+              "(conf/papers/<paper>/claims.yaml: each claim's quantities, record selectors and "
+              "metric paths, its control and rule) on 95% intervals from the run records in "
+              "out_dir and write claims.md: holds, holds at reduced scale, fails, not reached at "
+              "reduced scale, undecided or not measured. check=true: the research checks of the "
+              "records instead (a CPU claim left unmeasured, a verdict on a control that did not "
+              "hold); exit 1 on a problem.",
     "speed": "python -m bench speed [steps=20] [kernels=all|<kernel>] [precisions=all|<precision>] "
              "[compile=all|on|off] [out=<file.json>] [key=value ...]\n  Training-step time of the "
              "configured model for every SSD kernel, precision and compile setting that applies "
              "here, the throughput of the task's sampler and references, and the share of a run "
              "spent outside training.\n" + OVERRIDES,
     "suite": "python -m bench suite name=<suite or file.yaml> [entries=1,4-6] [shard=i/n] "
-             "[rerun=false] [key=value ...]\n  Every run of conf/suite/<suite>.yaml (or of the "
-             "suite file at that path: `runs:`, a list of override lists) in turn, or the entries "
-             "given (numbered from 1 as the suite prints them); key=value overrides apply to every "
-             "run. Records go to out_dir (default results/, which boards and claims read). A run "
-             "whose `ok` suite record (same config and seed, made by the current code, not "
-             "dirty, on the device and SSD kernel it would use here) is in out_dir already is "
-             "skipped, so an interrupted suite goes on where it stopped; an ad-hoc run or a "
-             "sweep of the same config does not count; rerun=true runs it again.\n  suites: "
+             "[rerun=false] [key=value ...]\n  Every run of suite <suite> (conf/suite/ or a "
+             "paper's conf/papers/<paper>/suites/; or of the suite file at that path: `runs:`, a "
+             "list of override lists) in turn, or the entries given (numbered from 1 as the suite "
+             "prints them); key=value overrides apply to every run. Records go to out_dir "
+             "(default results/, which boards and claims read). A run whose `ok` suite record "
+             "(same config and seed, made by the current code, not dirty, on the device and SSD "
+             "kernel it would use here) is in out_dir already is skipped, so an interrupted suite "
+             "goes on where it stopped; an ad-hoc run or a sweep of the same config does not "
+             "count; rerun=true runs it again.\n  suites: "
              + ", ".join(choices("suite")),
     "sweep": "python -m bench sweep key=a,b,c seed=lo-hi [entries=1,4-6] [shard=i/n] "
              "[rerun=false] [key=value ...]\n  The grid of every comma list and range (the "

@@ -148,14 +148,39 @@ class RunConfig:
         }
 
 
+def suite_files() -> dict[str, Path]:
+    """Every suite by name: the suite's own in conf/suite/ and each paper's in
+    conf/papers/<paper>/suites/ (next to that paper's claims). A suite's name is its file's
+    stem and is what its records carry (`origin: suite:<name>`): two files of one name refused."""
+    found: dict[str, Path] = {}
+    for folder in [CONF_DIR / "suite", *sorted(CONF_DIR.glob("papers/*/suites"))]:
+        for path in sorted(folder.glob("*.yaml")):
+            if path.stem in found:
+                raise ConfigError(f"two suites named '{path.stem}': "
+                                  f"{conf_relative(found[path.stem])} and {conf_relative(path)}")
+            found[path.stem] = path
+    return found
+
+
+def conf_relative(path: Path) -> str:
+    """conf/... as a user of a checkout sees the file."""
+    return f"conf/{path.relative_to(CONF_DIR).as_posix()}"
+
+
+def conf_file(group: str, name: str) -> Path:
+    return suite_files()[name] if group == "suite" else CONF_DIR / group / f"{name}.yaml"
+
+
 def choices(group: str) -> list[str]:
+    if group == "suite":
+        return sorted(suite_files())
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
 def describe_choice(group: str, name: str) -> str:
     """The first comment line of conf/<group>/<name>.yaml (what `bench list` shows); a task or
     model file without one is described by its family's class (`description`), "" otherwise."""
-    text = (CONF_DIR / group / f"{name}.yaml").read_text()
+    text = conf_file(group, name).read_text()
     first = text.splitlines()[0] if text.strip() else ""
     if first.startswith("#"):
         return first.lstrip("# ").strip()
@@ -236,7 +261,7 @@ def check_fields(group: str, schema) -> None:
 
 
 def is_suite_path(name: str) -> bool:
-    """`suite name=` takes a suite of conf/suite by name, or any suite file by its path (one
+    """`suite name=` takes a suite of the package by name, or any suite file by its path (one
     with a folder or a .yaml/.yml suffix): a researcher's own list need not live in the package."""
     return "/" in name or os.sep in name or name.endswith((".yaml", ".yml"))
 
@@ -249,21 +274,23 @@ def suite_label(name: str) -> str:
             path = Path(name).resolve()
         except (OSError, RuntimeError):
             return name
-        if path.parent == (CONF_DIR / "suite").resolve() and path.suffix == ".yaml":
+        package = suite_files().get(path.stem)
+        if package is not None and package.resolve() == path:
             return path.stem
     return name
 
 
 def load_suite(name: str) -> list[list[str]]:
-    """The runs of conf/suite/<name>.yaml, or of the suite file at path `name`: a list of
-    override lists. A suite holds `runs:` only, each run a list of `key=value` strings."""
+    """The runs of the package's suite `name` (suite_files), or of the suite file at path `name`:
+    a list of override lists. A suite holds `runs:` only, each run a list of `key=value` strings."""
     if is_suite_path(name):
         path, shown = Path(name), name
         if not path.is_file():
             raise ConfigError(f"suite file '{name}' " + ("is not a file" if path.exists()
                                                         else "does not exist"))
     elif name in choices("suite"):
-        path, shown = CONF_DIR / "suite" / f"{name}.yaml", f"conf/suite/{name}.yaml"
+        path = suite_files()[name]
+        shown = conf_relative(path)
     else:
         raise ConfigError(f"unknown suite '{name}'; choose one of: {', '.join(choices('suite'))}"
                           " or give a suite file's path")

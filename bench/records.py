@@ -56,9 +56,10 @@ REPO = Path(__file__).resolve().parents[1]
 CODE_PATHS = ("bench", "tasks", "models", "conf", "pyproject.toml")
 # ...less what only reads records or lists runs: editing a claim's rule, a suite's list or the
 # leaderboard's layout changes no result, so a suite run over several sessions stays one version.
-DOWNSTREAM_PATHS = ("conf/claims", "conf/suite", "bench/claims", "bench/leaderboard.py",
+DOWNSTREAM_PATHS = ("conf/papers", "conf/suite", "bench/claims", "bench/leaderboard.py",
                     "bench/compare.py", "bench/report.py", "bench/plot.py",
-                    "bench/claims.py")  # where the claims lived before bench/claims/: old commits
+                    # where claims and paper suites lived before conf/papers/: old commits
+                    "conf/claims", "bench/claims.py")
 
 
 def _git(*args: str) -> str | None:

@@ -1,7 +1,7 @@
 """claims.md: every claim decided by its rule from run records. Synthetic records (no training)
 check each verdict, the pooling of seeds, metric paths and intervals, the safe rule evaluator,
 bad rules files and arguments (one line, exit 2, nothing written), and the shipped
-conf/claims/*.yaml against the committed records."""
+conf/papers/<paper>/claims.yaml against the committed records."""
 import itertools
 import json
 import math
@@ -16,6 +16,7 @@ import pytest
 from bench.claims import render as claims_mod
 from bench.__main__ import main
 from bench.claims import Interval, Rule, decide_all, load_claims, write_claims
+from bench.claims.spec import default_rules
 from bench.config import ConfigError, choices, compose, load_suite
 from bench.leaderboard import across_seeds, select_runs
 from bench.records import SCHEMA
@@ -437,6 +438,27 @@ def test_a_bad_rules_file_is_one_line_exit_2_and_nothing_written(tmp_path, capsy
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".claims")]
 
 
+def test_a_rules_folder_holds_one_folder_per_paper(tmp_path):
+    """The layout of conf/papers: <paper>/claims.yaml, named by that path in errors and in
+    claims.md's header; the paper a file declares must be its folder's."""
+    folder = tmp_path / "papers"
+    (folder / "000").mkdir(parents=True)
+    rules_file(tmp_path).rename(folder / "000" / "claims.yaml")
+    [claim] = load_claims(folder)
+    assert claim.source == "000/claims.yaml"
+    (folder / "002").mkdir()
+    (folder / "002" / "claims.yaml").write_text((folder / "000" / "claims.yaml").read_text())
+    with pytest.raises(ConfigError, match="paper '000' in the folder of paper '002'"):
+        load_claims(folder)
+    (folder / "002" / "claims.yaml").unlink()
+    (folder / "002" / "suites").mkdir()  # a paper's suites are not rules
+    (folder / "002" / "suites" / "s.yaml").write_text("runs: [[seed=0]]\n")
+    assert [c.source for c in load_claims(folder)] == ["000/claims.yaml"]
+    (folder / "000" / "claims.yaml").unlink()
+    with pytest.raises(ConfigError, match="holds no \\*.yaml or <paper>/claims.yaml file"):
+        load_claims(folder)
+
+
 def test_records_that_lack_a_metric_leave_the_claim_not_measured(tmp_path, capsys):
     """Records made before a metric existed (or a rule naming one no record has) leave the row
     `not measured`, naming the metric and what the records hold, and the research check fails
@@ -528,6 +550,7 @@ def shipped():
 def test_the_shipped_claims_parse_and_cover_the_three_papers(shipped):
     assert len(shipped) >= 25
     assert {c.paper for c in shipped} == {"000", "002", "004"}
+    assert sorted(claims_mod.paper_titles(default_rules())) == ["000", "002", "004"]
     assert len({c.id for c in shipped}) == len(shipped)
     for claim in shipped:
         assert set(claim.rule.used) <= set(claim.quantities), claim.id  # its own quantities

@@ -225,6 +225,9 @@ def test_the_code_digest_follows_the_code_not_the_commit(tmp_path, monkeypatch):
     docs = head()
     (repo / "conf" / "suite").mkdir()  # a suite's list and a claim's rule shape no result
     (repo / "conf" / "suite" / "s.yaml").write_text("runs: []\n")
+    (repo / "conf" / "papers" / "000" / "suites").mkdir(parents=True)
+    (repo / "conf" / "papers" / "000" / "claims.yaml").write_text("claims: []\n")
+    (repo / "conf" / "papers" / "000" / "suites" / "p.yaml").write_text("runs: []\n")
     (repo / "bench" / "claims.py").write_text("rule = 1\n")
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "downstream only")

@@ -121,8 +121,10 @@ def test_a_suite_file_given_by_path(tmp_path):
     assert load_suite(str(path)) == [["seed=0", "task.order=2"], []]
     assert suite_label(str(path)) == str(path)
     from bench.config import CONF_DIR
-    assert suite_label(str(CONF_DIR / "suite" / "paper000.yaml")) == "paper000"
-    assert load_suite(str(CONF_DIR / "suite" / "paper000.yaml")) == load_suite("paper000")
+    shipped = CONF_DIR / "papers" / "000" / "suites" / "paper000.yaml"
+    assert suite_label(str(shipped)) == "paper000"  # what its records carry, by name or path
+    assert load_suite(str(shipped)) == load_suite("paper000")
+    assert suite_label(str(CONF_DIR / "suite" / "leaderboard.yaml")) == "leaderboard"
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -150,8 +152,23 @@ def test_a_bad_suite_file_is_one_line(text, needle, tmp_path, capsys):
 
 def test_every_package_suite_passes_the_file_checks():
     from bench.config import choices
+    assert {"leaderboard", "paper000", "paper002", "paper004"} <= set(choices("suite"))
     for name in choices("suite"):
         assert load_suite(name)
+
+
+def test_two_suites_of_one_name_are_refused(tmp_path, monkeypatch):
+    """A suite's name is what its records carry (origin suite:<name>): a paper's suite may not
+    take the name of another suite."""
+    import bench.config
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "papers" / "000" / "suites").mkdir(parents=True)
+    for path in (tmp_path / "suite" / "a.yaml", tmp_path / "papers/000/suites/a.yaml"):
+        path.write_text("runs: [[seed=0]]\n")
+    monkeypatch.setattr(bench.config, "CONF_DIR", tmp_path)
+    with pytest.raises(ConfigError, match="two suites named 'a': conf/suite/a.yaml and "
+                                          "conf/papers/000/suites/a.yaml"):
+        load_suite("a")
 
 
 def test_what_a_run_of_one_kind_writes_never_makes_another_kind_skip(tmp_path, monkeypatch,

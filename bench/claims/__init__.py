@@ -1,6 +1,7 @@
 """The paper layer: claims.md from run records. One row per claim of the three source papers,
-each decided by the rule and control written next to it in conf/claims/<paper>.yaml. It only
-reads records (and the suite lists that make them); nothing in the core imports it.
+each decided by the rule and control written next to it in conf/papers/<paper>/claims.yaml (the
+paper's suites beside it, in suites/). It only reads records (and the suite lists that make
+them); nothing in the core imports it.
 
 - `spec`: the claims files (quantities: record selectors + metric paths; rule; control; scale);
 - `rules`: the rule language, evaluated on 95% intervals in three-valued logic;

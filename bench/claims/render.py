@@ -11,9 +11,9 @@ from pathlib import Path
 import yaml
 
 from bench.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules, load_claims,
-                               read_rules_text)
+                               read_rules_text, rules_files)
 from bench.claims.verdicts import VERDICTS, Decision, Measured, decide_all
-from bench.config import CONF_DIR, ConfigError, RunConfig, load_suite
+from bench.config import ConfigError, RunConfig, conf_file, load_suite
 from bench.leaderboard import Selection, plural
 from bench.records import write_atomic
 from bench.records import output_path
@@ -140,7 +140,7 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
 
 def paper_titles(rules: Path) -> dict[str, str]:
     titles = {}
-    for file in (sorted(rules.glob("*.yaml")) if rules.is_dir() else [rules]):
+    for file in rules_files(rules):
         data = yaml.safe_load(read_rules_text(file)) or {}
         if isinstance(data, dict) and data.get("title"):
             titles[str(data.get("paper"))] = str(data["title"])
@@ -208,7 +208,7 @@ def to_measure(decisions: list[Decision]) -> list[str]:
         about = ""
         if words[3] == "suite":
             name = next(a.split("=", 1)[1] for a in words[4:] if a.startswith("name="))
-            first = (CONF_DIR / "suite" / f"{name}.yaml").read_text().splitlines()
+            first = conf_file("suite", name).read_text().splitlines()
             about = " ".join(l.lstrip("# ").strip() for l in first[:2] if l.startswith("#"))
         gpu = any(d.claim.gpu for d in ds)
         blocked = [d.claim.id for d in ds if d.claim.needs]

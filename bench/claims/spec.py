@@ -1,4 +1,5 @@
-"""The claims files: conf/claims/<paper>.yaml, one entry per claim of a paper, validated when
+"""The claims files: conf/papers/<paper>/claims.yaml, one entry per claim of a paper (the paper's
+suites beside it, in suites/), validated when
 loaded (any problem is a ConfigError naming the file and the claim).
 
 A claim: `id`, `section`, `claim` (one sentence), `quote` (the paper's own words), `paper_number`,
@@ -45,7 +46,19 @@ PATH = re.compile(r"^(?P<path>[A-Za-z_]\w*(?:\.[\w-]+)*)"  # dotted keys, then [
 
 
 def default_rules() -> Path:
-    return CONF_DIR / "claims"
+    return CONF_DIR / "papers"
+
+
+def rules_files(path: Path) -> list[Path]:
+    """The rules of a file, or of a folder: its *.yaml files and its papers' <paper>/claims.yaml."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise ConfigError(f"rules '{path}' does not exist")
+    files = sorted(path.glob("*.yaml")) + sorted(path.glob("*/claims.yaml"))
+    if not files:
+        raise ConfigError(f"rules folder '{path}' holds no *.yaml or <paper>/claims.yaml file")
+    return files
 
 
 @dataclass
@@ -201,19 +214,12 @@ def read_rules_text(file: Path) -> str:
 
 
 def load_claims(rules: str | Path | None = None) -> list[Claim]:
-    """Every claim of the rules file or of the *.yaml files of the rules folder (default
-    conf/claims/), validated: any problem is a ConfigError naming the file and the claim."""
+    """Every claim of the rules file or folder (default conf/papers/: rules_files), validated:
+    any problem is a ConfigError naming the file and the claim."""
     path = Path(rules) if rules else default_rules()
-    if path.is_dir():
-        files = sorted(path.glob("*.yaml"))
-        if not files:
-            raise ConfigError(f"rules folder '{path}' holds no *.yaml file")
-    elif path.is_file():
-        files = [path]
-    else:
-        raise ConfigError(f"rules '{path}' does not exist")
     claims, seen = [], {}
-    for file in files:
+    for file in rules_files(path):
+        name = file.relative_to(path).as_posix() if path.is_dir() else file.name
         try:
             data = yaml.safe_load(read_rules_text(file))
         except yaml.YAMLError as error:
@@ -226,12 +232,15 @@ def load_claims(rules: str | Path | None = None) -> list[Claim]:
         paper = str(data.get("paper", ""))
         if paper not in PAPERS:
             raise ConfigError(f"{file}: paper must be one of {', '.join(PAPERS)}, got '{paper}'")
+        if file.name == "claims.yaml" and file.parent.name != paper:
+            raise ConfigError(f"{file}: paper '{paper}' in the folder of paper "
+                              f"'{file.parent.name}'")
         for i, spec in enumerate(data["claims"], 1):
-            claim = parse_claim(spec, paper, f"{file.name}: claim {i}")
+            claim = parse_claim(spec, paper, f"{name}: claim {i}")
             if claim.id in seen:
-                raise ConfigError(f"{file.name}: claim id '{claim.id}' also in {seen[claim.id]}")
-            seen[claim.id] = file.name
-            claim.source = file.name
+                raise ConfigError(f"{name}: claim id '{claim.id}' also in {seen[claim.id]}")
+            seen[claim.id] = name
+            claim.source = name
             claims.append(claim)
     return claims
 
