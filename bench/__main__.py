@@ -150,7 +150,8 @@ def cmd_run(argv: list[str]) -> int:
         print_config(config)
         return 0
     from bench.report import print_run
-    from bench.train import end_distributed, run
+    from bench.signals import end_distributed
+    from bench.train import run
     try:
         record, path = run(config)
     finally:
@@ -293,7 +294,8 @@ def cmd_eval(argv: list[str]) -> int:
     payload = load_weights(weights)
     config = eval_config(payload, argv)
     from bench.report import print_run
-    from bench.train import end_distributed, run
+    from bench.signals import end_distributed
+    from bench.train import run
     try:
         record, path = run(config, weights=payload, weights_path=weights)
     finally:
@@ -488,7 +490,7 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
                               + f": {error}") from None
     for config in configs:
         config.origin = origin
-    from bench.train import end_distributed
+    from bench.signals import end_distributed
     try:
         return run_suite(what, size, numbers, runs, configs, rerun)
     finally:
@@ -559,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
                 "list": cmd_list, "gpucheck": cmd_gpucheck, "plot": cmd_plot,
                 "eval": cmd_eval, "compare": cmd_compare}[command](rest)
         if code and command in ("suite", "sweep"):
-            from bench.train import wait_for_rank_zero
+            from bench.signals import wait_for_rank_zero
             wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own
         return code
     except ConfigError as error:
@@ -567,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailed as error:  # the run started: its `failed` record says the rest
         where = f" (record: {error.path})" if error.path else ""
         print(f"error: run failed: {error.reason}{where}", file=sys.stderr)
-        from bench.train import wait_for_rank_zero
+        from bench.signals import wait_for_rank_zero
         wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own
         return error.exit_code
     except KeyboardInterrupt:
