@@ -59,13 +59,17 @@ def check_references(metrics: dict) -> None:
           "are beyond what they compute); named in metrics.nonfinite_references", file=sys.stderr)
 
 
-def build(config: RunConfig) -> tuple[Task, Backbone]:
+def build(config: RunConfig, task: Task | None = None) -> tuple[Task, Backbone]:
+    """The run's task and model; `task`: the one the checks built (bench.checks.checked_run),
+    else it is built here, as they build it."""
     if config.trainer.threads > 0:
         torch.set_num_threads(config.trainer.threads)
     # trainer.batch_size is the global batch: each of the world_size ranks samples its share
     # (validated to divide evenly when the config was composed)
-    task = task_families()[config.task_family](
-        config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
+    if task is None:
+        task = task_families()[config.task_family](
+            config.task, batch_size=config.trainer.batch_size // world_size(config),
+            seed=config.seed)
     task.progress = config.trainer.progress  # for tasks with long preparation (text: tokenizing)
     task.loader_workers = loader_workers(config)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
@@ -173,8 +177,8 @@ def _failure(error: BaseException, signals: SignalGuard, step: int) -> tuple[str
     return f"{type(error).__name__}: {first_line(error)}".rstrip(": "), 1
 
 
-def run(config: RunConfig, weights: dict | None = None,
-        weights_path: str = "") -> tuple[dict, str]:
+def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
+        task: Task | None = None) -> tuple[dict, str]:
     """Train, evaluate on the held-out set, write the record. Returns (record, path); path is
     "" on ranks other than 0. A run that fails after it started writes a `failed` record (rank
     0) and raises RunFailed; a bad resume checkpoint raises ConfigError before anything runs.
@@ -183,7 +187,10 @@ def run(config: RunConfig, weights: dict | None = None,
     is not trained: `python -m bench eval`. The record's `train` is the weights' run's, and it
     names the file (`evaluated_weights`, `weights_run_id`); weights that do not fit the model
     raise ConfigError before anything runs. A trained run saves its weights (trainer.save_weights)
-    to out_dir/weights/<run_id>.pt just before its ok record, which names the file (`weights`)."""
+    to out_dir/weights/<run_id>.pt just before its ok record, which names the file (`weights`).
+
+    `task`: the one the checks built (bench.checks.checked_run), so that the run does not build
+    it again; built here without it."""
     quiet_lightning()
     t = config.trainer
     if weights is not None:
@@ -217,7 +224,7 @@ def run(config: RunConfig, weights: dict | None = None,
         signals.distributed = world_size(config) > 1
         try:
             apply_tf32_policy(config.trainer.tf32)
-            task, model = build(config)
+            task, model = build(config, task)
             record["params"] = model.num_parameters()
             record["state_size"] = model.state_size(task.seq_len)
             if weights is not None:  # an evaluation: the model as trained by the weights' run
