@@ -145,15 +145,16 @@ def cmd_run(argv: list[str]) -> int:
     argv, dry = take_option(argv, "print_config", "false")
     if dry not in ("true", "false"):
         raise ConfigError(f"print_config must be true or false, got '{dry}'")
-    from bench.checks import compose_checked
-    config = compose_checked(argv)  # every check a run makes before it starts, memory included
+    from bench.checks import checked_run
+    config, task = checked_run(argv)  # every check a run makes before it starts, memory included
     if dry == "true":
         print_config(config)
         return 0
     from bench.report import print_run
-    from bench.train import end_distributed, run
+    from bench.signals import end_distributed
+    from bench.train import run
     try:
-        record, path = run(config)
+        record, path = run(config, task=task)  # the task the checks built
     finally:
         end_distributed()
     if path:
@@ -294,7 +295,8 @@ def cmd_eval(argv: list[str]) -> int:
     payload = load_weights(weights)
     config = eval_config(payload, argv)
     from bench.report import print_run
-    from bench.train import end_distributed, run
+    from bench.signals import end_distributed
+    from bench.train import run
     try:
         record, path = run(config, weights=payload, weights_path=weights)
     finally:
@@ -477,40 +479,46 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
         given = {arg.split("=", 1)[0] for arg in entry}
         return [arg for arg in defaults if arg.split("=", 1)[0] not in given]
 
-    from bench.checks import compose_checked
+    from bench.checks import checked_run
     runs = [merged(entries[n - 1]) for n in numbers]
-    configs = []
+    configs, tasks = [], []
     for number, entry in zip(numbers, runs):
         try:
-            configs.append(compose_checked([*unless_given(entry), *entry]))
+            config, task = checked_run([*unless_given(entry), *entry])
+            configs.append(config)
+            tasks.append(task)
         except ConfigError as error:
             own = " ".join(entries[number - 1])
             raise ConfigError(f"entry {number} of {what}" + (f" ({own})" if own else "")
                               + f": {error}") from None
     for config in configs:
         config.origin = origin
-    from bench.train import end_distributed
+    from bench.signals import end_distributed
     try:
-        return run_suite(what, size, numbers, runs, configs, rerun)
+        return run_suite(what, size, numbers, runs, configs, rerun, tasks)
     finally:
         end_distributed()
 
 
 def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
-              configs: list, rerun: bool) -> int:
+              configs: list, rerun: bool, tasks: list | None = None) -> int:
     """Runs the entries of a suite or sweep in turn (one process group for all of them under
-    DDP), each unless finished_runs finds it done."""
+    DDP), each unless finished_runs finds it done; `tasks`: each entry's task as the checks
+    built it (checked_run), which its run trains on and then lets go (a pool of training
+    tasks can be large)."""
     from bench.records import RunFailed
     from bench.train import run
     done = {} if rerun else finished_runs(configs)
+    tasks = dict(enumerate(tasks)) if tasks is not None else {}
     failed = []
     for i, (number, entry, config) in enumerate(zip(numbers, suite, configs)):
         print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}", flush=True)
         if i in done:
             print(f"    done already -> {done[i]}", flush=True)
+            tasks.pop(i, None)
             continue
         try:
-            record, path = run(config)
+            record, path = run(config, task=tasks.pop(i, None))
         except RunFailed as error:
             if error.exit_code > 128:  # interrupted: the user wants the whole suite to stop
                 raise
@@ -560,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                 "list": cmd_list, "gpucheck": cmd_gpucheck, "plot": cmd_plot,
                 "eval": cmd_eval, "compare": cmd_compare}[command](rest)
         if code and command in ("suite", "sweep"):
-            from bench.train import wait_for_rank_zero
+            from bench.signals import wait_for_rank_zero
             wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own
         return code
     except ConfigError as error:
@@ -568,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailed as error:  # the run started: its `failed` record says the rest
         where = f" (record: {error.path})" if error.path else ""
         print(f"error: run failed: {error.reason}{where}", file=sys.stderr)
-        from bench.train import wait_for_rank_zero
+        from bench.signals import wait_for_rank_zero
         wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own
         return error.exit_code
     except KeyboardInterrupt:

@@ -550,12 +550,14 @@ def check_out_dir(out_dir: str) -> None:
 
 
 def checked_task(config):
-    """The run's task, built as the run builds it; a setting the task refuses is one line."""
+    """The run's task, built as the run builds it (each rank samples its share of the global
+    trainer.batch_size); a setting the task refuses is one line. The run trains on the one the
+    checks built (checked_run, train.run's `task`): a run builds its task once."""
     from tasks import task_families
     try:
-        return task_families()[config.task_family](config.task,
-                                                   batch_size=config.trainer.batch_size,
-                                                   seed=config.seed)
+        return task_families()[config.task_family](
+            config.task, batch_size=config.trainer.batch_size // world_size(config),
+            seed=config.seed)
     except ValueError as error:
         raise CheckFailed(f"task {config.task_name}: "
                           f"{first_line(error) or type(error).__name__}") from None
@@ -610,20 +612,27 @@ def largest_integer_override(config) -> str | None:
 def compose_checked(argv: list[str]) -> RunConfig:
     """compose(argv) and every whole-run check (check_run) of the result, a failure as a
     one-line ConfigError raised before anything runs: what the CLI runs before a command."""
+    return checked_run(argv)[0]
+
+
+def checked_run(argv: list[str]) -> tuple:
+    """compose_checked, and the task the checks built (a tasks.base.Task): the run's own
+    (train.run's `task`), so that a run builds its task once."""
     config = compose(argv)
     try:
-        check_run(config)
+        task = check_run(config)
     except CheckFailed as error:
         raise ConfigError(str(error)) from None
-    return config
+    return config, task
 
 
-def check_run(config) -> None:
-    """Every whole-run check, cheapest first."""
+def check_run(config):
+    """Every whole-run check, cheapest first; returns the task the memory check built."""
     device = check_hardware(config)
     check_logger(config)
     try:
-        check_memory(config, checked_task(config), device)
+        task = checked_task(config)
+        check_memory(config, task, device)
     except CheckFailed:
         raise
     except Exception as error:
@@ -643,6 +652,7 @@ def check_run(config) -> None:
                               f"run's {folder} go there")
     if config.resume:  # a suite's entries are all checked before its first run
         check_resume(config)
+    return task
 
 
 def planned_environment(config) -> Environment:

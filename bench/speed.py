@@ -24,8 +24,8 @@ from torch.overrides import TorchFunctionMode
 
 from bench import reference_cache
 from bench.config import RunConfig
-from bench.evaluate import reference_scores, score_predictions, token_scores
-from bench.train import apply_tf32_policy, build, masked_loss
+from bench.evaluate import masked_loss, reference_scores, score_predictions, token_scores
+from bench.train import apply_tf32_policy, build
 from tasks.base import TRAIN_STREAM, make_generator
 
 
@@ -219,7 +219,8 @@ def step_profile(config: RunConfig, steps: int = 4) -> dict:
     torch.cuda.set_sync_debug_mode("warn") reports in that step."""
     import lightning as L
 
-    from bench.train import ICLModule, make_trainer, quiet_lightning
+    from bench.module import ICLModule
+    from bench.train import make_trainer, quiet_lightning
 
     probe_step = steps - 2
     config = dataclasses.replace(config, trainer=dataclasses.replace(

@@ -1,4 +1,5 @@
-"""Lightning glue: the training step for any (model, task) pair, and one whole run.
+"""One whole run: the task and model built (build), the Trainer (make_trainer), training,
+evaluation on the held-out set and the record (run). The training step is bench.module's.
 
 A run that has started ends in exactly one of two ways: an `ok` record, or a `failed` record
 (written by rank 0) and `RunFailed`. A non-finite training loss stops it at that step; SIGINT
@@ -7,68 +8,32 @@ stops it where it happened. Nothing is written before a resume checkpoint has be
 from __future__ import annotations
 
 import contextlib
-import datetime
 import math
 import os
 import signal
 import sys
-import threading
 import time
 import warnings
 
 import lightning as L
-import torchmetrics
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from torch import Tensor
 
-from bench.config import ConfigError, RunConfig, TrainerConfig, first_line
+from bench.config import RunConfig, first_line
 from bench import reference_cache
-from bench.csvlog import RunCSVLogger
-from bench.evaluate import (ReferenceScores, masked_loss, probe_summary, reference_scores,
-                            score_predictions, token_scores)
+from bench.evaluate import probe_summary, score_predictions
 from bench.checks import check_resume, loader_workers, planned_environment, world_size
-from bench.records import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, SCHEMA, RunFailed, SignalAfterRecord,
-                           code_of_this_process, new_run_id, write_record)
+from bench.module import ICLModule
+from bench.records import SCHEMA, RunFailed, code_of_this_process, new_run_id, write_record
+from bench.runlog import RunLog, hyperparameters, make_logger, run_log_dir
+from bench.signals import (Diverged, Interrupted, KeepSignalHandlers, SignalGuard,
+                           leave_run_together, signal_name)
+from bench.validation import LiveValidation
 from models import build_model
 from models.backbone import Backbone, IOSpec
 from models.ssd import kernel_fallback
 from tasks import task_families
-from tasks.base import VAL_STREAM, Batch, Task
-
-# Under 16-mixed, checks in a row with a non-finite loss before a run counts as diverged: an
-# overflow is skipped by GradScaler (and the scale lowered); only a persistent NaN is fatal.
-NONFINITE_PATIENCE = 3
-# How long the other ranks wait for rank 0 to finish a run (references, scoring, the record):
-# first-time text baselines can take long.
-RECORD_WAIT = datetime.timedelta(hours=6)
-
-
-
-def cosine_with_warmup(step: int, warmup: int, total: int, floor: float) -> float:
-    """Learning-rate multiplier: linear warm-up, then cosine from 1 down to `floor`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-class Diverged(FloatingPointError):
-    """The training loss is not finite: every further step would only train on NaN."""
-
-    def __init__(self, step: int, loss: float | None):
-        self.step, self.loss = step, loss
-        where = f"loss {loss}" if loss is not None else "on another rank"
-        super().__init__(f"diverged at step {step}: {where}")
-
-
-class Interrupted(Exception):
-    """SIGINT, SIGTERM or SIGHUP asked the run to stop (an Exception, unlike KeyboardInterrupt and
-    Lightning's SIGTERMException, so that Lightning tears down normally and re-raises it)."""
-
-    def __init__(self, signum: int | None):
-        self.signum = signum
-        super().__init__(f"interrupted ({signal_name(signum)})")
+from tasks.base import Task
 
 
 class ReferenceNotFinite(ArithmeticError):
@@ -94,334 +59,17 @@ def check_references(metrics: dict) -> None:
           "are beyond what they compute); named in metrics.nonfinite_references", file=sys.stderr)
 
 
-def signal_name(signum: int | None) -> str:
-    return signal.Signals(signum).name if signum is not None else "on another rank"
-
-
-class SignalGuard:
-    """SIGINT, SIGTERM and SIGHUP handlers for the duration of a run; the previous ones come back on exit.
-
-    What a signal does depends on the phase (`mode`):
-    - "flag" (training): only note it; the training step raises Interrupted at the next batch,
-      so that no checkpoint or optimizer step is cut in half;
-    - "raise" (building, evaluating: nothing is being written): raise Interrupted at once;
-    - "defer" (writing the record, or waiting for rank 0 to write it): only note it, so the
-      record is never half-written.
-    In one process a second signal while training raises at once, in case a step takes very
-    long. Under DDP (`distributed`) it does not: a rank that raised alone would leave the others
-    waiting in a collective, and a signal sent to every process of a job (scancel, kill -- -PGID)
-    reaches each rank once, so the ranks stop together at the next check step (ICLModule).
-    Lightning installs a SIGTERM handler of its own when fit or test starts, which forwards the
-    signal to the other local ranks and broadcasts from inside the handler; `reinstall` puts
-    ours back (KeepSignalHandlers). Signal handlers can only be set in the main thread;
-    elsewhere the guard does nothing, and an ignored signal stays ignored."""
-
-    # SIGHUP: the terminal closed or the SSH connection dropped; it ends a run like SIGTERM
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.mode = "raise"
-        self.distributed = False
-        self._previous: dict[int, object] = {}
-        self.completed = ""  # the path of the run's ok record, once written
-
-    def __enter__(self) -> "SignalGuard":
-        if threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
-                # An ignored signal stays ignored (e.g. SIGINT of a shell's background job).
-                if signal.getsignal(signum) is not signal.SIG_IGN:
-                    self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        installed, self._previous = bool(self._previous), {}
-        if installed and exc_type is None and self.signum is not None:
-            # Noted while the record was written and the run ended well: stop (a suite too),
-            # saying that the record is complete, instead of swallowing the signal.
-            if self.completed:
-                raise SignalAfterRecord(self.signum, self.completed)
-            signal.raise_signal(self.signum)  # a rank without the record: its previous handler
-
-    def __getstate__(self) -> dict:
-        # Pickled with the module (ddp_spawn): handlers belong to the process that set them.
-        return {"signum": None, "mode": "flag", "_previous": {}}
-
-    def reinstall(self) -> None:
-        """Our handlers again, for the signals we handle, if something replaced them."""
-        for signum in self._previous:
-            if signal.getsignal(signum) != self._handle:
-                signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, frame) -> None:
-        repeated = self.signum is not None
-        if not repeated:
-            self.signum = signum
-        if self.mode == "raise" or (self.mode == "flag" and repeated and not self.distributed):
-            raise Interrupted(self.signum)
-
-    @contextlib.contextmanager
-    def phase(self, mode: str):
-        previous, self.mode = self.mode, mode
-        try:
-            self.check()  # a signal that came in the previous phase
-            yield
-        finally:
-            self.mode = previous
-
-    def check(self) -> None:
-        """Raise for a signal noted earlier; under DDP the ranks agree on signals elsewhere
-        (ICLModule), so a rank never stops alone here."""
-        if self.signum is not None and self.mode != "defer" and not self.distributed:
-            raise Interrupted(self.signum)
-
-
-class KeepSignalHandlers(L.Callback):
-    """Puts the run's SignalGuard handlers back when training and evaluation start: Lightning
-    installs its own SIGTERM handler just before (see SignalGuard)."""
-
-    def __init__(self, signals: SignalGuard):
-        self.signals = signals
-
-    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        self.signals.reinstall()
-
-    def on_test_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        self.signals.reinstall()
-
-
-_lifecycle: dict = {}  # the process's gloo group for leaving runs together, and rank 0's pid
-
-
-def lifecycle_group():
-    """A gloo (CPU) process group with a long timeout (RECORD_WAIT), made once per process by
-    every rank: the other ranks wait in it while rank 0 alone scores a run and writes its
-    record, which can outlast the training backend's collective timeout."""
-    if "group" not in _lifecycle:
-        _lifecycle["group"] = torch.distributed.new_group(backend="gloo", timeout=RECORD_WAIT)
-    return _lifecycle["group"]
-
-
-def agreed_signal(signum: int | None, world: int, device: torch.device) -> int | None:
-    """The signal every rank reports when some rank was signalled (the largest number, so
-    SIGTERM wins over SIGINT): called by all ranks together, on the training device."""
-    if world == 1:
-        return signum
-    number = torch.tensor([signum or 0], dtype=torch.int64, device=device)
-    torch.distributed.all_reduce(number, op=torch.distributed.ReduceOp.MAX)
-    return int(number) or None
-
-
-class ICLModule(L.LightningModule):
-    """Trains a Backbone on fresh batches of a task (sampled on the device by the task).
-
-    `run_info` (run_id and the task/model/trainer description) goes into every checkpoint with
-    the loss curve and the training time so far, so a resumed run can report the whole run."""
-
-    def __init__(self, model: Backbone, task: Task, config: TrainerConfig,
-                 run_info: dict | None = None, signals: SignalGuard | None = None,
-                 clock_start: float | None = None):
-        super().__init__()
-        self.model, self.task, self.config = model, task, config
-        self.run_info = run_info or {}
-        self.signals = signals
-        self.clock_start = time.perf_counter() if clock_start is None else clock_start
-        self.loss_curve: list[tuple[int, float]] = []
-        self.val_curve: list[tuple[int, float]] = []  # (step, headline): LiveValidation's
-        self.prior_train_time = 0.0  # training seconds of the run(s) this one resumes
-        self.resumed: dict | None = None  # the checkpoint's metadata, when resumed
-        self._nonfinite_checks = 0  # consecutive checks with a non-finite loss
-
-    def train_time(self) -> float:
-        return self.prior_train_time + time.perf_counter() - self.clock_start
-
-    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        loss = masked_loss(self.task, self.model(batch.inputs), batch)
-        step = int(self.global_step)
-        if step % self.config.log_every == 0 or step == self.config.max_steps - 1:
-            self._check_step(loss, step)
-        elif self.trainer.world_size == 1 and self.signals is not None \
-                and self.signals.signum is not None:
-            raise Interrupted(self.signals.signum)  # alone, a signal needs no agreement
-        return loss
-
-    def on_train_start(self) -> None:
-        self.train_device = str(self.device)  # Lightning moves the model back to the CPU later
-
-    def on_fit_start(self) -> None:
-        if self.trainer.world_size > 1:
-            lifecycle_group()  # every rank creates it here, in the same order (a collective)
-
-    def _check_step(self, loss: Tensor, step: int) -> None:
-        """A logging step (and the last step): the one place a training step reads a value back
-        from the device. Records the loss (the mean over ranks: each trained on its own batch)
-        and stops every rank together if the loss is not finite on some rank, or a signal came
-        to some rank (a rank that stopped alone would leave the others waiting in the gradient
-        all-reduce). Between checks nothing is read back, so a diverged run stops within
-        trainer.log_every steps. Under 16-mixed an overflow is GradScaler's to skip: the run
-        stops when the loss is not finite at NONFINITE_PATIENCE checks in a row."""
-        own = loss.detach().float()
-        signalled = self.signals is not None and self.signals.signum is not None
-        stats = torch.stack([own, (~torch.isfinite(own)).float(),
-                             own.new_tensor(float(signalled))])
-        world = self.trainer.world_size
-        if world > 1:
-            torch.distributed.all_reduce(stats)
-        total, nonfinite, signals = stats.tolist()  # the host synchronisation of this step
-        mean = total / world
-        if step % self.config.log_every == 0:
-            self.logged_loss = mean
-            self.loss_curve.append((step, mean))
-            self.log("loss", mean, prog_bar=True, logger=False)  # the run log is RunLog's
-        self._nonfinite_checks = self._nonfinite_checks + 1 if nonfinite else 0
-        patience = NONFINITE_PATIENCE if self.config.precision == "16-mixed" else 1
-        if self._nonfinite_checks >= patience:
-            value = float(own)
-            value = value if not math.isfinite(value) else None  # None: another rank's loss
-            if value is not None and step % self.config.log_every:
-                self.loss_curve.append((step, value))  # the record shows what stopped it
-            raise Diverged(step, value)
-        if signals:
-            raise Interrupted(agreed_signal(self.signals.signum if signalled else None, world,
-                                            own.device))
-
-    # --- evaluation: Trainer.test on the training device, one shard of the held-out set per rank
-    def on_test_epoch_start(self) -> None:
-        # CatMetric gathers shards of unequal length from every rank when computed; NaNs are
-        # kept (a non-finite prediction is reported, never dropped). Gap tasks gather the
-        # predictions (scored on the CPU against the references' distributions); perplexity
-        # tasks, whose predictions over a large vocabulary would not fit, gather per-position
-        # scores computed here.
-        fields = ("index", "prediction") if self.task.scoring == "gap" \
-            else ("index", "loss", "correct")
-        self.gathered = torch.nn.ModuleDict({
-            name: torchmetrics.CatMetric(nan_strategy="disable")
-            for name in fields}).to(self.device)
-
-    def held_out_outputs(self, held_out: Batch) -> tuple[dict[str, Tensor], torch.dtype]:
-        """What scoring needs of the model on held-out sequences (float32, where the model is),
-        for the final evaluation and the live validation alike: its predictions, or for a
-        perplexity task its per-position loss and top-1 hits; and the dtype it predicted in."""
-        if self.task.scoring == "gap":
-            prediction = self.model.predict(held_out.inputs)
-            return {"prediction": prediction.float()}, prediction.dtype
-        loss, correct, dtype = token_scores(self.model, held_out, self.task.output_dim)
-        return {"loss": loss, "correct": correct.float()}, dtype
-
-    def test_step(self, batch: tuple[Tensor, Batch], batch_idx: int) -> None:
-        index, held_out = batch
-        self.gathered["index"].update(index.float())  # float32 counts exactly up to 2^24
-        outputs, dtype = self.held_out_outputs(held_out)  # under the training precision
-        for name, value in outputs.items():
-            self.gathered[name].update(value)
-        self.eval_device = str(held_out.inputs.device)
-        self.eval_dtype = str(dtype).removeprefix("torch.")
-
-    def on_test_epoch_end(self) -> None:
-        world = self.trainer.world_size
-        if world > 1 and self.signals is not None:
-            # Every rank reaches this once (unlike test_step: shards may differ by a batch), so
-            # the ranks agree here whether a signal came to any of them during evaluation.
-            flag = torch.tensor([float(self.signals.signum is not None)], device=self.device)
-            torch.distributed.all_reduce(flag)
-            if float(flag) > 0:
-                raise Interrupted(agreed_signal(self.signals.signum, world, self.device))
-        computed = {name: metric.compute() for name, metric in self.gathered.items()}
-        order = computed.pop("index").long().argsort()
-        self.test_predictions, self.test_scores = scoring_inputs(
-            self.task, {name: value[order] for name, value in computed.items()})
-        del self.gathered
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint[CHECKPOINT_KEY] = {
-            "format": CHECKPOINT_FORMAT, **self.run_info,
-            "loss_curve": [list(point) for point in self.loss_curve],
-            "val_curve": [list(point) for point in self.val_curve],
-            "train_wall_time_s": self.train_time()}
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        meta = checkpoint.get(CHECKPOINT_KEY)
-        if meta is None:  # run() validated the file; this is a checkpoint loaded by hand
-            return
-        # Steps from the checkpoint on are trained again by this run: keep only earlier ones.
-        resume_step = int(checkpoint.get("global_step", 0))
-        self.loss_curve = [(int(s), float(v)) for s, v in meta["loss_curve"] if s < resume_step]
-        self.val_curve = [(int(s), float(v)) for s, v in meta.get("val_curve", [])
-                          if s < resume_step]
-        self.prior_train_time = float(meta["train_wall_time_s"])
-        self.resumed = meta
-
-    def configure_optimizers(self):
-        # Decay matrices only: norms, biases, gains and SSM scalars (A_log, D, dt_bias) are not
-        # weights whose size should shrink. The state-transition parameters the models tag
-        # (models.backbone.mark_recurrent) get their own learning rate (paper 002 A.5).
-        optimizer = torch.optim.AdamW(parameter_groups(self.model, self.config),
-                                      lr=self.config.lr, betas=(0.9, self.config.adam_beta2))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(
-            step, self.config.warmup_steps, self.config.max_steps, self.config.min_lr_ratio))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-
-def parameter_groups(model: torch.nn.Module, config) -> list[dict]:
-    """AdamW's groups: matrices with weight decay, everything else without, and the recurrent
-    parameters (models.backbone.is_recurrent) at lr · recurrent_lr_ratio, never decayed. The
-    first group is the matrices', whose lr the progress bar shows."""
-    from models.backbone import is_recurrent
-    params = [p for p in model.parameters() if p.requires_grad]
-    recurrent = [p for p in params if is_recurrent(p)]
-    rest = [p for p in params if not is_recurrent(p)]
-    return [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": config.weight_decay},
-            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
-            {"params": recurrent, "weight_decay": 0.0,
-             "lr": config.lr * config.recurrent_lr_ratio}]
-
-
-def scoring_inputs(task: Task, outputs: dict[str, Tensor]) -> tuple[Tensor | None,
-                                                                     dict[str, Tensor] | None]:
-    """ICLModule.held_out_outputs of a whole held-out set (in its order) as score_predictions
-    takes them, on the CPU: the predictions (gap tasks), or the per-position scores."""
-    if task.scoring == "gap":
-        return outputs["prediction"].double().cpu(), None
-    return None, {"loss": outputs["loss"].double().cpu(), "correct": outputs["correct"].bool().cpu()}
-
-
-def headline(metrics: dict, prefix: str) -> dict[str, float]:
-    """What the training log gets of a scored held-out set, as `<prefix>/<name>`, the headline
-    first: the model's Bayes gap (to the gap reference), its 95% interval, the relative gap and
-    the model's loss; for text (no Bayes predictor) nats/token, its interval and perplexity."""
-    if metrics.get("scoring") == "perplexity":
-        low, high = metrics["loss_ci"]["model"]
-        values = {"loss": metrics["loss"]["model"], "loss_ci_low": low, "loss_ci_high": high,
-                  "perplexity": metrics["perplexity"]["model"]}
-    else:
-        low, high = metrics["bayes_gap_ci"]
-        values = {"bayes_gap": metrics["bayes_gap"], "bayes_gap_ci_low": low,
-                  "bayes_gap_ci_high": high, "relative_gap": metrics["relative_gap"],
-                  "loss": metrics["loss"]["model"]}
-    return {f"{prefix}/{name}": float(value) for name, value in values.items()}
-
-
-def validation_set(task: Task, n: int) -> Batch:
-    """The live validation's n held-out sequences, fixed for the run: drawn as the final
-    evaluation's held-out set is (Task.held_out: the same distribution, eval_x_scale or the
-    held-out simplex region included) but from the validation stream, so they are not the
-    sequences the final evaluation scores. A task whose data decides its held-out set (text:
-    the evaluation split's windows) gives n of those windows, evenly spaced over the split."""
-    batch = task.held_out(n, VAL_STREAM)
-    if len(batch) > n:
-        batch = batch.select(torch.linspace(0, len(batch) - 1, n).round().long())
-    return batch
-
-
-def build(config: RunConfig) -> tuple[Task, Backbone]:
+def build(config: RunConfig, task: Task | None = None) -> tuple[Task, Backbone]:
+    """The run's task and model; `task`: the one the checks built (bench.checks.checked_run),
+    else it is built here, as they build it."""
     if config.trainer.threads > 0:
         torch.set_num_threads(config.trainer.threads)
     # trainer.batch_size is the global batch: each of the world_size ranks samples its share
     # (validated to divide evenly when the config was composed)
-    task = task_families()[config.task_family](
-        config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
+    if task is None:
+        task = task_families()[config.task_family](
+            config.task, batch_size=config.trainer.batch_size // world_size(config),
+            seed=config.seed)
     task.progress = config.trainer.progress  # for tasks with long preparation (text: tokenizing)
     task.loader_workers = loader_workers(config)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
@@ -431,202 +79,6 @@ def build(config: RunConfig) -> tuple[Task, Backbone]:
         # in place: parameter names (checkpoints) stay those of the eager model
         model.compile()
     return task, model
-
-
-LOG_ROOT = "logs"  # training logs: out_dir/logs/<run_id>/
-
-
-def run_log_dir(run_id: str, resumed: dict | None = None) -> str:
-    """Where a run's training log goes, relative to out_dir: logs/<run_id>; for a resumed run,
-    the log of the run it continues (its checkpoint says which), so the log goes on there."""
-    if resumed:
-        carried = os.path.normpath(str(resumed.get("log_dir") or ""))
-        if resumed.get("log_dir") and not os.path.isabs(carried) and not carried.startswith(".."):
-            return carried
-        run_id = str(resumed.get("run_id") or run_id)
-    return os.path.join(LOG_ROOT, run_id)
-
-
-def make_logger(config: RunConfig, log_dir: str, resume_step: int = 0):
-    """The Lightning logger of `trainer.logger`, writing into out_dir/<log_dir>; None for none.
-    `resume_step`: the step a resumed run goes on from; the log's entries from it on are the
-    ones it writes again."""
-    kind = config.trainer.logger
-    path = os.path.normpath(os.path.join(config.out_dir, log_dir))
-    if kind == "csv":
-        return RunCSVLogger(path)
-    if kind == "tensorboard":
-        from lightning.pytorch.loggers import TensorBoardLogger
-        # purge_step (SummaryWriter's): TensorBoard hides the earlier events from that step on
-        return TensorBoardLogger(save_dir=os.path.dirname(path), name=os.path.basename(path),
-                                 version="", default_hp_metric=False,
-                                 purge_step=resume_step or None)
-    if kind == "wandb":
-        os.environ.setdefault("WANDB_MODE", "offline")  # a user's WANDB_MODE=online wins
-        from lightning.pytorch.loggers import WandbLogger
-        # id: the log's run id, so a resumed run continues the same wandb run
-        return WandbLogger(name=os.path.basename(path), id=os.path.basename(path),
-                           save_dir=path, project="icl-bench")
-    return None
-
-
-class RunLog(L.Callback):
-    """The training log: every `log_every` steps one row at that step, written at once (so a
-    run that fails leaves the steps it did): `loss` (the step's training loss, as in the
-    record's loss curve: the mean over ranks), `lr` (the learning rate the step used), `steps_per_s` and
-    `tokens_per_s` (batch size x seq_len of all ranks per step) over the steps since the
-    previous row, or since this process began training. A diverged step gets its row too (loss
-    nan, no throughput). Rank 0 only. A resumed run continues the log from the checkpoint's
-    step (see bench.csvlog). The run's composed configuration goes to the logger's
-    hyperparameters when training starts (hparams.yaml), LiveValidation's rows and the final
-    evaluation's headline (log_final) to its metrics."""
-
-    def __init__(self, logger, log_every: int, directory: str, hyperparameters: dict):
-        self.logger, self.log_every, self.directory = logger, log_every, directory
-        self.hyperparameters = hyperparameters
-        self._since: tuple[int, float] | None = None  # (step, time) the interval began
-        self._step, self._lr, self._tokens = 0, math.nan, 0
-
-    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        step = int(trainer.global_step)  # > 0 when resumed from a checkpoint
-        if isinstance(self.logger, RunCSVLogger):  # TensorBoard's: make_logger's purge_step
-            self.logger.keep_before = step
-        if trainer.is_global_zero:
-            os.makedirs(self.directory, exist_ok=True)
-            self.logger.log_hyperparams(self.hyperparameters)
-            self.logger.save()
-
-    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch,
-                             batch_idx: int) -> None:
-        self._step = int(trainer.global_step)
-        self._lr = float(trainer.optimizers[0].param_groups[0]["lr"])
-        # positions trained on by all ranks together (each rank samples its own batch)
-        self._tokens = batch.inputs.shape[0] * batch.inputs.shape[1] * trainer.world_size
-        if self._since is None:
-            self._since = (self._step, time.perf_counter())
-
-    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch,
-                           batch_idx: int) -> None:
-        step = self._step
-        if step % self.log_every or not trainer.is_global_zero:
-            return
-        now = time.perf_counter()
-        since_step, since_time = self._since
-        steps, seconds = step + 1 - since_step, max(now - since_time, 1e-9)
-        self._since = (step + 1, now)
-        self.write({"loss": module.logged_loss, "lr": self._lr, "steps_per_s": steps / seconds,
-                     "tokens_per_s": steps * self._tokens / seconds}, step)
-
-    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        if trainer.is_global_zero:
-            self.logger.finalize("success")
-
-    def on_exception(self, trainer: L.Trainer, module: L.LightningModule,
-                     exception: BaseException) -> None:
-        if not trainer.is_global_zero:
-            return
-        try:
-            if isinstance(exception, Diverged) and exception.loss is not None:
-                self.write({"loss": exception.loss, "lr": self._lr}, exception.step)
-            self.logger.finalize("failed")
-        except Exception:  # the run's own error is the one its record must report
-            pass
-
-    def write(self, metrics: dict, step: int) -> None:
-        """One row of the log at `step`, written at once (rank 0)."""
-        os.makedirs(self.directory, exist_ok=True)
-        self.logger.log_metrics(metrics, step=step)
-        self.logger.save()
-
-    def log_final(self, metrics: dict, step: int) -> None:
-        """The final evaluation's headline (`test/...`) at the last step, then the log closed
-        again (on_train_end closed it; a TensorBoard writer reopens for the row)."""
-        self.write(headline(metrics, "test"), step)
-        self.logger.finalize("success")
-
-
-class LiveValidation(L.Callback):
-    """trainer.val_every: every N optimizer steps and at the last one, the run's headline (the
-    Bayes gap; text: nats/token) on the fixed validation_set of trainer.val_sequences sequences,
-    scored as the final evaluation scores (ICLModule.held_out_outputs, score_predictions): a row
-    `val/...` in the training log (headline()) and [step, value] in the record's
-    train.val_curve, the step counting optimizer steps done (N, 2N, ..., max_steps).
-
-    Between steps: when the batch of step s (s optimizer steps done) starts, and when training
-    ends, never inside training_step (which reads nothing back between its checks). So a
-    checkpoint of step s holds the points before s and the run resumed from it scores s itself,
-    as the loss curve and the log go on (RunLog). In eval mode without gradients, under the
-    training precision, with the random state forked and no training batch drawn, so a run's
-    result is bit for bit the same with or without validation.
-
-    Under DDP rank 0 alone validates, on its own replica (module.model, not the DDP wrapper),
-    with no collective inside: the other ranks go on and wait for it in the next step's gradient
-    all-reduce. Sharding a few dozen sequences over the ranks would save little and need a
-    gather that every rank must reach; the record and the log are rank 0's anyway."""
-
-    def __init__(self, config: TrainerConfig, run_log: RunLog | None):
-        self.config, self.run_log = config, run_log
-        self.sequences: Batch | None = None
-        self.references: ReferenceScores | None = None
-
-    def on_train_start(self, trainer: L.Trainer, module: ICLModule) -> None:
-        if not trainer.is_global_zero:
-            return
-        task = module.task
-        with torch.random.fork_rng(devices=self._rng_devices(module)):
-            self.sequences = validation_set(task, self.config.val_sequences)
-            # a text model's nats/token need no reference; a gap needs every reference's scores
-            # (the task's summary of them is part of scoring), computed once, here
-            self.references = (reference_scores(task, self.sequences) if task.scoring == "gap"
-                               else ReferenceScores({}, None))
-
-    def on_train_batch_start(self, trainer: L.Trainer, module: ICLModule, batch,
-                             batch_idx: int) -> None:
-        step = int(trainer.global_step)  # optimizer steps done, this batch's still to come
-        if step > 0 and step % self.config.val_every == 0:
-            self.validate_at(step, trainer, module)
-
-    def on_train_end(self, trainer: L.Trainer, module: ICLModule) -> None:
-        step = int(trainer.global_step)  # the last step
-        if not module.val_curve or module.val_curve[-1][0] != step:
-            self.validate_at(step, trainer, module)
-
-    def validate_at(self, step: int, trainer: L.Trainer, module: ICLModule) -> None:
-        if not trainer.is_global_zero:
-            return
-        values = headline(self.validate(trainer, module), "val")
-        module.val_curve.append((step, next(iter(values.values()))))
-        if self.run_log is not None:
-            self.run_log.write(values, step)
-
-    def validate(self, trainer: L.Trainer, module: ICLModule) -> dict:
-        """The metrics of the validation set (score_predictions'), NaN where the model's
-        outputs are not finite: a diverging run is stopped by its loss checks, not here."""
-        model, size = module.model, self.config.eval_batch_size
-        training = model.training
-        model.eval()
-        try:
-            with torch.no_grad(), torch.random.fork_rng(devices=self._rng_devices(module)), \
-                    trainer.precision_plugin.forward_context():
-                parts = [module.held_out_outputs(
-                    self.sequences.select(slice(start, start + size)).to(module.device))[0]
-                    for start in range(0, len(self.sequences), size)]
-        finally:
-            model.train(training)
-        predictions, scores = scoring_inputs(
-            module.task, {name: torch.cat([part[name] for part in parts]) for name in parts[0]})
-        try:
-            return score_predictions(module.task, self.sequences, predictions,
-                                     self.config.bootstrap, self.references, scores)["metrics"]
-        except FloatingPointError:  # every number headline() reads, of either scoring, NaN
-            nan, model = math.nan, {"model": math.nan}
-            return {"scoring": module.task.scoring, "loss": model, "perplexity": model,
-                    "loss_ci": {"model": [nan, nan]}, "bayes_gap": nan,
-                    "bayes_gap_ci": [nan, nan], "relative_gap": nan}
-
-    @staticmethod
-    def _rng_devices(module: ICLModule) -> list:
-        return [module.device] if module.device.type == "cuda" else []
 
 
 class StderrProgressBar(L.pytorch.callbacks.TQDMProgressBar):
@@ -688,18 +140,6 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
                      use_distributed_sampler=False, deterministic=False)
 
 
-def hyperparameters(described: dict, run_id: str) -> dict:
-    """A run's composed configuration as one flat mapping for a logger's hyperparameters:
-    task.<field>, model.<field> and trainer.<field> with each group's name (and the task's and
-    model's family), the seed and the run id."""
-    flat = {"run_id": run_id, "seed": described["seed"]}
-    for group in ("task", "model", "trainer"):
-        entry = described[group]
-        flat.update({f"{group}.{key}": entry[key] for key in ("name", "family") if key in entry})
-        flat.update({f"{group}.{key}": value for key, value in entry["config"].items()})
-    return flat
-
-
 def quiet_lightning() -> None:
     """Silence advice that does not apply here: the data loader yields step numbers only."""
     for pattern in (".*does not have many workers.*", ".*GPU available but not used.*",
@@ -737,8 +177,8 @@ def _failure(error: BaseException, signals: SignalGuard, step: int) -> tuple[str
     return f"{type(error).__name__}: {first_line(error)}".rstrip(": "), 1
 
 
-def run(config: RunConfig, weights: dict | None = None,
-        weights_path: str = "") -> tuple[dict, str]:
+def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
+        task: Task | None = None) -> tuple[dict, str]:
     """Train, evaluate on the held-out set, write the record. Returns (record, path); path is
     "" on ranks other than 0. A run that fails after it started writes a `failed` record (rank
     0) and raises RunFailed; a bad resume checkpoint raises ConfigError before anything runs.
@@ -747,7 +187,10 @@ def run(config: RunConfig, weights: dict | None = None,
     is not trained: `python -m bench eval`. The record's `train` is the weights' run's, and it
     names the file (`evaluated_weights`, `weights_run_id`); weights that do not fit the model
     raise ConfigError before anything runs. A trained run saves its weights (trainer.save_weights)
-    to out_dir/weights/<run_id>.pt just before its ok record, which names the file (`weights`)."""
+    to out_dir/weights/<run_id>.pt just before its ok record, which names the file (`weights`).
+
+    `task`: the one the checks built (bench.checks.checked_run), so that the run does not build
+    it again; built here without it."""
     quiet_lightning()
     t = config.trainer
     if weights is not None:
@@ -781,7 +224,7 @@ def run(config: RunConfig, weights: dict | None = None,
         signals.distributed = world_size(config) > 1
         try:
             apply_tf32_policy(config.trainer.tf32)
-            task, model = build(config)
+            task, model = build(config, task)
             record["params"] = model.num_parameters()
             record["state_size"] = model.state_size(task.seq_len)
             if weights is not None:  # an evaluation: the model as trained by the weights' run
@@ -870,58 +313,6 @@ def run(config: RunConfig, weights: dict | None = None,
         if failure is not None:
             raise failure
         return record, path
-
-
-def leave_run_together(trainer: L.Trainer, signals: SignalGuard, failure: RunFailed | None,
-                       path: str) -> RunFailed | None:
-    """Every rank waits here until rank 0 has finished the run (scored it, written its record),
-    then all leave with rank 0's outcome: its failure (reason, exit status) becomes every rank's,
-    so a suite goes on, or stops, on all ranks together, entry by entry. A signal that any rank
-    noted meanwhile is re-raised on every rank once the run is over (SignalGuard's exit), as it
-    would be in one process."""
-    mine = {"failure": (failure.reason, failure.exit_code) if failure is not None else None,
-            "signum": signals.signum, "pid": os.getpid()}
-    everyone: list = [None] * trainer.world_size
-    torch.distributed.all_gather_object(everyone, mine, group=lifecycle_group())
-    _lifecycle["rank0_pid"] = everyone[0]["pid"]
-    if signals.signum is None:
-        signals.signum = max((e["signum"] for e in everyone if e["signum"] is not None),
-                             default=None)
-    if everyone[0]["failure"] is None:
-        if failure is not None:  # a fault of this rank alone; rank 0's record says ok
-            print(f"warning: rank {trainer.global_rank}: {failure.reason}", file=sys.stderr)
-        return None
-    if trainer.is_global_zero:
-        return failure
-    # rank 0's exit status; the reason this rank's own (its stop step), or rank 0's
-    reason, exit_code = everyone[0]["failure"]
-    own = failure.reason if failure is not None else f"{reason} (on rank 0)"
-    error = RunFailed(f"{own} (rank {trainer.global_rank})", None, exit_code)
-    error.__cause__ = failure.__cause__ if failure is not None else None
-    return error
-
-
-def end_distributed() -> None:
-    """Destroys this process's process groups (the training backend's and the lifecycle group)
-    once its runs are over, on every path out. Left to the interpreter's exit, gloo's worker
-    threads can outlive it and abort the process (SIGABRT, "terminate called without an active
-    exception") after its work is done: seen on rank 1 of a 2-rank suite. Local, no collective:
-    every rank has left its last run together with the others (leave_run_together)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    _lifecycle.pop("group", None)
-
-
-def wait_for_rank_zero(timeout: float = 30.0) -> None:
-    """On a rank that Lightning's launcher started (its parent is rank 0's process), wait for
-    rank 0 to exit first, up to `timeout` seconds: the launcher kills every process of a job as
-    soon as it sees another rank exit non-zero, which would cut rank 0's own exit short."""
-    parent = _lifecycle.get("rank0_pid")
-    if parent is None or parent == os.getpid() or os.getppid() != parent:
-        return
-    deadline = time.monotonic() + timeout
-    while os.getppid() == parent and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def apply_tf32_policy(enabled: bool) -> None:

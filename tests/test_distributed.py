@@ -13,7 +13,8 @@ import torch
 from bench.__main__ import main
 from bench.checks import compose_checked
 from bench.config import compose
-from bench.train import build, masked_loss
+from bench.evaluate import masked_loss
+from bench.train import build
 from tasks.base import TRAIN_STREAM, make_generator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +27,8 @@ TINY = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=37"
 EVAL_SCRIPT = textwrap.dedent("""
     import sys, torch, lightning as L
     from bench.config import compose
-    from bench.train import ICLModule, build, quiet_lightning
+    from bench.module import ICLModule
+    from bench.train import build, quiet_lightning
     devices, out = int(sys.argv[1]), sys.argv[2]
     quiet_lightning()
     config = compose(["trainer.accelerator=cpu", f"trainer.devices={devices}",

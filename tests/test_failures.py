@@ -412,7 +412,9 @@ def test_a_non_finite_loss_stops_a_run_at_once_except_an_overflow_under_16_mixed
                                                                                   patience):
     """Under 16-mixed GradScaler skips a step whose gradients overflowed (and lowers its scale),
     so one non-finite loss is not the end: only NONFINITE_PATIENCE checks in a row are."""
-    from bench.train import NONFINITE_PATIENCE, Diverged, ICLModule, build
+    from bench.module import NONFINITE_PATIENCE, ICLModule
+    from bench.signals import Diverged
+    from bench.train import build
     assert NONFINITE_PATIENCE == 3
     # unchecked: 16-mixed needs CUDA to train; the decision needs none
     config = compose([f"trainer.precision={precision}", *tiny("trainer.max_steps=10",

@@ -43,9 +43,9 @@ def test_no_host_sync_in_a_training_step_of_any_model(model):
 
 def test_the_counter_sees_a_host_sync(monkeypatch):
     """The check can fail: a loss that reads a value back is counted."""
-    import bench.train
+    import bench.module
 
-    real = bench.train.masked_loss
+    real = bench.module.masked_loss
 
     def reading(task, output, batch):
         loss = real(task, output, batch)
@@ -53,7 +53,7 @@ def test_the_counter_sees_a_host_sync(monkeypatch):
             return loss
         return loss
 
-    monkeypatch.setattr(bench.train, "masked_loss", reading)
+    monkeypatch.setattr(bench.module, "masked_loss", reading)
     profile = step_profile(compose_checked(["task.seq_len=32", *TINY]))
     assert profile["sync_ops"] == {"__float__": 1}
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench.train
 from bench.__main__ import main
-from bench.train import cosine_with_warmup
+from bench.module import cosine_with_warmup
 from conftest import nan_loss_from
 
 # 20 steps, a row every 3 (0, 3, ..., 18), a checkpoint at step 10: the resume cuts an interval

@@ -380,7 +380,8 @@ def test_constructed_preset_through_the_runner():
     the task's held-out sequences (β = 0.5 set on both sides), and the constructed parameters
     stay trainable (every one gets a gradient)."""
     from bench.checks import compose_checked
-    from bench.train import build, masked_loss
+    from bench.evaluate import masked_loss
+    from bench.train import build
     task, net = build(compose_checked(["task=markov", "task.beta=0.5", "task.seq_len=64",
                                        "model=mambazero_constructed", "model.beta=0.5"]))
     batch = task.held_out(32)
@@ -666,7 +667,8 @@ def test_d_conv_composes_with_every_markov_order(model, w, order):
     """Paper 000 Fig. 3b's grid (w ∈ {2, 3, 4} × k ∈ {1, 2, 3}; the paper needs w >= k + 1 to
     learn): each pair composes from the CLI keys and takes a finite training step."""
     from bench.checks import compose_checked
-    from bench.train import build, masked_loss
+    from bench.evaluate import masked_loss
+    from bench.train import build
     config = compose_checked(["task=markov", f"task.order={order}", "task.seq_len=24",
                               f"model={model}", f"model.d_conv={w}", "trainer.batch_size=4"])
     assert config.model.d_conv == w and config.task.order == order

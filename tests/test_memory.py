@@ -9,7 +9,7 @@ from bench import checks
 from bench.checks import GIB, Allocations, CheckFailed, memory_estimate, model_footprint
 from bench.checks import compose_checked
 from bench.config import ConfigError, compose
-from bench.train import masked_loss
+from bench.evaluate import masked_loss
 from models import build_model
 from models import ssd
 from models.backbone import IOSpec

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from bench.checks import compose_checked
-from bench.train import build, masked_loss
+from bench.evaluate import masked_loss
+from bench.train import build
 from conftest import model_task_cases
 from tasks.base import make_generator
 

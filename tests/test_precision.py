@@ -26,7 +26,8 @@ import torch
 from bench.__main__ import main
 from bench.checks import compose_checked
 from bench.config import choices
-from bench.train import build, masked_loss
+from bench.evaluate import masked_loss
+from bench.train import build
 from models import IOSpec, model_families
 from models.griffin import rotary, rotary_angles
 from models.ssd import ssd_chunked, ssd_sequential

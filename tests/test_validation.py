@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import bench.train
+import bench.validation
 from bench.__main__ import main
 from tasks.base import TEST_STREAM
 from test_logging import read_log, records, with_overrides
@@ -95,7 +95,7 @@ def test_validation_changes_nothing_of_the_result(validated, tmp_path):
 def test_validation_scores_as_the_final_evaluation_does(tmp_path, monkeypatch):
     """Validating on the final evaluation's own sequences (the test stream, as many) at the last
     step gives the record's Bayes gap exactly: the same code scores both."""
-    monkeypatch.setattr(bench.train, "VAL_STREAM", TEST_STREAM)
+    monkeypatch.setattr(bench.validation, "VAL_STREAM", TEST_STREAM)
     assert main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=6"),
                  "trainer.val_every=6", "trainer.val_sequences=32", "trainer.logger=none"]) == 0
     (record,) = records(tmp_path)
