@@ -33,7 +33,8 @@ from bench.config import ConfigError, family_schema
 from bench.evaluate import fmt, fmt_loss, fmt_sig, loss_resolution
 from bench.plot import plot_gaps
 from bench.records import (RESULT_NEUTRAL, code_digest, environment, not_a_regular_file,
-                           output_path, read_records, with_defaults, write_atomic)
+                           output_path, read_records, with_defaults)
+from tasks.files import write_atomic
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # Student t quantiles (two-sided 95%) by degrees of freedom
