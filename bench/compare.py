@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from bench.config import ConfigError, TrainerConfig
-from bench.evaluate import bootstrap_ci, fmt_sig
+from bench.evaluate import fmt_sig
 from bench.leaderboard import unusable
 from bench.records import read_record
+from tasks.stats import paired_difference
 
 
 def load(path: str) -> dict:
@@ -67,18 +66,6 @@ def well_formed(record: dict) -> bool:
                 and all(numbers(values, nullable=True) for values in band_loss))
     except (KeyError, TypeError):
         return False
-
-
-def paired_difference(a: list, b: list, resamples: int) -> dict | None:
-    """Mean over sequences of b − a (per-sequence mean losses of the same held-out sequences)
-    and its percentile bootstrap interval, resampling sequences; sequences without a value
-    (a band in which they score nothing) are left out of both. None when no sequence is left."""
-    differences = [y - x for x, y in zip(a, b) if x is not None and y is not None]
-    if not differences:
-        return None
-    values = torch.tensor(differences, dtype=torch.float64)
-    return {"difference": float(values.mean()), "ci": bootstrap_ci(values, resamples),
-            "sequences": len(differences)}
 
 
 def verdict(paired: dict) -> str:

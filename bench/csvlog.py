@@ -15,7 +15,7 @@ import yaml
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
-from bench.records import write_atomic
+from tasks.files import write_atomic
 
 METRICS_FILE = "metrics.csv"
 HPARAMS_FILE = "hparams.yaml"

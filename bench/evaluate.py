@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from tasks.base import Batch, Task
+from tasks.stats import band_sequence_means, bootstrap_ci, position_means, sequence_means
 
 
 def token_score_chunks(n: int, seq_len: int, vocab: int, floats: int = 1 << 28) -> list[slice]:
@@ -43,32 +44,6 @@ def gap_reference(task: Task) -> str:
             if ref.role == role:
                 return name
     raise ValueError(f"task {task.family} has neither a bayes nor a bound reference")
-
-
-def sequence_means(losses: Tensor, mask: Tensor) -> Tensor:
-    """Mean loss of each sequence over its scored positions."""
-    return (losses * mask).sum(1) / mask.sum(1).clamp_min(1)
-
-
-def position_means(values: Tensor, mask: Tensor) -> list[float | None]:
-    """Mean over sequences at each position; None where no sequence is scored."""
-    counts = mask.sum(0)
-    means = (values * mask).sum(0) / counts.clamp_min(1)
-    return [float(m) if c > 0 else None for m, c in zip(means, counts)]
-
-
-def bootstrap_ci(values: Tensor, resamples: int, seed: int = 0, level: float = 0.95,
-                 weights: Tensor | None = None) -> list[float]:
-    """Percentile bootstrap interval for the mean of values (one value per sequence), or, with
-    weights, for the ratio sum(values) / sum(weights) (per-sequence loss sums over scored-token
-    counts: the per-token mean of perplexity), resampling sequences."""
-    generator = torch.Generator().manual_seed(seed)
-    index = torch.randint(len(values), (resamples, len(values)), generator=generator)
-    means = values[index].mean(1) if weights is None \
-        else values[index].sum(1) / weights[index].sum(1).clamp_min(1)
-    tail = (1 - level) / 2
-    lo, hi = torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=means.dtype))
-    return [float(lo), float(hi)]
 
 
 def position_scores(task: Task, batch: Batch, prediction: Tensor,
@@ -201,13 +176,6 @@ def context_bands(seq_len: int) -> list[list[int]]:
     ends = [start - 1 for start in BAND_STARTS[1:]] + [seq_len]
     return [[start, min(end, seq_len)] for start, end in zip(BAND_STARTS, ends)
             if start <= seq_len]
-
-
-def band_sequence_means(losses: Tensor, mask: Tensor, band: list[int]) -> tuple[Tensor, Tensor]:
-    """Each sequence's mean loss over its scored positions in band, and whether it has any."""
-    window = slice(band[0] - 1, band[1])
-    scored = mask[:, window].sum(1) > 0
-    return sequence_means(losses[:, window], mask[:, window]), scored
 
 
 def rounded(values: Tensor, present: Tensor | None = None) -> list[float | None]:

@@ -30,7 +30,16 @@ start with less than its usual time left is skipped and says so. What each measu
 - suite:  entries of `suite name=paper000_gpu` (or `suite=<name>`) while the budget lasts.
 
 Writes `<out>/gpucheck.json` (every figure), `<out>/records.tar.gz` (the run records and logs of
-the runs it made) and prints a summary."""
+the runs it made) and prints a summary.
+
+mamba-ssm: a GPU check's machine installs it from a wheel built without its CUDA extension
+(`MAMBA_SKIP_CUDA_BUILD=TRUE`, `--no-deps`: README.md, section GPUs), which the plain import of the
+kernel (models/ssd.py) cannot import by itself: the package's `__init__` needs the extension
+`selective_scan_cuda` and `transformers`. So every section process (and every run or test it
+starts, which inherit its environment) gets the kernel parity harness's stand-ins for whichever of
+the two is missing on its PYTHONPATH (bench/kernel_parity.py `stand_in_env`, placeholders that
+nothing of ours calls; `stand_ins` in gpucheck.json lists them). This is a check of the Triton
+kernel, not of the install a user needs, which is the real one with the extension."""
 from __future__ import annotations
 
 import json
@@ -341,7 +350,11 @@ def main(argv: list[str]) -> int:
     budget_end = time.monotonic() + float(options["budget"])
     scratch = Path(tempfile.mkdtemp(prefix="gpucheck-"))
     runs = scratch / "runs"
-    results: dict = {"options": options, "sections": {}}
+    from bench.kernel_parity import stand_in_env
+    env = stand_in_env(os.environ)  # for mamba-ssm's CUDA-less install (see the docstring)
+    stand_ins = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                 if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    results: dict = {"options": options, "stand_ins": stand_ins, "sections": {}}
     for name in sections:
         left = budget_end - time.monotonic()
         if left < NEEDS[name]:
@@ -354,7 +367,8 @@ def main(argv: list[str]) -> int:
         print(f"== {name} ({left:.0f} s left)", flush=True)
         try:
             done = subprocess.run([sys.executable, "-m", "bench.gpucheck", name, json.dumps(args)],
-                                  cwd=REPO, text=True, capture_output=True, timeout=left)
+                                  cwd=REPO, env=env, text=True, capture_output=True,
+                                  timeout=left)
             section = (json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0
                        and done.stdout.strip() else {"error": done.stderr[-4000:]})
             if done.returncode == 0:

@@ -33,10 +33,9 @@ from bench.config import ConfigError, family_schema
 from bench.evaluate import fmt, fmt_loss, fmt_sig, loss_resolution
 from bench.plot import plot_gaps
 from bench.records import (RESULT_NEUTRAL, code_digest, environment, not_a_regular_file,
-                           output_path, read_records, with_defaults, write_atomic)
-
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-         9: 2.262, 10: 2.228}  # Student t quantiles (two-sided 95%) by degrees of freedom
+                           output_path, read_records, with_defaults)
+from tasks.files import write_atomic
+from tasks.stats import across_seeds
 
 INCLUDE = ("suite", "all")
 IGNORED_IN_LABELS = tuple(f"trainer.{key}" for key in RESULT_NEUTRAL)
@@ -65,23 +64,6 @@ def digest(obj) -> str:
 
 def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def across_seeds(values: list[float]) -> tuple[float, float | None]:
-    """Mean and the half-width of its 95% t-interval (None for a single value). Computed on the
-    values scaled by a power of two (exact) near their largest magnitude, so a finite record
-    value as large as 1e308 neither overflows the squares (OverflowError: a whole board lost to
-    one record) nor changes the result; a spread beyond the float range is an infinite
-    half-width."""
-    n = len(values)
-    largest = max(abs(v) for v in values)
-    scale = 2.0 ** (math.frexp(largest)[1] - 1) if 0 < largest < math.inf else 1.0
-    scaled = [v / scale for v in values]
-    mean = sum(scaled) / n
-    if n < 2:
-        return mean * scale, None
-    sd = math.sqrt(sum((v - mean) * (v - mean) for v in scaled) / (n - 1))
-    return mean * scale, T_975.get(n - 1, 1.96) * sd / math.sqrt(n) * scale
 
 
 def exp_or_inf(x: float) -> float:

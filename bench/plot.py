@@ -11,7 +11,7 @@ import colorsys
 import math
 from pathlib import Path
 
-from bench.records import write_atomic
+from tasks.files import write_atomic
 
 OFF_SCALE = 20.0  # references beyond this multiple of the models' largest |gap|: symlog axis
 

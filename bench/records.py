@@ -1,7 +1,6 @@
 """Run records: one JSON file per run, written atomically, never overwritten."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bench.config import ConfigError
+from tasks.files import shared_mode, write_atomic
 
 SCHEMA = "icl-bench/run/1"
 CHECKPOINT_FORMAT = "icl-bench/checkpoint/1"  # marks checkpoints this runner wrote
@@ -176,14 +176,6 @@ def write_record(out_dir: str | Path, record: dict) -> Path:
     return path
 
 
-def shared_mode() -> int:
-    """The mode a file created the ordinary way would get (0644 under the usual umask 022):
-    mkstemp's 0600 would hide records and reports from the other users of a shared machine."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def output_path(out: str) -> Path:
     """out= of a generated report (leaderboard, claims, speed): a file name in an existing
     directory, naming nothing or a regular file. The report replaces the file whole (a rename),
@@ -215,22 +207,6 @@ def not_a_regular_file(path: Path, folder: bool = False) -> str:
              (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
              (stat.S_ISREG, "a file")]
     return next(name for test, name in kinds if test(mode))
-
-
-def write_atomic(path: Path, write) -> None:
-    """Call write(temporary path) and rename the result onto path, so readers see the old file
-    or the new one, never half of one; the temporary file (hidden, `.tmp-<name>.*`) is removed
-    if anything fails. Every file but a run record (write_record) is written this way."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        os.chmod(tmp, shared_mode())
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def write_json(path: str | Path, value) -> Path:

@@ -29,8 +29,8 @@ import tasks
 from bench import evaluate
 from bench.config import RunConfig, first_line
 from bench.evaluate import ReferenceScores, content_digest, reference_scores
-from bench.records import write_atomic
 from tasks.base import TEST_STREAM, Batch, Task
+from tasks.files import write_atomic
 
 FORMAT = "icl-bench/reference-cache/2"  # 2: with a content digest
 CACHE_DIR = os.path.join("cache", "references")  # under out_dir

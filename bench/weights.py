@@ -22,7 +22,7 @@ import torch
 
 from bench.checks import checked_task, compose_checked
 from bench.config import ConfigError, RunConfig, first_line
-from bench.records import write_atomic
+from tasks.files import write_atomic
 
 WEIGHTS_FORMAT = "icl-bench/weights/1"
 WEIGHTS_DIR = "weights"  # under out_dir

@@ -13,7 +13,7 @@ Three implementations of the same map, all returning (y, final_state):
   chunks the state is carried by a recurrence over chunk summaries. Any sequence length works:
   the tail is padded with dt = 0 steps, which neither decay nor write the state.
 - the Triton kernel `mamba_chunk_scan_combined` of the optional `mamba_ssm` package (CUDA only;
-  its parity test also runs it on the CPU under Triton's interpreter, tests/mamba_kernel_parity.py),
+  its parity test also runs it on the CPU under Triton's interpreter, bench/kernel_parity.py),
   reached through `ssd_scan(..., kernel="mamba_ssm")`; `ssd_scan` also dispatches to the other
   two ("torch" = chunked, "sequential").
 
@@ -30,10 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib
-import importlib.util
-import sys
-import types
 import warnings
 from typing import Callable
 
@@ -170,37 +166,18 @@ _kernel_cache: dict[str, Callable | str] = {}  # "fn": the kernel, or "error": w
 _auto_cache: dict[str, str] = {}  # device type -> what kernel="auto" runs there (resolved once)
 _auto_fallback: dict[str, str] = {}  # device type -> why "auto" fell back to torch there
 
-_PACKAGE = "mamba_ssm"
-_KERNEL_MODULE = "mamba_ssm.ops.triton.ssd_combined"
-
-
-def _package_modules() -> dict[str, types.ModuleType]:
-    """The entries of sys.modules for `mamba_ssm` and its submodules."""
-    return {name: module for name, module in sys.modules.items()
-            if name == _PACKAGE or name.startswith(_PACKAGE + ".")}
-
-
-def _restore_package_modules(saved: dict[str, types.ModuleType]) -> None:
-    """Put sys.modules' `mamba_ssm` entries back to `saved`: drop every one added since."""
-    for name in list(_package_modules()):
-        if name not in saved:
-            del sys.modules[name]
-    sys.modules.update(saved)
+KERNEL_INSTALL = ("mamba-ssm with its CUDA extension: on a CUDA machine, pip install mamba-ssm "
+                  "--no-build-isolation (README.md, section GPUs)")
 
 
 def _import_mamba_chunk_scan() -> Callable:
-    """`mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`, imported on first use.
-
-    When the whole package imports, it is used as installed. Its __init__ usually does not: it
-    imports the compiled Mamba-1 extension `selective_scan_cuda` (absent when built with
-    MAMBA_SKIP_CUDA_BUILD=TRUE) and, through its model classes, packages that the offline install
-    leaves out with --no-deps (huggingface_hub, transformers, tilelang...), none of which the
-    Triton SSD kernel needs. Then the submodules are loaded from the installed files under a
-    bare stand-in package module that skips the __init__, and afterwards sys.modules is put back
-    as it was: neither the stand-in nor the submodules it loaded (nor the half-imported ones a
-    failed __init__ leaves) stay visible to other importers, so a later `import mamba_ssm` behaves
-    as if this function had never run. The loaded kernels live on through the references kept
-    here (each function holds its module's globals).
+    """`mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`, imported on first use, the
+    plain way: importing it runs the package's `__init__`, which imports mamba-ssm's compiled
+    CUDA extension (`selective_scan_cuda`) and its model classes' requirements (transformers,
+    huggingface_hub), so the kernel imports only from an ordinary install of mamba-ssm
+    (KERNEL_INSTALL). An install built without the extension (MAMBA_SKIP_CUDA_BUILD) fails here
+    with "No module named 'selective_scan_cuda'"; the kernel parity test's harness runs that
+    install with stand-ins on PYTHONPATH (bench/kernel_parity.py `stand_in_env`).
 
     The outcome is cached; a failure raises a fresh RuntimeError with the cached reason each
     time (re-raising one stored exception object would grow its traceback on every call)."""
@@ -208,30 +185,14 @@ def _import_mamba_chunk_scan() -> Callable:
         return _kernel_cache["fn"]
     if "error" in _kernel_cache:
         raise RuntimeError(_kernel_cache["error"])
-    saved = _package_modules()
     try:
-        try:
-            module = importlib.import_module(_KERNEL_MODULE)
-        except ImportError:
-            _restore_package_modules(saved)
-            spec = importlib.util.find_spec(_PACKAGE)
-            if spec is None or not spec.submodule_search_locations:
-                raise
-            package = types.ModuleType(_PACKAGE)
-            package.__path__ = list(spec.submodule_search_locations)
-            sys.modules[_PACKAGE] = package
-            try:
-                module = importlib.import_module(_KERNEL_MODULE)
-            finally:
-                _restore_package_modules(saved)
-        _kernel_cache["fn"] = module.mamba_chunk_scan_combined
-    except Exception as error:  # ImportError, or a Triton/CUDA error raised at import time
-        _restore_package_modules(saved)
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except ImportError as error:
         _kernel_cache["error"] = (
-            f"kernel='mamba_ssm' needs the mamba_ssm package with its Triton kernels (README.md, "
-            f"section GPU: pip install -e '.[gpu]' and the mamba-ssm line); importing "
-            f"{_KERNEL_MODULE} failed: {type(error).__name__}: {error}")
+            f"kernel='mamba_ssm' needs {KERNEL_INSTALL}; importing "
+            f"mamba_ssm.ops.triton.ssd_combined failed: {type(error).__name__}: {error}")
         raise RuntimeError(_kernel_cache["error"]) from error
+    _kernel_cache["fn"] = mamba_chunk_scan_combined
     return _kernel_cache["fn"]
 
 

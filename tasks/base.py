@@ -364,20 +364,3 @@ def doubling_lengths(first: int, last: int) -> list[int]:
         ks.append(k)
         k *= 2
     return ks
-
-
-def binned_means(values: Tensor, mask: Tensor, ks: list[int]) -> tuple[list, list]:
-    """Per context-length bin (context_bins), the mean over sequences of each sequence's mean of
-    `values` (B, T) over its scored positions (mask) in the bin, and its standard error over
-    sequences; None where no sequence (for the error: fewer than two) has a scored position."""
-    mask = mask.cpu().double()
-    bins = context_bins(ks, mask.shape[1])
-    counts = mask @ bins.T  # (B, K): scored positions of each sequence in each bin
-    has = counts > 0
-    sequences = has.sum(0)
-    rate = torch.where(has, (values.cpu().double() * mask) @ bins.T / counts.clamp_min(1), 0.0)
-    mean = rate.sum(0) / sequences.clamp_min(1)
-    spread = ((rate - mean).pow(2) * has).sum(0) / (sequences - 1).clamp_min(1)
-    stderr = (spread / sequences.clamp_min(1)).sqrt()
-    return ([float(m) if c > 0 else None for m, c in zip(mean, sequences)],
-            [float(e) if c > 1 else None for e, c in zip(stderr, sequences)])

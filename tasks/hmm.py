@@ -40,9 +40,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tasks.base import Batch, Reference, Task, binned_means, doubling_lengths
+from tasks.base import Batch, Reference, Task, doubling_lengths
 from tasks.distributions import (batch_chunks, categorical, chain_states,
                                  dirichlet, inverse_cdf, inverse_cdf_table, scan_pays)
+from tasks.stats import binned_means
 from tasks.markov import add_beta_log_probs, counts_in_context
 
 

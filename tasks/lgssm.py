@@ -46,8 +46,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tasks.base import Batch, Reference, Task, binned_means, context_bins, doubling_lengths
+from tasks.base import Batch, Reference, Task, context_bins, doubling_lengths
 from tasks.smc import DiagonalSystem, ParameterPrior, smc_predictive
+from tasks.stats import binned_means
 
 SMC_RUNS = 2  # independent runs of the bayes reference: their mean, and their spread as its error
 ERROR_CONTEXT = 32  # k of the error distribution: the claims' context (§5.1: "k = 32")

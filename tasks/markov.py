@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tasks.base import (TEST_STREAM, Batch, Reference, Task, binned_means, doubling_lengths,
-                        make_generator)
+from tasks.base import TEST_STREAM, Batch, Reference, Task, doubling_lengths, make_generator
 from tasks.distributions import (batch_chunks, chain_states, dirichlet, gamma,
                                  inverse_cdf, inverse_cdf_table, scan_pays)
+from tasks.stats import binned_means
 
 MIN_REGION_MASS = 0.01  # prior mass each side of simplex_split must hold (rejection sampling)
 MAX_REJECTION_ROUNDS = 10_000  # a row still rejected after this many rounds is a bug (p < 1e-43)

@@ -27,6 +27,7 @@ import torch
 
 from tasks import corpora as text_corpus
 from tasks.base import Batch, Reference, Task
+from tasks.files import write_atomic
 
 TOKENIZER_VOCAB = {"gpt2": 50257, "byte": 256}
 # Corpora found in this process, by what finds them: a suite's entries and the checks made
@@ -266,9 +267,9 @@ def pydoc_corpus_dir() -> Path:
     for i, key in enumerate(sorted(topics)):
         parts[{8: "validation", 9: "test"}.get(i % 10, "train")].append(topics[key])
     for split, texts in parts.items():
-        temporary = folder / f".{split}.txt.tmp"
-        temporary.write_text("\n\n".join(texts), encoding="utf-8")
-        os.replace(temporary, folder / f"{split}.txt")
+        text = "\n\n".join(texts)
+        write_atomic(folder / f"{split}.txt",
+                     lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
     return folder
 
 

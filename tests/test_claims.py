@@ -18,8 +18,9 @@ from bench.__main__ import main
 from bench.claims import Interval, Rule, decide_all, load_claims, write_claims
 from bench.claims.spec import default_rules
 from bench.config import ConfigError, choices, compose, load_suite
-from bench.leaderboard import across_seeds, select_runs
+from bench.leaderboard import select_runs
 from bench.records import SCHEMA
+from tasks.stats import across_seeds
 
 REPO = Path(__file__).resolve().parents[1]
 _ids = itertools.count()

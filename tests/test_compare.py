@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from bench.__main__ import main
-from bench.compare import compare, paired_difference
+from bench.compare import compare
 from bench.evaluate import score_predictions
 from bench.records import SCHEMA, json_safe
 from tasks.markov import MarkovConfig, MarkovTask
+from tasks.stats import paired_difference
 
 RESAMPLES = 400
 

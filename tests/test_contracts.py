@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from bench.config import CONF_DIR, choices, compose
-from bench.evaluate import sequence_means
+from tasks.stats import sequence_means
 from conftest import assert_causal
 from models import IOSpec, build_model, model_families
 from tasks import task_families

@@ -4,11 +4,11 @@ import math
 import pytest
 import torch
 
-from bench.evaluate import (ROUNDING_GAP, bootstrap_ci, fmt_loss, fmt_sig, gap_closed,
-                            loss_resolution, position_means, position_scores, score)
-from bench.leaderboard import T_975, across_seeds
+from bench.evaluate import (ROUNDING_GAP, fmt_loss, fmt_sig, gap_closed, loss_resolution,
+                            position_scores, score)
 from tasks.lgssm_colored import LGSSMColoredConfig, LGSSMColoredTask
 from tasks.markov import MarkovConfig, MarkovTask
+from tasks.stats import T_975, across_seeds, bootstrap_ci, position_means
 
 
 @pytest.fixture(scope="module")

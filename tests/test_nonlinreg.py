@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from bench.evaluate import sequence_means
+from tasks.stats import sequence_means
 from tasks import task_families
 from conftest import check_score_last
 from tasks.base import make_generator

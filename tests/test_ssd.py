@@ -8,7 +8,6 @@ Tolerances: the identities are checked in float64 on O(1) values; a scan of <= 1
 two orders of margin while still catching any wrong term (which would be O(1e-2) or larger)."""
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import os
@@ -128,9 +127,10 @@ def test_models_never_import_mamba_ssm_on_cpu():
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading mamba_ssm's kernel leaves sys.modules as it was. A stand-in package laid out like
-# mamba_ssm (its __init__ failing as the real one does after the offline install) checks the
-# import logic without triton or mamba_ssm; the interpreter test below checks it on the real one.
+# The kernel is imported the plain way: `import mamba_ssm` runs the package's __init__. A package
+# laid out like mamba_ssm (its __init__ failing as the real one does when built without its CUDA
+# extension) checks the import logic without triton or mamba_ssm; the interpreter test below
+# checks it on the real one.
 
 def _mamba_ssm_entries() -> dict:
     return {k: v for k, v in sys.modules.items() if k == "mamba_ssm" or k.startswith("mamba_ssm.")}
@@ -139,10 +139,13 @@ def _mamba_ssm_entries() -> dict:
 @pytest.fixture
 def fake_mamba_ssm(tmp_path, monkeypatch):
     """Writes a package `mamba_ssm` under tmp_path (first on sys.path) and a fresh kernel cache;
-    returns the writer. Restores sys.modules' mamba_ssm entries afterwards."""
+    returns the writer. Afterwards the test process's sys.modules holds no module of it (test
+    clean-up only: the product code never touches sys.modules)."""
     monkeypatch.setattr(ssd, "_kernel_cache", {})
     monkeypatch.syspath_prepend(str(tmp_path))
     saved = _mamba_ssm_entries()
+    for name in saved:
+        monkeypatch.delitem(sys.modules, name)
 
     def write(init_fails: bool = True, kernel_fails: bool = False) -> Path:
         package = tmp_path / "mamba_ssm"
@@ -161,37 +164,49 @@ def fake_mamba_ssm(tmp_path, monkeypatch):
         return package
 
     yield write
-    for name in set(_mamba_ssm_entries()) - set(saved):
+    for name in _mamba_ssm_entries():
         del sys.modules[name]
-    sys.modules.update(saved)
 
 
-def test_kernel_import_leaves_no_stub_in_sys_modules(fake_mamba_ssm):
+def test_kernel_import_without_the_cuda_extension_names_the_error_and_the_install(fake_mamba_ssm):
     fake_mamba_ssm(init_fails=True)
-    before = sys.modules.get("mamba_ssm")
-    assert ssd.mamba_ssm_kernel_error() is None
-    assert ssd._import_mamba_chunk_scan()() == 42  # the submodules were loaded and kept alive
-    assert sys.modules.get("mamba_ssm") is before
-    assert not _mamba_ssm_entries()  # nor the submodules, nor what the failed __init__ left
-    # Another importer gets the package as installed, its __init__ and all, not a stand-in.
-    with pytest.raises(ModuleNotFoundError, match="selective_scan_cuda_for_this_test"):
-        importlib.import_module("mamba_ssm")
-    assert ssd._import_mamba_chunk_scan()() == 42  # cached
+    error = ssd.mamba_ssm_kernel_error()
+    # One line: the import error, and what the install needs.
+    assert "\n" not in error
+    assert "No module named 'selective_scan_cuda_for_this_test'" in error
+    assert ssd.KERNEL_INSTALL in error and "CUDA extension" in error
+    assert "mamba_ssm" not in sys.modules  # no stand-in package: Python's own import failed
+    with pytest.raises(RuntimeError, match="selective_scan_cuda_for_this_test"):
+        ssd._import_mamba_chunk_scan()  # cached, raised afresh
 
 
-def test_kernel_import_error_leaves_sys_modules_clean(fake_mamba_ssm):
-    fake_mamba_ssm(init_fails=True, kernel_fails=True)
+def test_kernel_mamba_ssm_without_the_cuda_extension_is_a_one_line_config_error(
+        fake_mamba_ssm, monkeypatch, capsys, tmp_path):
+    """`run model.kernel=mamba_ssm` on a CUDA machine (one GPU, pretended) whose mamba_ssm lacks
+    its CUDA extension: exit 2 before training, one line naming the import error and the install."""
+    import bench.checks
+    from bench.__main__ import main
+    fake_mamba_ssm(init_fails=True)
+    monkeypatch.setattr(bench.checks, "cuda_devices", lambda: 1)
+    assert main(["run", "model.kernel=mamba_ssm", f"out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert "model.kernel=mamba_ssm but its kernel cannot be loaded" in err
+    assert "selective_scan_cuda_for_this_test" in err and ssd.KERNEL_INSTALL in err
+
+
+def test_kernel_import_error_in_the_kernel_module(fake_mamba_ssm):
+    fake_mamba_ssm(init_fails=False, kernel_fails=True)
     error = ssd.mamba_ssm_kernel_error()
     assert "triton_for_this_test" in error and "README.md" in error
-    assert not _mamba_ssm_entries()
-    with pytest.raises(RuntimeError, match="triton_for_this_test"):
-        ssd._import_mamba_chunk_scan()
+    assert not ssd.mamba_ssm_available()
 
 
-def test_kernel_import_keeps_a_package_that_imports_whole(fake_mamba_ssm):
+def test_kernel_imports_from_a_package_that_imports_whole(fake_mamba_ssm):
     package = fake_mamba_ssm(init_fails=False)
+    assert ssd.mamba_ssm_kernel_error() is None
     assert ssd._import_mamba_chunk_scan()() == 42
-    # The genuine package, imported by its own __init__, stays as any import would leave it.
+    # The genuine package, imported by its own __init__, as any import would leave it.
     assert Path(sys.modules["mamba_ssm"].__file__) == package / "__init__.py"
 
 
@@ -237,14 +252,15 @@ def assert_parity(result: dict, tolerance: float) -> None:
 @pytest.fixture(scope="module")
 def interpreter_parity() -> dict:
     """Runs bench/kernel_parity.py once, in a subprocess with TRITON_INTERPRET=1 (it must
-    be set before triton is imported, and must not reach any other test)."""
+    be set before triton is imported, and must not reach any other test), with the stand-ins of
+    what the CPU install of mamba-ssm lacks on its PYTHONPATH (kernel_parity.stand_in_env)."""
     missing = [m for m in ("triton", "einops", "mamba_ssm") if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"the kernel parity test under Triton's interpreter needs {', '.join(missing)}"
-                    f" (README.md, section GPU: the offline install)")
+                    f" (README.md, section GPUs: the CPU install)")
     root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = kernel_parity.stand_in_env(dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1"))
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     done = subprocess.run([sys.executable, "-m", "bench.kernel_parity"], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -253,13 +269,20 @@ def interpreter_parity() -> dict:
     return result
 
 
-def test_interpreter_kernel_import_leaves_sys_modules_as_it_was(interpreter_parity):
-    # The real mamba_ssm after the offline install: its __init__ fails, the kernel is loaded
-    # without it, and no mamba_ssm module is left behind (or the whole package imported).
-    assert (interpreter_parity["sys_modules_mamba_ssm_unchanged"]
-            or interpreter_parity["mamba_ssm_imported_whole"]), interpreter_parity
-    if not interpreter_parity["mamba_ssm_imported_whole"]:
-        assert interpreter_parity["mamba_ssm_entries_after"] == []
+def test_interpreter_kernel_imports_the_installed_package_whole(interpreter_parity):
+    # The real mamba_ssm after the CPU install, imported the plain way: its own __init__ ran
+    # (with the harness's stand-ins for the CUDA extension and transformers) from the install.
+    installed = Path(importlib.util.find_spec("mamba_ssm").origin)
+    assert Path(interpreter_parity["mamba_ssm_file"]) == installed, interpreter_parity
+
+
+def test_stand_ins_never_shadow_an_installed_module(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_parity, "STAND_INS", tmp_path)
+    for name in ("json", "no_such_module_for_this_test"):
+        (tmp_path / name).mkdir()
+    env = kernel_parity.stand_in_env({"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "no_such_module_for_this_test"),
+                                                   "/elsewhere"]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

@@ -15,9 +15,8 @@ from bench.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules,
 from bench.claims.verdicts import VERDICTS, Decision, Measured, decide_all
 from bench.config import ConfigError, RunConfig, conf_file, load_suite
 from bench.leaderboard import Selection, plural
-from bench.records import write_atomic
-from bench.records import output_path
-from bench.records import RESULT_NEUTRAL
+from bench.records import RESULT_NEUTRAL, output_path
+from tasks.files import write_atomic
 
 SHOW_SEEDS_BELOW = 5  # seeds are listed one by one below this many (or when they split in two)
 

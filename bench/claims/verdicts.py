@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 from bench.claims.rules import Interval, RuleUndefined
 from bench.claims.spec import Claim, Quantity
-from bench.leaderboard import Selection, across_seeds, code_label, commit_of
+from bench.leaderboard import Selection, code_label, commit_of
 from bench.records import Environment, environment, record_matches
+from tasks.stats import across_seeds
 
 VERDICTS = ("holds", "holds at reduced scale", "fails", "not reached at reduced scale",
             "undecided", "not measured")

@@ -11,7 +11,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,6 +19,7 @@ import numpy as np
 from tasks.corpora.errors import CorpusError, MissingSplit
 from tasks.corpora.sources import Corpus, _hash_file, _tag_cache_dir, document_texts
 from tasks.corpora.tokenizers import TextTokenizer
+from tasks.files import write_atomic
 
 CACHE_FORMAT = 2  # 2: the sidecar holds the tokens' sha256
 
@@ -118,19 +118,18 @@ def _build_cache(corpus: Corpus, split: str, tokenizer: TextTokenizer, bin_path:
     _tag_cache_dir(cache_dir)
     bin_path.parent.mkdir(parents=True, exist_ok=True)
     dataset = corpus[split]
-    suffix = f".{os.getpid()}.{uuid.uuid4().hex}.tmp"
-    tmp_bin = bin_path.with_name("." + bin_path.name + suffix)
-    tmp_meta = meta_path.with_name("." + meta_path.name + suffix)
     document = corpus.sample_by == "document" and tokenizer.eod_id is not None
     eod = np.array([tokenizer.eod_id if document else 0], dtype=dtype)
-    n_tokens = n_bytes = n_texts = 0
+    n_tokens = n_bytes = n_texts = rows_done = 0
     written = hashlib.sha256()  # of the tokens as written: checked on every later load
     start = time.perf_counter()
     total = len(dataset) if hasattr(dataset, "__len__") else None
     bar = tqdm(total=total, unit="row", disable=not progress,
                desc=f"tokenizing {corpus.name} {split} ({tokenizer.name})")
-    try:
-        with open(tmp_bin, "wb") as out:
+
+    def write_tokens(temporary: str) -> None:
+        nonlocal n_tokens, n_bytes, n_texts, rows_done
+        with open(temporary, "wb") as out:
             pending: list[str] = []
             pending_size = 0
 
@@ -154,7 +153,6 @@ def _build_cache(corpus: Corpus, split: str, tokenizer: TextTokenizer, bin_path:
                 pending, pending_size = [], 0
                 bar.set_postfix(tokens=n_tokens, refresh=False)
 
-            rows_done = 0
             for texts in document_texts(dataset, corpus.sample_by):
                 for text in texts:
                     pending.append(text)
@@ -167,25 +165,27 @@ def _build_cache(corpus: Corpus, split: str, tokenizer: TextTokenizer, bin_path:
                 flush()
             out.flush()
             os.fsync(out.fileno())
-        if n_tokens == 0:
+        if n_tokens == 0:  # raised before the rename: no empty cache is left
             raise CorpusError(f"the {split} split of {corpus.name} ({corpus.description}) "
                               f"has no text")
-        seconds = time.perf_counter() - start
-        meta = {
-            "format": CACHE_FORMAT, "corpus": corpus.name, "corpus_identity": corpus.identity,
-            "source": corpus.description, "split": split, "sample_by": corpus.sample_by,
-            "tokenizer": tokenizer.name, "tokenizer_identity": tokenizer.identity,
-            "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id if document else None,
-            "dtype": dtype.name, "n_tokens": n_tokens, "n_bytes": n_bytes,
-            "sha256": written.hexdigest(),
-            "n_documents": n_texts if document else None, "rows": rows_done,
-            "seconds": round(seconds, 3), "tokens_per_second": round(n_tokens / max(seconds, 1e-9)),
-        }
-        os.replace(tmp_bin, bin_path)
-        tmp_meta.write_text(json.dumps(meta, indent=1) + "\n")
-        os.replace(tmp_meta, meta_path)
-        return meta
+
+    # The tokens first, then the meta that vouches for them (a reader trusts a .bin only with
+    # its meta), each written whole (tasks.files.write_atomic).
+    try:
+        write_atomic(bin_path, write_tokens)
     finally:
         bar.close()
-        tmp_bin.unlink(missing_ok=True)
-        tmp_meta.unlink(missing_ok=True)
+    seconds = time.perf_counter() - start
+    meta = {
+        "format": CACHE_FORMAT, "corpus": corpus.name, "corpus_identity": corpus.identity,
+        "source": corpus.description, "split": split, "sample_by": corpus.sample_by,
+        "tokenizer": tokenizer.name, "tokenizer_identity": tokenizer.identity,
+        "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id if document else None,
+        "dtype": dtype.name, "n_tokens": n_tokens, "n_bytes": n_bytes,
+        "sha256": written.hexdigest(),
+        "n_documents": n_texts if document else None, "rows": rows_done,
+        "seconds": round(seconds, 3), "tokens_per_second": round(n_tokens / max(seconds, 1e-9)),
+    }
+    text = json.dumps(meta, indent=1) + "\n"
+    write_atomic(meta_path, lambda temporary: Path(temporary).write_text(text))
+    return meta

@@ -9,7 +9,6 @@ import abc
 import hashlib
 import os
 import sys
-import uuid
 from pathlib import Path
 from typing import Sequence
 
@@ -18,6 +17,7 @@ import numpy as np
 from tasks.corpora.errors import TokenizerNotFound
 from tasks.corpora.sources import (Corpus, _hub_mode, _slug, _tag_cache_dir, document_texts,
                                    hub_reachable)
+from tasks.files import write_atomic
 
 EOT = "<|endoftext|>"
 
@@ -205,10 +205,5 @@ def _bpe_tokenizer(path: Path, vocab_size: int, corpus: Corpus | None, train_cha
     path.parent.mkdir(parents=True, exist_ok=True)
     if cache_dir is not None:
         _tag_cache_dir(Path(cache_dir))
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tokenizer.save(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, lambda temporary: tokenizer.save(str(temporary)))
     return HFTokenizer(Tokenizer.from_file(str(path)), "bpe", str(path))
