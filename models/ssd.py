@@ -187,7 +187,8 @@ def _import_mamba_chunk_scan() -> Callable:
         raise RuntimeError(_kernel_cache["error"])
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    except ImportError as error:
+    except Exception as error:  # not only ImportError: a broken install (a Triton that finds
+        # no driver, a mismatched build) makes the kernel unavailable too, never a traceback
         _kernel_cache["error"] = (
             f"kernel='mamba_ssm' needs {KERNEL_INSTALL}; importing "
             f"mamba_ssm.ops.triton.ssd_combined failed: {type(error).__name__}: {error}")
