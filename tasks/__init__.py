@@ -5,13 +5,21 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from tasks.base import Batch, Reference, Task
-
 __all__ = ["Batch", "Reference", "Task", "task_families"]
+CONTRACT = ("Batch", "Reference", "Task")
 
 
-def task_families() -> dict[str, type[Task]]:
+def __getattr__(name: str):
+    """The contract's names (tasks.base) load on first use: it imports torch and Lightning, which
+    the package's light modules (files, used by every report writer) must not pull in."""
+    if name in CONTRACT:
+        return getattr(importlib.import_module("tasks.base"), name)
+    raise AttributeError(f"module 'tasks' has no attribute {name!r}")
+
+
+def task_families() -> dict[str, type]:
     """{family name: Task subclass} for every module of this package."""
+    from tasks.base import Task
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
     found: dict[str, type[Task]] = {}
