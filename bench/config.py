@@ -42,6 +42,11 @@ class ConfigError(ValueError):
     """A user error in the configuration; its message is one line."""
 
 
+class CheckFailed(ValueError):
+    """A whole-run check failed; the message is one line (compose_checked turns it into
+    a ConfigError)."""
+
+
 def first_line(error: BaseException) -> str:
     """The first line of an error's message ("" when it has none): messages here are one line."""
     text = str(error)

@@ -208,7 +208,7 @@ def section_speed(args: dict) -> dict:
                     rows.append({**setting, **timing})
                     print(f"speed {label} {setting}: {timing}", file=sys.stderr, flush=True)
             if compiled == "off":
-                from bench.checks import loader_workers
+                from bench.devices import loader_workers
                 from bench.train import build
                 task, _ = build(config)
                 sampler = sampler_cost(task, 10)
@@ -224,7 +224,7 @@ def section_speed(args: dict) -> dict:
 def section_lm(args: dict) -> dict:
     import torch
 
-    from bench.checks import memory_estimate
+    from bench.memory import memory_estimate
     from bench.speed import configured, time_training
     from bench.train import apply_tf32_policy, build
     apply_tf32_policy(False)

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 import tasks
 from bench import evaluate

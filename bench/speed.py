@@ -311,7 +311,7 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
         or {**run_setting, **time_training(config, device, steps)}
     outside, sequences = time_outside_training(config, device)
     # in-process sampling (no loader workers: the CPU) sits between steps; workers overlap it
-    from bench.checks import loader_workers
+    from bench.devices import loader_workers
     workers = loader_workers(config)
     result["loader_workers"] = workers
     in_path = sample_s if workers == 0 else max(0.0, sample_s / workers - trained["step_s"])

@@ -22,7 +22,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from bench.config import RunConfig, first_line
 from bench import reference_cache
 from bench.evaluate import probe_summary, score_predictions
-from bench.checks import check_resume, loader_workers, planned_environment, world_size
+from bench.checks import check_resume, planned_environment
+from bench.devices import loader_workers, world_size
 from bench.module import ICLModule
 from bench.records import SCHEMA, RunFailed, code_of_this_process, new_run_id, write_record
 from bench.runlog import RunLog, hyperparameters, make_logger, run_log_dir

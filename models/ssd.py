@@ -19,7 +19,7 @@ Three implementations of the same map, all returning (y, final_state):
 
 `scan_override` makes every `ssd_scan` in a block run another function instead; with
 `kernel_footprint`, a stand-in that allocates what the kernel allocates and computes nothing,
-the pre-run memory estimate (bench/checks.py) measures a model as the kernel will run it, on a
+the pre-run memory estimate (bench/memory.py) measures a model as the kernel will run it, on a
 machine without the kernel or a GPU.
 
 Shapes: x (B, T, H, P), dt (B, T, H) positive (already softplus'd), A (H,) (negative for a

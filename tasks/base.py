@@ -261,7 +261,7 @@ class Task(L.LightningDataModule, abc.ABC):
     def latent_floats(self) -> int:
         """Floats of hidden parameters (and per-sequence reference workspace beyond the
         predictions) one sequence needs: the part of the memory estimate made before a run
-        (bench/checks.py) that only the family knows. Override where it can be large."""
+        (bench/memory.py) that only the family knows. Override where it can be large."""
         return 0
 
     def memory_per_sequence(self) -> int:

@@ -4,7 +4,6 @@ anything runs: no traceback, no hang, no record, no temporary file, no directory
 Each case runs in-process from an empty working directory (the default out_dir, `results`, is
 relative to it) under an alarm, so a hang fails the test instead of stalling the suite."""
 import json
-import math
 import os
 import signal
 import subprocess
@@ -486,7 +485,7 @@ def test_the_memory_estimate_covers_drawing_the_pool_of_tasks(task):
     """The pool is drawn in chunks that are then concatenated (twice its size at once), with
     the sampling temporaries of a chunk: linreg num_tasks=10^9 held 18.6 GiB, peaked at 37,
     passed a check that counted it once on a 21 GiB host and was killed with no record."""
-    from bench.checks import Allocations, pool_peak_bytes
+    from bench.memory import Allocations, pool_peak_bytes
     from bench.config import compose
     from tasks import task_families
     config = compose([f"task={task}", "task.num_tasks=64"])

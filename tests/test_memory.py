@@ -1,12 +1,13 @@
-"""The pre-run memory estimate (bench/checks.py): passes measured on models without storage in
-the precision and with the SSD kernel that will run, the training loss of a large vocabulary, the
-GPU and the host each compared with their own free memory, text evaluation sized by the windows
-it scores, and the GPU a DDP rank asks about."""
+"""The pre-run memory estimate (bench/memory.py; bench/checks.py compares it with what is free):
+passes measured on models without storage in the precision and with the SSD kernel that will
+run, the training loss of a large vocabulary, the GPU and the host each compared with their own
+free memory, text evaluation sized by the windows it scores, and the GPU a DDP rank asks about."""
 import pytest
 import torch
 
-from bench import checks
-from bench.checks import GIB, Allocations, CheckFailed, memory_estimate, model_footprint
+from bench import checks, memory
+from bench.config import CheckFailed
+from bench.memory import GIB, Allocations, memory_estimate, model_footprint
 from bench.checks import compose_checked
 from bench.config import ConfigError, compose
 from bench.evaluate import masked_loss
@@ -105,7 +106,7 @@ def test_the_gpu_and_the_host_each_hold_their_part():
 @pytest.mark.parametrize("short, where", [("device", "on cuda:0"), ("host", "on the host")])
 def test_each_side_is_compared_with_its_own_free_memory(monkeypatch, short, where):
     free = {"cuda": 40 * GIB, "host": 40 * GIB, {"device": "cuda"}.get(short, short): GIB // 4}
-    monkeypatch.setattr(checks, "available_bytes", lambda side: free[side])
+    monkeypatch.setattr(memory, "available_bytes", lambda side: free[side])
     config = compose(["model=mamba", "model.d_model=32"])
     with pytest.raises(CheckFailed, match=f"GiB for [a-z]+ {where} but it has 0.2 GiB free"):
         checks.check_memory(config, task_of(config), "cuda")
@@ -117,9 +118,9 @@ def test_a_ddp_rank_asks_about_its_own_gpu_only(monkeypatch):
     asked = []
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: asked.append(device) or (1, 2))
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert checks.available_bytes("cuda") == 1 and asked == [3]
+    assert memory.available_bytes("cuda") == 1 and asked == [3]
     monkeypatch.delenv("LOCAL_RANK")
-    assert checks.available_bytes("cuda") == 1 and asked == [3, 0]
+    assert memory.available_bytes("cuda") == 1 and asked == [3, 0]
 
 
 WORDS = "the cat sat on the mat while a dog ran after the ball in the old park".split()
@@ -177,7 +178,7 @@ def test_a_byte_level_text_run_is_not_refused(corpus_dir):
 
 
 def test_a_refused_text_evaluation_names_task_eval_windows(corpus_dir, monkeypatch):
-    monkeypatch.setattr(checks, "available_bytes", lambda side: 300 * 2**20)
+    monkeypatch.setattr(memory, "available_bytes", lambda side: 300 * 2**20)
     with pytest.raises(ConfigError, match=r"for evaluation on the host .* task\.eval_windows$"):
         compose_checked(["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=byte",
                          "task.seq_len=32", "task.eval_stride=1", "model.d_model=16",
@@ -189,7 +190,7 @@ def test_a_float64_run_is_checked_like_any_other(task):
     """64-true: the model without storage is built in float64 (module.double() cannot swap the
     parameters of fake tensors), and its weights count 8 bytes each."""
     from bench.checks import compose_checked
-    from bench.checks import memory_estimate
+    from bench.memory import memory_estimate
     from tasks import task_families
     config = compose_checked([f"task={task}", "trainer.precision=64-true"])  # the whole check runs
     single = compose_checked([f"task={task}"])

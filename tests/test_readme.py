@@ -9,8 +9,6 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
-
 from bench.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]

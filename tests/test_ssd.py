@@ -184,10 +184,10 @@ def test_kernel_mamba_ssm_without_the_cuda_extension_is_a_one_line_config_error(
         fake_mamba_ssm, monkeypatch, capsys, tmp_path):
     """`run model.kernel=mamba_ssm` on a CUDA machine (one GPU, pretended) whose mamba_ssm lacks
     its CUDA extension: exit 2 before training, one line naming the import error and the install."""
-    import bench.checks
+    import bench.devices
     from bench.__main__ import main
     fake_mamba_ssm(init_fails=True)
-    monkeypatch.setattr(bench.checks, "cuda_devices", lambda: 1)
+    monkeypatch.setattr(bench.devices, "cuda_devices", lambda: 1)
     assert main(["run", "model.kernel=mamba_ssm", f"out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err

@@ -3,7 +3,6 @@ suite is; suite files given by path; ad-hoc runs and sweeps write to runs/, suit
 and what one kind of run writes never makes another skip a seed; progress goes to stderr;
 `run print_config=true` shows the config and memory estimate without training."""
 import json
-from pathlib import Path
 
 import pytest
 import yaml
