@@ -178,13 +178,13 @@ def cmd_references(argv: list[str]) -> int:
     argv, n = take_option(argv, "n", "")
     if n:
         argv = [*argv, f"trainer.eval_sequences={positive_int('n', n, low=2)}"]
-    from bench.checks import compose_checked
-    config = compose_checked(argv)
+    from bench.checks import checked_run
+    config, task = checked_run(argv)  # the task the checks built, used as it is
     from bench import reference_cache
     from bench.evaluate import score_predictions
     from bench.report import print_metrics
     from bench.train import build
-    task, _ = build(config)
+    task, _ = build(config, task=task)
     held_out, references = reference_cache.held_out_set(config, task)
     references = reference_cache.complete(config, task, held_out, references)
     result = score_predictions(task, held_out, None, config.trainer.bootstrap, references)
@@ -293,12 +293,12 @@ def cmd_eval(argv: list[str]) -> int:
     from bench.weights import check_eval_overrides, eval_config, load_weights
     check_eval_overrides(argv)  # a refused key is refused before the file is read
     payload = load_weights(weights)
-    config = eval_config(payload, argv)
+    config, task = eval_config(payload, argv)
     from bench.report import print_run
     from bench.signals import end_distributed
     from bench.train import run
     try:
-        record, path = run(config, weights=payload, weights_path=weights)
+        record, path = run(config, weights=payload, weights_path=weights, task=task)
     finally:
         end_distributed()
     if path:

@@ -196,7 +196,7 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
     t = config.trainer
     if weights is not None:
         from bench.weights import check_weights_fit
-        check_weights_fit(config, weights)
+        check_weights_fit(config, weights, task)
     elif t.warmup_steps > t.max_steps:  # legal (a study of warm-up), but rarely what is meant
         print(f"warning: trainer.warmup_steps={t.warmup_steps} > trainer.max_steps="
               f"{t.max_steps}: the learning rate stays in its warm-up and never reaches "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.checks import checked_task, compose_checked
+from bench.checks import checked_run, checked_task
 from bench.config import ConfigError, RunConfig, first_line
 from tasks.files import write_atomic
 
@@ -92,15 +92,16 @@ def check_eval_overrides(argv: list[str]) -> None:
                           f"{', '.join(f'trainer.{k}' for k in EVAL_MAY_CHANGE)}, out_dir, name")
 
 
-def eval_config(payload: dict, argv: list[str]) -> RunConfig:
+def eval_config(payload: dict, argv: list[str]) -> tuple[RunConfig, object]:
     """The weights' run's overrides with argv on top (a key given again replaces the saved one),
     composed and checked: same task family, and the same model, trainer and seed as the weights
-    say (conf/ files may have changed since). Training logs are off: nothing is trained."""
+    say (conf/ files may have changed since). Training logs are off: nothing is trained.
+    Returns the config and the task the checks built (checked_run), which the evaluation uses."""
     check_eval_overrides(argv)
     given = {_key(arg) for arg in argv}
     saved = [str(o) for o in payload["overrides"]
              if _key(str(o)) not in given and _key(str(o)) not in ("resume", "trainer.logger")]
-    config = compose_checked([*saved, *argv, "trainer.logger=none"])
+    config, task = checked_run([*saved, *argv, "trainer.logger=none"])
     trained = payload.get("task") or {}
     if config.task_family != trained.get("family"):
         raise ConfigError(f"eval: the weights were trained on task family {trained.get('family')!r}"
@@ -119,15 +120,16 @@ def eval_config(payload: dict, argv: list[str]) -> RunConfig:
             raise ConfigError(f"eval: the {group} composed from the weights' overrides differs "
                               "from the one they were trained with (conf/ changed since?)")
     config.origin = "eval"
-    return config
+    return config, task
 
 
-def check_weights_fit(config: RunConfig, payload: dict) -> None:
+def check_weights_fit(config: RunConfig, payload: dict, task=None) -> None:
     """The state_dict loads into the model this configuration builds (strict: every name, every
-    shape); ConfigError (one line) otherwise, before anything is written."""
+    shape) for `task` (built here without it); ConfigError (one line) otherwise, before anything
+    is written."""
     from models import build_model
     from models.backbone import IOSpec
-    task = checked_task(config)
+    task = checked_task(config) if task is None else task
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     model = build_model(config.model_family, dataclasses.replace(config.model), io)
     try:
