@@ -14,7 +14,7 @@ import torch
 
 from bench import devices
 from bench.config import CheckFailed, ConfigError, RunConfig, compose, first_line
-from bench.devices import local_rank, training_device, world_size
+from bench.devices import local_rank, rank_task, training_device, world_size
 from bench.memory import GIB, free_memory, memory_estimate
 from bench.records import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, Environment, make_environment,
                            code_of_this_process)
@@ -147,11 +147,8 @@ def checked_task(config):
     """The run's task, built as the run builds it (each rank samples its share of the global
     trainer.batch_size); a setting the task refuses is one line. The run trains on the one the
     checks built (checked_run, train.run's `task`): a run builds its task once."""
-    from tasks import task_families
     try:
-        return task_families()[config.task_family](
-            config.task, batch_size=config.trainer.batch_size // world_size(config),
-            seed=config.seed)
+        return rank_task(config)
     except ValueError as error:
         raise CheckFailed(f"task {config.task_name}: "
                           f"{first_line(error) or type(error).__name__}") from None

@@ -46,3 +46,12 @@ def local_rank() -> int:
         return int(os.environ.get("LOCAL_RANK", 0))
     except ValueError:
         return 0
+
+
+def rank_task(config):
+    """The run's task as each rank builds it: trainer.batch_size is the global batch, and each of
+    the world_size ranks samples its share (validated to divide evenly when the config was
+    composed). Built once per run, by the checks (bench.checks.checked_task)."""
+    from tasks import task_families
+    return task_families()[config.task_family](
+        config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)

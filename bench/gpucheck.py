@@ -350,11 +350,9 @@ def main(argv: list[str]) -> int:
     budget_end = time.monotonic() + float(options["budget"])
     scratch = Path(tempfile.mkdtemp(prefix="gpucheck-"))
     runs = scratch / "runs"
-    from bench.kernel_parity import stand_in_env
+    from bench.kernel_parity import missing_stand_ins, stand_in_env
     env = stand_in_env(os.environ)  # for mamba-ssm's CUDA-less install (see the docstring)
-    stand_ins = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                 if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    results: dict = {"options": options, "stand_ins": stand_ins, "sections": {}}
+    results: dict = {"options": options, "stand_ins": missing_stand_ins(), "sections": {}}
     for name in sections:
         left = budget_end - time.monotonic()
         if left < NEEDS[name]:

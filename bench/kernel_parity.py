@@ -10,8 +10,8 @@ Used three ways:
       TRITON_INTERPRET=1 python -m bench.kernel_parity [case ...]
 
   prints one JSON object: the import error (None when the kernel imports), the file of the
-  `mamba_ssm` package that was imported, and for each case (`mamba-float32`, `mamba-float16`, `mambazero-float32`, ...; default all four float32 and
-  float16 ones) the max abs errors of the kernel and of `ssd_chunked` against the float64
+  `mamba_ssm` package that was imported, and for each case (`mamba-float32`, `mamba-float16`,
+  `mambazero-float32`, ...; default all four float32 and float16 ones) the max abs errors of the kernel and of `ssd_chunked` against the float64
   `ssd_sequential` oracle, of the kernel against `ssd_chunked`, and the oracle's scale
   (max abs value) of each quantity. TRITON_INTERPRET=1 must be set before triton is imported,
   which is why this runs in its own process and never inside the test session.
@@ -84,15 +84,18 @@ def scan_shape(name: str) -> dict:
                 chunk_size=config["chunk_size"])
 
 
+def missing_stand_ins() -> list[str]:
+    """The stand-in folder of each module in STAND_INS that this interpreter cannot find (a
+    module that is installed is never shadowed)."""
+    return [str(folder) for folder in sorted(STAND_INS.iterdir())
+            if folder.is_dir() and importlib.util.find_spec(folder.name) is None]
+
+
 def stand_in_env(env: Mapping[str, str]) -> dict[str, str]:
     """A copy of `env` for a subprocess that imports mamba_ssm from the harness's install: its
-    PYTHONPATH starts with the stand-in folder of each module in STAND_INS that this interpreter
-    cannot find (a module that is installed is never shadowed), then what it held before. For
-    test and check harnesses only (tests/test_ssd.py, bench/gpucheck.py), never a run's own
-    environment."""
-    missing = [str(folder) for folder in sorted(STAND_INS.iterdir())
-               if folder.is_dir() and importlib.util.find_spec(folder.name) is None]
-    paths = missing + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    PYTHONPATH starts with missing_stand_ins(), then what it held before. For test and check
+    harnesses only (tests/test_ssd.py, bench/gpucheck.py), never a run's own environment."""
+    paths = missing_stand_ins() + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     out = dict(env)
     if paths:
         out["PYTHONPATH"] = os.pathsep.join(paths)

@@ -23,7 +23,7 @@ from bench.config import RunConfig, first_line
 from bench import reference_cache
 from bench.evaluate import probe_summary, score_predictions
 from bench.checks import check_resume, planned_environment
-from bench.devices import loader_workers, world_size
+from bench.devices import loader_workers, rank_task, world_size
 from bench.module import ICLModule
 from bench.records import SCHEMA, RunFailed, code_of_this_process, new_run_id, write_record
 from bench.runlog import RunLog, hyperparameters, make_logger, run_log_dir
@@ -33,7 +33,6 @@ from bench.validation import LiveValidation
 from models import build_model
 from models.backbone import Backbone, IOSpec
 from models.ssd import kernel_fallback
-from tasks import task_families
 from tasks.base import Task
 
 
@@ -65,12 +64,8 @@ def build(config: RunConfig, task: Task | None = None) -> tuple[Task, Backbone]:
     else it is built here, as they build it."""
     if config.trainer.threads > 0:
         torch.set_num_threads(config.trainer.threads)
-    # trainer.batch_size is the global batch: each of the world_size ranks samples its share
-    # (validated to divide evenly when the config was composed)
     if task is None:
-        task = task_families()[config.task_family](
-            config.task, batch_size=config.trainer.batch_size // world_size(config),
-            seed=config.seed)
+        task = rank_task(config)
     task.progress = config.trainer.progress  # for tasks with long preparation (text: tokenizing)
     task.loader_workers = loader_workers(config)
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-__all__ = ["Batch", "Reference", "Task", "task_families"]
 CONTRACT = ("Batch", "Reference", "Task")
+__all__ = [*CONTRACT, "task_families"]
 
 
 def __getattr__(name: str):
