@@ -148,7 +148,7 @@ def cmd_run(argv: list[str]) -> int:
     from bench.checks import checked_run
     config, task = checked_run(argv)  # every check a run makes before it starts, memory included
     if dry == "true":
-        print_config(config)
+        print_config(config, task)
         return 0
     from bench.report import print_run
     from bench.signals import end_distributed
@@ -162,7 +162,7 @@ def cmd_run(argv: list[str]) -> int:
     return 0
 
 
-def print_config(config) -> None:
+def print_config(config, task) -> None:
     """The composed config and the memory estimate the run was checked against, as one YAML
     document: what `run` would do, seen before it spends anything."""
     import yaml
@@ -170,7 +170,7 @@ def print_config(config) -> None:
     described = config.describe()
     described.pop("overrides")
     document = {**described, "out_dir": config.out_dir, "resume": config.resume,
-                "memory_estimate": memory_summary(config)}
+                "memory_estimate": memory_summary(config, task)}
     print(yaml.safe_dump(document, sort_keys=False), end="")
 
 

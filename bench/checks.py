@@ -98,8 +98,7 @@ def check_logger(config) -> None:
 def check_memory(config, task, device: str) -> None:
     """Refuses a run whose estimate exceeds the free memory of a side (the GPU this rank trains
     on, the host), naming the largest part and the option that shrinks it."""
-    free = free_memory(device)
-    estimate = memory_estimate(config, task, device, budget=free.get("device", free["host"]))
+    estimate, free = estimate_and_free(config, task, device)
     short = [(estimate.need(side, phase) / free[side], side, phase)
              for side in estimate.sides for phase in ("training", "evaluation")
              if free[side] is not None and estimate.need(side, phase) > free[side]]
@@ -154,13 +153,17 @@ def checked_task(config):
                           f"{first_line(error) or type(error).__name__}") from None
 
 
-def memory_summary(config) -> dict:
-    """check_memory's estimate of a run that passed it, per side and phase in GiB beside what
-    the side has free, and the largest part of each: what `run print_config=true` shows."""
-    device = check_hardware(config)
+def estimate_and_free(config, task, device: str):
+    """The run's memory estimate (bench.memory) and the free memory of each side it is held to."""
     free = free_memory(device)
-    estimate = memory_estimate(config, checked_task(config), device,
-                               budget=free.get("device", free["host"]))
+    return memory_estimate(config, task, device, budget=free.get("device", free["host"])), free
+
+
+def memory_summary(config, task) -> dict:
+    """check_memory's estimate of a run that passed it (its `task`: the one the checks built),
+    per side and phase in GiB beside what the side has free, and the largest part of each: what
+    `run print_config=true` shows."""
+    estimate, free = estimate_and_free(config, task, training_device(config))
     summary: dict = {"parameters": estimate.params}
     for side in estimate.sides:
         name = f"cuda:{local_rank()}" if side == "device" else "host"
@@ -252,12 +255,10 @@ def planned_environment(config) -> Environment:
     from models.ssd import resolve_kernel
     device = check_hardware(config)
     kernel = getattr(config.model, "kernel", None)
-    # this rank's GPU (Lightning gives rank r of a node the device LOCAL_RANK)
-    name = (torch.cuda.get_device_name(int(os.environ.get("LOCAL_RANK", 0)))
-            if device == "cuda" else "cpu")
+    name = torch.cuda.get_device_name(local_rank()) if device == "cuda" else "cpu"
     return make_environment(device, name,
-                        resolve_kernel(kernel, torch.device(device)) if kernel else None,
-                        config.trainer.precision, config.trainer.compile, config.trainer.tf32)
+                            resolve_kernel(kernel, torch.device(device)) if kernel else None,
+                            config.trainer.precision, config.trainer.compile, config.trainer.tf32)
 
 
 def _differences(saved, current, prefix: str) -> list[str]:

@@ -342,15 +342,16 @@ def device_name(device: str) -> str:
 
 def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone) -> dict:
     """The training part of the record, the resumed part of the run included."""
+    trained_on = getattr(module, "train_device", None)  # None: training never started
     return {"steps": int(trainer.global_step) if trainer is not None else 0,
             "wall_time_s": module.train_time(),
-            "device": getattr(module, "train_device", str(next(model.parameters()).device)),
-            "device_name": device_name(getattr(module, "train_device", "cpu")),
+            "device": trained_on or str(next(model.parameters()).device),
+            "device_name": device_name(trained_on or "cpu"),
             "world_size": trainer.world_size if trainer is not None else None,
             "precision": str(trainer.precision) if trainer is not None else None,
             "tf32": module.config.tf32,
             "compile": module.config.compile,
-            "kernel": scan_kernels(model, getattr(module, "train_device", "cpu")),
-            "kernel_fallback": kernel_fallback(getattr(module, "train_device", "cpu")),
+            "kernel": scan_kernels(model, trained_on or "cpu"),
+            "kernel_fallback": kernel_fallback(trained_on or "cpu"),
             "loss_curve": [list(point) for point in module.loss_curve],
             "val_curve": [list(point) for point in module.val_curve]}
