@@ -4,6 +4,7 @@ held-out evaluation as Trainer.test runs it."""
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import lightning as L
@@ -66,6 +67,11 @@ class ICLModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         self.train_device = str(self.device)  # Lightning moves the model back to the CPU later
+        if self.config.progress and self.trainer.is_global_zero and self.run_info.get("run_id"):
+            # progress: training has begun (a cold GPU start can take minutes of imports and
+            # kernel compilation before it)
+            print(f"training started: {self.run_info['run_id']}, step {self.global_step} of "
+                  f"{self.config.max_steps} on {self.device}", file=sys.stderr, flush=True)
 
     def on_fit_start(self) -> None:
         if self.trainer.world_size > 1:
@@ -91,7 +97,6 @@ class ICLModule(L.LightningModule):
         if step % self.config.log_every == 0:
             self.logged_loss = mean
             self.loss_curve.append((step, mean))
-            self.log("loss", mean, prog_bar=True, logger=False)  # the run log is RunLog's
         self._nonfinite_checks = self._nonfinite_checks + 1 if nonfinite else 0
         patience = NONFINITE_PATIENCE if self.config.precision == "16-mixed" else 1
         if self._nonfinite_checks >= patience:

@@ -17,10 +17,12 @@ import itertools
 import tempfile
 import time
 import warnings
+import weakref
 from collections import Counter
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench import reference_cache
 from bench.config import RunConfig
@@ -30,32 +32,106 @@ from tasks.base import TRAIN_STREAM, make_generator
 
 
 
-class HostSyncCounter(TorchFunctionMode):
-    """Counts the calls that make the host wait for the device, by where they come from: reading
-    a value (item, bool, int, float, tolist) and ops whose output size depends on the data
-    (nonzero, masked_select, unique, indexing with a boolean mask). On the CPU nothing waits,
-    so this is how a CPU run tells what a GPU run would wait for; tensors that stay on the host
-    in a GPU run too (`host`: the optimizer's step counters) are left out, and on CUDA only
-    reads of CUDA tensors count."""
+class HostSyncCounter:
+    """Counts, within a `with` block, what would make the host wait for a GPU, by op: reading a
+    value back (`_local_scalar_dense`: item, bool, int, float, and the reads C++ ops make
+    inside; `tolist`), ops whose output size depends on the data (nonzero, masked_select,
+    unique, indexing with a boolean mask), and blocking copies to the device: `Tensor.to`,
+    `cuda()` or `copy_` of a host tensor without non_blocking=True (a tensor is the device's when
+    it is in `resident`, the model's parameters, gradients and optimizer state, or an op in the
+    block made it; any other is the host's, e.g. a batch from the loader), any copy between two
+    devices, and `torch.tensor`/`as_tensor` with a device or `new_tensor` (Python data to the
+    device). On the CPU nothing waits, so this is how a CPU run tells what a GPU run would wait
+    for: every tensor counts, except `host` (ids of tensors that stay on the host in a GPU run
+    too: the optimizer's step counters); on CUDA only reads of CUDA tensors count. Reads are
+    seen at the dispatcher (torch_dispatch), calls and copies as Python makes them
+    (torch_function)."""
 
-    READS = {"item", "__bool__", "__int__", "__float__", "__index__", "tolist"}
-    DATA_SHAPED = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"}
+    READS = {"_local_scalar_dense"}
+    DATA_SHAPED = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
+                   "_unique", "_unique2", "unique_dim", "nonzero_static"}
+    CALLED_READS = {"tolist", "cpu"}
+    CREATED = {"tensor", "as_tensor"}
 
-    def __init__(self, host: set[int]):
-        super().__init__()
-        self.host, self.calls = host, Counter()
+    def __init__(self, host: set[int], resident: set[int] = frozenset()):
+        self.host, self.resident, self.calls = host, resident, Counter()
+        self.made: dict[int, weakref.ref] = {}  # tensors an op made in the block: the device's
+        counter = self
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        first = args[0] if args else None
-        if isinstance(first, torch.Tensor) and id(first) not in self.host \
-                and (first.is_cuda or not torch.cuda.is_initialized()):
-            boolean_index = name in ("__getitem__", "__setitem__") and len(args) > 1 and any(
-                isinstance(i, torch.Tensor) and i.dtype == torch.bool
-                for i in (args[1] if isinstance(args[1], tuple) else (args[1],)))
-            if name in self.READS or name in self.DATA_SHAPED or boolean_index:
-                self.calls[name] += 1
-        return func(*args, **(kwargs or {}))
+        class Calls(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                name = getattr(func, "__name__", "")
+                first = args[0] if args else None
+                if counter._counts(first):
+                    if name in counter.CALLED_READS or name == "new_tensor":
+                        counter.calls[name] += 1
+                    elif name in ("to", "cuda", "copy_") and counter._blocking_copy(
+                            name, first, args[1:], kwargs):
+                        counter.calls[f"{name} (blocking)"] += 1
+                elif name in counter.CREATED and kwargs.get("device") is not None:
+                    counter.calls[name] += 1
+                return func(*args, **kwargs)
+
+        class Dispatch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func.overloadpacket.__name__
+                first = args[0] if args else None
+                if counter._counts(first):
+                    boolean_index = name == "index" and len(args) > 1 and any(
+                        isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                        for i in args[1] if i is not None)
+                    if name in counter.READS or name in counter.DATA_SHAPED or boolean_index:
+                        counter.calls[name if not boolean_index else "index (boolean mask)"] += 1
+                out = func(*args, **(kwargs or {}))
+                for tensor in (out if isinstance(out, (tuple, list)) else (out,)):
+                    if isinstance(tensor, torch.Tensor):
+                        counter.made[id(tensor)] = weakref.ref(tensor)
+                return out
+
+        self.modes = (Calls(), Dispatch())
+
+    def _counts(self, tensor) -> bool:
+        return (isinstance(tensor, torch.Tensor) and id(tensor) not in self.host
+                and (tensor.is_cuda or not torch.cuda.is_initialized()))
+
+    def _blocking_copy(self, name: str, source: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+        """Whether source.to / .cuda / .copy_(*args, **kwargs) would make the host wait: it
+        moves data between devices, or a host tensor to the device, without non_blocking."""
+        if kwargs.get("non_blocking", False) or any(a is True for a in args):
+            return False
+        if name == "copy_":
+            other = args[0] if args else kwargs.get("src")
+            return isinstance(other, torch.Tensor) and other.device != source.device
+        if name == "cuda":
+            target = torch.device("cuda")
+        else:
+            target = kwargs.get("device")
+            for a in args:
+                if isinstance(a, torch.Tensor):
+                    target = a.device
+                elif isinstance(a, (torch.device, str)) or (isinstance(a, int)
+                                                           and not isinstance(a, bool)):
+                    target = a
+            if target is None:
+                return False  # a change of dtype only
+            target = torch.device(target) if not isinstance(target, int) \
+                else torch.device("cuda", target)
+        if target.type != source.device.type:
+            return True
+        made = self.made.get(id(source))
+        return id(source) not in self.resident and (made is None or made() is not source)
+
+    def __enter__(self):
+        for mode in self.modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for mode in reversed(self.modes):
+            mode.__exit__(*exc)
+        return False
+
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -212,40 +288,44 @@ def sampler_cost(task, repeats: int = 10) -> dict:
 
 
 def step_profile(config: RunConfig, steps: int = 4) -> dict:
-    """The aten calls and host synchronisations of one training step away from logging steps, as
-    Lightning runs it (forward, loss, backward, clipping, AdamW, callbacks; not the batch fetch,
-    which loader workers make elsewhere): a short fit with log_every beyond its steps, profiled
-    at its second-to-last step. On CUDA also the synchronisations
+    """The aten calls and host synchronisations of one whole training step away from logging
+    steps, as Lightning runs it: from the end of one step to the end of the next, so the batch
+    fetch, its copy to the device, forward, loss, backward, clipping, AdamW, the callbacks, the
+    progress bar and the logger's end of the batch are all in it (a short fit with log_every
+    beyond its steps, its log in a scratch folder). On CUDA also the synchronisations
     torch.cuda.set_sync_debug_mode("warn") reports in that step."""
+    import io
+
     import lightning as L
 
     from bench.module import ICLModule
     from bench.train import make_trainer, quiet_lightning
 
-    probe_step = steps - 2
-    config = dataclasses.replace(config, trainer=dataclasses.replace(
-        config.trainer, max_steps=steps, log_every=steps + 1, progress=False, logger="none",
-        checkpoint_every=0))
+    probe_step = steps - 2  # the step profiled: neither the first (a logging step) nor the last
     found: dict = {}
 
     class Probe(L.Callback):
-        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            # global_step counts the steps made: probe_step when the one before it has ended
             if trainer.global_step == probe_step:
                 self.profiler = torch.profiler.profile(
                     activities=[torch.profiler.ProfilerActivity.CPU])
                 self.profiler.__enter__()
                 counters = {id(state["step"]) for optimizer in trainer.optimizers
                             for state in optimizer.state.values() if "step" in state}
-                self.syncs = HostSyncCounter(counters)
+                resident = {id(t) for t in [*module.parameters(), *module.buffers()]}
+                resident |= {id(p.grad) for p in module.parameters() if p.grad is not None}
+                resident |= {id(v) for optimizer in trainer.optimizers
+                             for state in optimizer.state.values() for v in state.values()
+                             if isinstance(v, torch.Tensor)}
+                self.syncs = HostSyncCounter(counters, resident - counters)
                 self.syncs.__enter__()
                 self.caught = warnings.catch_warnings(record=True)
                 found["warnings"] = self.caught.__enter__()
                 warnings.simplefilter("always")
                 if module.device.type == "cuda":
                     torch.cuda.set_sync_debug_mode("warn")
-
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            if trainer.global_step - 1 == probe_step:  # global_step counts the step just made
+            elif trainer.global_step == probe_step + 1:
                 if module.device.type == "cuda":
                     torch.cuda.set_sync_debug_mode("default")
                 self.caught.__exit__(None, None, None)
@@ -257,15 +337,24 @@ def step_profile(config: RunConfig, steps: int = 4) -> dict:
 
     quiet_lightning()
     apply_tf32_policy(config.trainer.tf32)
-    task, model = build(config)
-    module = ICLModule(model, task, config.trainer)
-    trainer = make_trainer(config, "step-profile")
-    trainer.callbacks.append(Probe())
-    trainer.fit(module, datamodule=task)
+    with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):
+        config = dataclasses.replace(config, out_dir=scratch, trainer=dataclasses.replace(
+            config.trainer, max_steps=steps, log_every=steps + 1, progress=True,
+            checkpoint_every=0, val_every=0,
+            # the batches sampled in a loader worker, as on a GPU: the sampler's own ops are
+            # CPU work there, never the device's
+            loader_workers=max(1, config.trainer.loader_workers)))
+        task, model = build(config)
+        module = ICLModule(model, task, config.trainer)
+        trainer = make_trainer(config, "step-profile")
+        trainer.callbacks.append(Probe())
+        trainer.fit(module, datamodule=task)
     ops = found["ops"]
     cuda_syncs = [str(w.message).splitlines()[0] for w in found["warnings"]
                   if "synchroniz" in str(w.message)]
     return {"aten_calls": sum(ops.values()), "host_syncs": sum(found["syncs"].values()),
+            "progress_bar": any(isinstance(c, L.pytorch.callbacks.ProgressBar)
+                                for c in trainer.callbacks),
             "sync_ops": found["syncs"], "cuda_sync_warnings": len(cuda_syncs),
             "cuda_sync_examples": sorted(set(cuda_syncs))[:5]}
 

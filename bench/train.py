@@ -23,7 +23,7 @@ from bench.config import RunConfig, first_line
 from bench import reference_cache
 from bench.evaluate import probe_summary, score_predictions
 from bench.checks import check_resume, planned_environment
-from bench.devices import loader_workers, rank_task, world_size
+from bench.devices import loader_workers, local_rank, rank_task, training_device, world_size
 from bench.module import ICLModule
 from bench.records import SCHEMA, RunFailed, code_of_this_process, new_run_id, write_record
 from bench.runlog import RunLog, hyperparameters, make_logger, run_log_dir
@@ -71,6 +71,11 @@ def build(config: RunConfig, task: Task | None = None) -> tuple[Task, Backbone]:
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     torch.manual_seed(config.seed)  # parameter initialisation
     model = build_model(config.model_family, config.model, io)
+    if training_device(config) == "cuda":  # kernel=auto made concrete before any tracing
+        from models.mamba import resolve_scan_kernels
+        dtype = torch.float64 if config.trainer.precision in ("64-true", "64") else torch.float32
+        resolve_scan_kernels(model, torch.device("cuda", local_rank()), task.batch_size,
+                             task.seq_len, dtype)
     if config.trainer.compile:
         # in place: parameter names (checkpoints) stay those of the eager model
         model.compile()
@@ -81,6 +86,16 @@ class StderrProgressBar(L.pytorch.callbacks.TQDMProgressBar):
     """Lightning's bars on stderr, not stdout: `run ... > log.txt` keeps only the results. Each
     bar is Lightning's own, made while sys.stdout names stderr (Lightning passes file=sys.stdout
     when it makes one)."""
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        """The bar's numbers: Lightning's, and the training loss of the last logging step as
+        ICLModule read it back there (a Python float: logging it through self.log would keep a
+        device tensor that the bar reads back with .item() at every step)."""
+        metrics = super().get_metrics(trainer, pl_module)
+        loss = getattr(pl_module, "logged_loss", None)
+        if loss is not None:
+            metrics["loss"] = loss
+        return metrics
 
     def init_sanity_tqdm(self):
         with contextlib.redirect_stdout(sys.stderr):
@@ -328,7 +343,7 @@ def scan_kernels(model: Backbone, device: str) -> str | None:
     mamba_ssm), "+"-joined if they differ; None for models without one."""
     from models.mamba import Mamba2Mixer
     from models.ssd import resolve_kernel
-    used = sorted({resolve_kernel(module.kernel, torch.device(device))
+    used = sorted({resolve_kernel(module.scan_kernel(device), torch.device(device))
                    for module in model.modules() if isinstance(module, Mamba2Mixer)})
     return "+".join(used) or None
 

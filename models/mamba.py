@@ -111,6 +111,9 @@ class Mamba2Mixer(nn.Module):
         self.nheads = self.d_inner // headdim
         self.conv_dim = self.d_inner + 2 * ngroups * d_state  # x, B and C go through the conv
         self.d_conv, self.chunk_size, self.kernel = d_conv, chunk_size, kernel
+        # what `kernel` resolved to per device type (resolve_scan_kernels, when a run builds the
+        # model); a device type not in it resolves at the scan (models.ssd.ssd_scan)
+        self.resolved_kernels: dict[str, str] = {}
         self.gate, self.decay = gate, decay
         self.activation_name, self.act = activation, ACTIVATIONS[activation]
 
@@ -142,6 +145,10 @@ class Mamba2Mixer(nn.Module):
             if p is not None:
                 p._no_weight_decay = True
         mark_recurrent(self.A_log, self.dt_bias)  # a_t = exp(-exp(A_log) softplus(dt + dt_bias))
+
+    def scan_kernel(self, device: torch.device) -> str:
+        """The scan implementation this mixer runs on `device`: its resolution there, if made."""
+        return self.resolved_kernels.get(torch.device(device).type, self.kernel)
 
     def state_size(self) -> int:
         """Floats carried between steps: the SSM state and the last d_conv-1 conv inputs."""
@@ -187,7 +194,7 @@ class Mamba2Mixer(nn.Module):
         y, _ = ssd_scan(x.unflatten(-1, (self.nheads, self.headdim)), dt, self.decay_rate(),
                         B.unflatten(-1, (self.ngroups, self.d_state)),
                         C.unflatten(-1, (self.ngroups, self.d_state)),
-                        D=self.D, chunk_size=self.chunk_size, kernel=self.kernel)
+                        D=self.D, chunk_size=self.chunk_size, kernel=self.scan_kernel(u.device))
         y = y.flatten(-2)
         gate = z if self.gate else None
         if self.norm is not None:
@@ -195,6 +202,28 @@ class Mamba2Mixer(nn.Module):
         elif gate is not None:
             y = y * self.act(gate)
         return self.out_proj(y)
+
+
+def resolve_scan_kernels(model: nn.Module, device: torch.device | str, batch: int, length: int,
+                         dtype: torch.dtype = torch.float32) -> dict[str, str]:
+    """Each Mamba-2 mixer's scan kernel made concrete for `device` before the model runs there
+    (a run does this when it builds its model): "auto" becomes the mamba_ssm kernel on CUDA when
+    it imports and a forward and backward call at the mixer's own scan shape, (batch, length)
+    sequences, runs (that call is also the Triton autotuning the first training step would do),
+    else torch. Done here rather than inside the first forward, where torch.compile would be
+    tracing and the smoke test's backward and synchronisation would land in the trace. Returns
+    {mixer name: kernel}; other device types keep resolving at the scan."""
+    from models.ssd import resolve_kernel
+    device = torch.device(device)
+    chosen = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Mamba2Mixer):
+            shape = (batch, length, module.nheads, module.headdim, module.ngroups, module.d_state,
+                     module.chunk_size)
+            module.resolved_kernels[device.type] = resolve_kernel(module.kernel, device, dtype,
+                                                                  shape=shape)
+            chosen[name] = module.resolved_kernels[device.type]
+    return chosen
 
 
 # ---------------------------------------------------------------------------------------------

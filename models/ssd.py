@@ -241,15 +241,25 @@ def _ssd_mamba_ssm(x, dt, A, B, C, D, initial_state, chunk_size) -> tuple[Tensor
     return _call_mamba_chunk_scan(x, dt, A, B, C, D, initial_state, chunk_size)
 
 
-def _smoke_test_kernel(device: torch.device) -> str | None:
-    """Why the mamba_ssm kernel cannot train on `device` (it imports but a tiny forward and
-    backward call fails: a Triton or driver mismatch), or None when it runs."""
+def _smoke_test_kernel(device: torch.device, shape: tuple[int, ...] | None = None) -> str | None:
+    """Why the mamba_ssm kernel cannot train on `device` (it imports but a forward and backward
+    call fails: a Triton or driver mismatch), or None when it runs. `shape`: (batch, length,
+    heads, headdim, groups, states, chunk_size) of the scan a model will run, called with inputs
+    laid out as the mixer lays them out (x, B, C views of one tensor), so that the autotuning
+    this first call does (Triton tunes per shape and specialises on sizes) is the one training
+    needs rather than a separate tuning of a toy shape; default a tiny one."""
+    batch, length, heads, headdim, groups, states, chunk = shape or (1, 16, 1, 16, 1, 16, 16)
     try:
         g = torch.Generator(device=device).manual_seed(0)
-        x = torch.randn(1, 16, 1, 16, device=device, generator=g, requires_grad=True)
-        dt = torch.rand(1, 16, 1, device=device, generator=g) + 0.1
-        B, C = (torch.randn(1, 16, 1, 16, device=device, generator=g) for _ in range(2))
-        y, _ = _ssd_mamba_ssm(x, dt, -torch.ones(1, device=device), B, C, None, None, 16)
+        width = heads * headdim + 2 * groups * states
+        xBC = torch.randn(batch, length, width, device=device, generator=g, requires_grad=True)
+        x, B, C = torch.split(xBC, [heads * headdim, groups * states, groups * states], dim=-1)
+        dt = torch.rand(batch, length, heads, device=device, generator=g) + 0.1
+        A = -torch.ones(heads, device=device)
+        D = torch.ones(heads, device=device)
+        y, _ = _ssd_mamba_ssm(x.unflatten(-1, (heads, headdim)), dt, A,
+                              B.unflatten(-1, (groups, states)), C.unflatten(-1, (groups, states)),
+                              D, None, chunk)
         y.sum().backward()
         torch.cuda.synchronize(device)
     except Exception as error:  # any failure to launch means: do not use it for training
@@ -257,11 +267,15 @@ def _smoke_test_kernel(device: torch.device) -> str | None:
     return None
 
 
-def resolve_kernel(kernel: str, device: torch.device,
-                   dtype: torch.dtype = torch.float32) -> str:
+_smoke_tested: set[tuple] = set()  # (device type, shape) whose smoke test has run
+
+
+def resolve_kernel(kernel: str, device: torch.device, dtype: torch.dtype = torch.float32,
+                   shape: tuple[int, ...] | None = None) -> str:
     """The implementation `kernel` means for tensors on device: "auto" is the mamba_ssm kernel on
-    CUDA when it imports and a tiny call of it runs (checked once per process and device type;
-    `kernel_fallback` says why not), otherwise torch; the others are themselves."""
+    CUDA when it imports and a call of it runs (checked once per process and device type, and
+    once more per `shape` given, see _smoke_test_kernel; `kernel_fallback` says why not),
+    otherwise torch; the others are themselves."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown SSD kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
     if kernel != "auto":
@@ -269,17 +283,22 @@ def resolve_kernel(kernel: str, device: torch.device,
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return "torch"
     device = torch.device(device)
-    if device.type not in _auto_cache:
-        choice = "torch"
-        if device.type == "cuda":
-            reason = mamba_ssm_kernel_error() or _smoke_test_kernel(device)
-            if reason is None:
-                choice = "mamba_ssm"
-            elif mamba_ssm_kernel_error() is None:  # installed but broken: worth a warning
+    if device.type != "cuda":
+        return _auto_cache.setdefault(device.type, "torch")
+    tested = (device.type, shape)
+    if device.type not in _auto_cache or (_auto_cache[device.type] == "mamba_ssm"
+                                          and shape is not None and tested not in _smoke_tested):
+        reason = mamba_ssm_kernel_error()
+        if reason is None:
+            _smoke_tested.add(tested)
+            reason = (_smoke_test_kernel(device, shape) if shape is not None
+                      else _smoke_test_kernel(device))
+            if reason is not None:  # installed but broken: worth a warning
                 _auto_fallback[device.type] = reason
                 warnings.warn(f"model.kernel=auto: the mamba_ssm kernel imports but does not run "
                               f"on {device} ({reason}); using the pure-PyTorch scan")
-        _auto_cache[device.type] = choice
+        if device.type not in _auto_cache or reason is not None:
+            _auto_cache[device.type] = "mamba_ssm" if reason is None else "torch"
     return _auto_cache[device.type]
 
 

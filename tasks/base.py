@@ -64,9 +64,15 @@ class Batch:
     def __len__(self) -> int:
         return self.inputs.shape[0]
 
-    def to(self, device: torch.device | str) -> "Batch":
-        return Batch(self.inputs.to(device), self.targets.to(device), self.loss_mask.to(device),
-                     {k: v.to(device) for k, v in self.latent.items()})
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        """A copy on `device`. non_blocking=True (what a training step's copy uses): a copy
+        from page-locked memory to a GPU is queued without making the host wait, so the
+        pinned memory of the training loader buys its overlap; from pageable memory it is
+        still safe. (Never for copies back to the host, whose values would be read early.)"""
+        def move(t: Tensor) -> Tensor:
+            return t.to(device, non_blocking=non_blocking)
+        return Batch(move(self.inputs), move(self.targets), move(self.loss_mask),
+                     {k: move(v) for k, v in self.latent.items()})
 
     def pin_memory(self) -> "Batch":
         """A copy in page-locked memory (a DataLoader with pin_memory=True calls this), so the
@@ -303,6 +309,19 @@ class Task(L.LightningDataModule, abc.ABC):
         batch), from the CPU generator of (seed, rank, step): reproducible and resumable."""
         generator = make_generator(TRAIN_STREAM, self.seed, rank, step)
         return self.sample_train(self.batch_size, generator, pool)
+
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        """Every tensor of a Batch (and of the test loader's (index, Batch) pairs) copied to the
+        device without blocking: Lightning's own copy would treat a Batch as one object with a `to`
+        and call it blocking, a host synchronisation per tensor and step."""
+        if isinstance(batch, Batch):
+            return batch.to(device, non_blocking=True)
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(self.transfer_batch_to_device(b, device, dataloader_idx)
+                               for b in batch)
+        if isinstance(batch, Tensor):
+            return batch.to(device, non_blocking=True)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def train_dataloader(self):
         """Batches from step `global_step` on (a resumed run continues the stream), sampled in

@@ -1,7 +1,10 @@
 """A training step never makes the host wait for the device, outside logging steps: no value is
-read back (item, bool, int, float), no op has a data-dependent output size (nonzero, boolean-mask
-indexing). Counted on the CPU by bench.speed.step_profile, the way a GPU run would wait, for one
-step of every task family and of every model family, as Lightning runs it."""
+read back (item, bool, int, float, tolist), no op has a data-dependent output size (nonzero,
+boolean-mask indexing), no copy to the device blocks (every tensor of a Batch is copied with
+non_blocking=True; the progress bar's loss is a float, not a logged device tensor). Counted on
+the CPU by bench.speed.step_profile, the way a GPU run would wait, for one whole step (fetch,
+copy, step, callbacks, progress bar, logger) of every task family and of every model family, as
+Lightning runs it."""
 import pytest
 
 from bench.checks import compose_checked
@@ -32,6 +35,7 @@ def test_no_host_sync_in_a_training_step_of_any_task(task):
     profile = step_profile(config)
     assert profile["host_syncs"] == 0, profile["sync_ops"]
     assert profile["aten_calls"] > 0
+    assert profile["progress_bar"], "the step profiled runs with the progress bar"
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -55,7 +59,7 @@ def test_the_counter_sees_a_host_sync(monkeypatch):
 
     monkeypatch.setattr(bench.module, "masked_loss", reading)
     profile = step_profile(compose_checked(["task.seq_len=32", *TINY]))
-    assert profile["sync_ops"] == {"__float__": 1}
+    assert profile["sync_ops"] == {"_local_scalar_dense": 1}  # float() reads the value
 
 
 @pytest.mark.parametrize("task", ["markov", "switching_markov", "hmm", "lgssm", "lgssm_colored"])
@@ -67,3 +71,60 @@ def test_a_training_batch_is_a_few_hundred_ops_not_a_loop_over_time(task):
     from bench.train import build
     sampled, _ = build(compose_checked([f"task={task}"]))
     assert sampler_cost(sampled, repeats=1)["aten_calls"] < 1500
+
+
+def test_the_counter_sees_a_blocking_copy_of_the_batch(monkeypatch):
+    """A Batch copied the way Lightning would copy it by itself (Batch.to, blocking): one
+    blocking copy per tensor of the training batch."""
+    from tasks.base import Task
+
+    monkeypatch.setattr(Task, "transfer_batch_to_device",
+                        lambda self, batch, device, index: batch.to(device))
+    profile = step_profile(compose_checked(["task.seq_len=32", *TINY]))
+    assert profile["sync_ops"] == {"to (blocking)": 3}  # inputs, targets, loss_mask
+
+
+def test_the_counter_sees_a_logged_device_tensor_read_by_the_progress_bar(monkeypatch):
+    """The loss logged the usual Lightning way (self.log(..., prog_bar=True) of a device tensor)
+    is read back with .item() by the progress bar at every step: counted."""
+    import bench.module
+
+    real = bench.module.ICLModule.training_step
+
+    def logging(self, batch, batch_idx):
+        loss = real(self, batch, batch_idx)
+        self.log("loss_every_step", loss.detach(), prog_bar=True, logger=False)
+        return loss
+
+    monkeypatch.setattr(bench.module.ICLModule, "training_step", logging)
+    profile = step_profile(compose_checked(["task.seq_len=32", *TINY]))
+    assert profile["sync_ops"].get("_local_scalar_dense", 0) >= 1, profile["sync_ops"]
+
+
+def test_every_tensor_of_a_batch_is_copied_without_blocking():
+    """Task.transfer_batch_to_device (what Lightning calls for every training and test batch)
+    copies each tensor of a Batch, latent included, and of the test loader's (index, Batch)
+    pairs with non_blocking=True."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from bench.train import build
+
+    calls = []
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") == "to":
+                calls.append((id(args[0]), (kwargs or {}).get("non_blocking")))
+            return func(*args, **(kwargs or {}))
+
+    task, _ = build(compose_checked(["task.seq_len=16", *TINY]))
+    batch = task.held_out(2)
+    tensors = [batch.inputs, batch.targets, batch.loss_mask, *batch.latent.values()]
+    index = torch.arange(2)
+    with Spy():
+        task.transfer_batch_to_device(batch, torch.device("cpu"), 0)
+        task.transfer_batch_to_device((index, batch), torch.device("cpu"), 0)
+    assert batch.latent, "the held-out batch carries its latent"
+    expected = [id(t) for t in tensors]
+    assert calls == [(i, True) for i in expected + [id(index)] + expected]
