@@ -343,3 +343,54 @@ def test_auto_falls_back_to_torch_when_the_kernel_imports_but_does_not_run(monke
     monkeypatch.setattr(ssd, "_auto_cache", {})
     monkeypatch.setattr(ssd, "_smoke_test_kernel", lambda device: None)
     assert ssd.resolve_kernel("auto", torch.device("cuda")) == "mamba_ssm"
+
+
+def test_a_run_resolves_auto_when_it_builds_its_model_at_the_models_own_scan_shape(monkeypatch):
+    """On CUDA, train.build makes kernel=auto concrete before anything runs (not inside the first
+    forward, where torch.compile would be tracing), smoke-testing the kernel at each mixer's own
+    scan shape (the per-rank batch, the sequence length, heads, headdim, groups, states, chunk),
+    so the autotuning of that call is the one training needs; each shape is tested once. The CPU
+    keeps resolving at the scan, so a model trained on CUDA still runs on the CPU."""
+    import bench.train
+    from bench.checks import compose_checked
+    from models.mamba import Mamba2Mixer
+
+    monkeypatch.setattr(ssd, "_auto_cache", {})
+    monkeypatch.setattr(ssd, "_auto_fallback", {})
+    monkeypatch.setattr(ssd, "_smoke_tested", set())
+    monkeypatch.setattr(ssd, "mamba_ssm_kernel_error", lambda: None)
+    shapes = []
+    monkeypatch.setattr(ssd, "_smoke_test_kernel",
+                        lambda device, shape=None: shapes.append((device.type, shape)))
+    monkeypatch.setattr(bench.train, "training_device", lambda config: "cuda")
+    config = compose_checked(["model=mamba", "model.n_layers=2", "task.seq_len=48",
+                              "trainer.batch_size=6", "trainer.compile=false"])
+    task, model = bench.train.build(config)
+    mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
+    assert len(mixers) == 2 and all(m.kernel == "auto" for m in mixers)
+    assert all(m.scan_kernel(torch.device("cuda")) == "mamba_ssm" for m in mixers)
+    assert all(m.scan_kernel(torch.device("cpu")) == "auto" for m in mixers)  # resolved at scan
+    m = mixers[0]
+    assert shapes == [("cuda", (6, 48, m.nheads, m.headdim, m.ngroups, m.d_state, m.chunk_size))]
+    assert bench.train.scan_kernels(model, "cuda:0") == "mamba_ssm"
+    assert bench.train.scan_kernels(model, "cpu") == "torch"
+    model(task.training_batch(0).inputs)  # the CPU forward of the CUDA-resolved model runs
+
+
+def test_a_shape_whose_smoke_test_fails_falls_back_with_its_reason(monkeypatch):
+    from models.mamba import resolve_scan_kernels
+    from models.backbone import IOSpec
+    from models import build_model
+    from bench.checks import compose_checked
+
+    monkeypatch.setattr(ssd, "_auto_cache", {"cuda": "mamba_ssm"})
+    monkeypatch.setattr(ssd, "_auto_fallback", {})
+    monkeypatch.setattr(ssd, "_smoke_tested", set())
+    monkeypatch.setattr(ssd, "mamba_ssm_kernel_error", lambda: None)
+    monkeypatch.setattr(ssd, "_smoke_test_kernel",
+                        lambda device, shape=None: "OutOfResources: shared memory")
+    config = compose_checked(["model=mamba", "task.seq_len=32"])
+    model = build_model(config.model_family, config.model, IOSpec("tokens", 4, 4, 32))
+    with pytest.warns(UserWarning, match="does not run on cuda"):
+        assert set(resolve_scan_kernels(model, "cuda", 2, 32).values()) == {"torch"}
+    assert ssd.kernel_fallback("cuda") == "OutOfResources: shared memory"
