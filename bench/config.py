@@ -34,6 +34,7 @@ BOOLEANS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 # The values TrainerConfig accepts (bench/checks.py checks what this machine can do with them).
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
+PROCESS_GROUP_BACKENDS = ("auto", "nccl", "gloo")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true", "64")
 LOGGERS = ("csv", "tensorboard", "wandb", "none")
 
@@ -74,6 +75,9 @@ class TrainerConfig:
     devices: int = 1  # -1: all visible devices
     num_nodes: int = 1
     strategy: str = "auto"  # auto | ddp | ddp_spawn | ddp_find_unused_parameters_true
+    # DDP's collectives: auto = Lightning's (nccl on GPUs, gloo on CPUs); gloo also runs over
+    # CUDA tensors, e.g. several processes sharing one GPU (python -m bench gpucheck)
+    process_group_backend: str = "auto"  # auto | nccl | gloo
     precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA) | 64-true
     tf32: bool = False  # CUDA: float32 matmuls/convolutions/Triton dots on TF32 tensor cores
     compile: bool = False  # torch.compile the model (training and evaluation); README "Compile"
@@ -116,6 +120,7 @@ class TrainerConfig:
         if self.devices == 0 or self.devices < -1:
             raise ValueError(f"trainer.devices must be >= 1, or -1 for all, got {self.devices}")
         for name, allowed in (("accelerator", ACCELERATORS), ("strategy", STRATEGIES),
+                              ("process_group_backend", PROCESS_GROUP_BACKENDS),
                               ("precision", PRECISIONS), ("logger", LOGGERS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"trainer.{name} must be one of {', '.join(allowed)}, got "

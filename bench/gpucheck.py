@@ -1,51 +1,73 @@
-"""python -m bench gpucheck: every check of the GPU path in one command, within a time budget.
+"""python -m bench gpucheck: the GPU path checked in one call that fits a device lease.
 
-    python -m bench gpucheck [sections=env,parity,speed,lm,paper,ddp,text,suite] [budget=540]
-                             [out=gpucheck] [steps=20] [tokenizer_file=<GPT-2 tokenizer.json>]
-                             [suite=paper000_gpu] [suite_entries=1-5]
+    python -m bench gpucheck [sections=env,tiny,paper,ddp,warm,parity,speed,lm,text,suite]
+                             [budget=450] [out=$OUT, else runs/gpucheck] [steps=20]
+                             [suite=paper000_gpu] [suite_entries=1-3] [tokenizer_file=]
 
-Each section runs in its own process (a crash, a hang or a process-wide setting such as the TF32
-policy stays inside it), in order, until the budget in seconds is spent; a section that would
-start with less than its usual time left is skipped and says so. What each measures:
+A lent GPU comes for minutes, starts bare and cold, and its output comes back cut to its end, so
+this command is built to give figures from its first call:
 
-- env:    the device, driver, package versions, whether mamba-ssm's kernel imports and runs, the
-          code version records will carry (git);
+- Sections run most valuable first, each in its own process group with a cap: at the cap the whole
+  group (the section, the runs it started, their DDP ranks and loader workers) gets SIGTERM, then
+  SIGKILL 5 s later, and the next section starts on a machine with nothing of it left. A section
+  that would start with less than it needs of the budget is skipped and says so; on a machine
+  without CUDA the CUDA-only sections say "needs CUDA" and the others run on the CPU (a rehearsal).
+- Every figure is a row appended to `<out>/rows.jsonl` (flushed and synced) the moment it is
+  measured, so a section killed mid-way keeps what it measured; `<out>/gpucheck.json` (written
+  whole after every section) gathers the rows by section, `<out>/log.txt` keeps each section's
+  output, `<out>/records.tar.gz` the records and logs of its runs (no weights). `out` defaults to
+  `$OUT`, the folder a device call brings back. The printed summary ends with a table of every row
+  short enough to survive a 12,000-character tail.
+- Triton: one compile cache for the whole call (TRITON_CACHE_DIR) with autotuning results cached
+  on disk (TRITON_CACHE_AUTOTUNING=1). A cold autotune of mamba-ssm's SSD kernel compiles ~110
+  configurations per scan shape (forward and backward), minutes of one core (bench/
+  triton_compile_cost.py measures it without a GPU), so `warm` compiles them for the shapes the
+  later sections train in parallel processes first (process i compiles configuration i of every
+  kernel, kernel_parity.pin_configs), and `parity` checks the arithmetic at one fixed
+  configuration per kernel, one process per shape.
+- No hub: HF_HUB_OFFLINE=1; the language-model sections read Python's own help texts (task=pydoc)
+  in a byte-level BPE the project trains on them with GPT-2's vocabulary size (50257), or a local
+  tokenizer.json given as tokenizer_file.
+
+Sections (what each measures):
+- env:    device, driver, versions, whether mamba-ssm's kernel imports, the code version;
+- tiny:   a short run of the paper's Markov config on the device, the pure-PyTorch scan: the
+          whole path (sampling in loader workers, training, evaluation, record) and its step rate;
+- paper:  `run trainer=paper` (paper 000 Table 7) with as many of its 10k steps as fit its cap at
+          the tiny run's rate, and the projected time of all 10k;
+- ddp:    two processes sharing the device (gloo over its tensors: DDP's all-reduce, the signal
+          agreement, the evaluation's gather), SIGTERM to one rank of such a run once training
+          has started (its own "training started" line), NCCL with devices=1 (CUDA), and SIGTERM
+          to a one-process run;
+- warm:   the parallel Triton compile above, then the autotuning of each shape on the compiled
+          cache (how long a cold and a warm autotune take);
 - parity: mamba-ssm's `mamba_chunk_scan_combined` vs our chunked scan vs the float64 sequential
-          oracle, forward and backward, float32 / bfloat16 / float16, on the scan shapes of
-          `mamba`, `mambazero`, `mamba_lm14m` (bench/kernel_parity.py), as the models call it
-          (inputs upcast to float32) and raw (the kernel on bf16/fp16 inputs); with TF32 off
-          and on; then the CUDA parity tests of tests/test_ssd.py;
-- speed:  ms/step and tokens/s of the paper's Markov config (1 layer, batch 64, T 256) and of a
-          4-layer d_model 256 Mamba at T 1024, for kernel torch / mamba_ssm x 32-true /
-          bf16-mixed x compile off / on, with the peak GPU memory; the sampler's cost, the
-          share of a step it would take, and the host synchronisations of one training step
-          (bench.speed.step_profile, CUDA sync debug mode);
-- lm:     the language-model presets (GPT-2 vocabulary: `tokenizer_file=`) at T 256 in bf16:
-          tokens/s (compile off/on), peak memory against the pre-run estimate, the projected
-          time of suite paper000_text;
-- paper:  `python -m bench run trainer=paper` end to end (10k steps, order 1, batch 64);
-- ddp:    `trainer=ddp trainer.devices=1` end to end (NCCL), and SIGTERM to a run on the GPU;
-- text:   a short GPT-2-tokenised language-model run of `mamba_lm14m` on Python's own help
-          texts (task=pydoc, on every machine), the whole text path on the GPU;
-- suite:  entries of `suite name=paper000_gpu` (or `suite=<name>`) while the budget lasts.
+          oracle, forward and backward, on the scans of `mamba`, `mambazero`, `mamba_lm14m` and a
+          4-head 2-group one, as the models call it (float32 / bf16- / fp16-rounded inputs,
+          computed in float32) and raw (bf16, fp16 inputs), against kernel_parity.CUDA_TOLERANCE;
+- speed:  ms/step and tokens/s of the paper's Markov config and of a 4-layer d_model 256 Mamba at
+          T 1024 for kernel torch / mamba_ssm x 32-true / bf16-mixed x compile off (then on),
+          peak memory; the host synchronisations of one whole training step (bench.speed
+          step_profile, CUDA's sync debug mode); the sampler's cost;
+- lm:     the language-model presets at T 256 in bf16: tokens/s, peak memory against the pre-run
+          estimate, the projected time of suite paper000_text;
+- text:   a short `mamba_lm14m` run on the text path;
+- suite:  entries of `suite name=paper000_gpu` (or `suite=`) while the budget lasts.
 
-Writes `<out>/gpucheck.json` (every figure), `<out>/records.tar.gz` (the run records and logs of
-the runs it made) and prints a summary.
-
-mamba-ssm: a GPU check's machine installs it from a wheel built without its CUDA extension
+mamba-ssm: a GPU check's machine installs the wheel built without its CUDA extension
 (`MAMBA_SKIP_CUDA_BUILD=TRUE`, `--no-deps`: README.md, section GPUs), which the plain import of the
-kernel (models/ssd.py) cannot import by itself: the package's `__init__` needs the extension
-`selective_scan_cuda` and `transformers`. So every section process (and every run or test it
-starts, which inherit its environment) gets the kernel parity harness's stand-ins for whichever of
-the two is missing on its PYTHONPATH (bench/kernel_parity.py `stand_in_env`, placeholders that
-nothing of ours calls; `stand_ins` in gpucheck.json lists them). This is a check of the Triton
-kernel, not of the install a user needs, which is the real one with the extension."""
+kernel (models/ssd.py) cannot import by itself: the package's `__init__` needs `selective_scan_cuda`
+and `transformers`. Every section process gets the kernel parity harness's stand-ins for whichever
+of the two is missing (bench/kernel_parity.py `stand_in_env`; `stand_ins` in gpucheck.json)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -54,31 +76,118 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("env", "parity", "speed", "lm", "paper", "ddp", "text", "suite")
-# Seconds a section usually needs; one is skipped when less than this is left of the budget.
-NEEDS = {"env": 20, "parity": 120, "speed": 150, "lm": 150, "paper": 150, "ddp": 90,
-         "text": 90, "suite": 120}
-# ... and the most it may take, so that one slow section leaves time for the next ones
-CAPS = {"env": 60, "parity": 240, "speed": 300, "lm": 300, "paper": 400, "ddp": 200,
-        "text": 240, "suite": 100000}
+SECTIONS = ("env", "tiny", "paper", "ddp", "warm", "parity", "speed", "lm", "text", "suite")
+CUDA_ONLY = ("warm", "parity", "lm", "suite")
+# Seconds a section needs at least (it is skipped with less of the budget left) and the most it
+# may take. The plan for the default budget on a cold H100 (README, section GPUs): env 10,
+# tiny 25, paper 90, ddp 70, warm 90, parity 50, speed 60, lm 45: ~430 s of 450.
+NEEDS = {"env": 10, "tiny": 25, "paper": 60, "ddp": 45, "warm": 45, "parity": 30, "speed": 40,
+         "lm": 40, "text": 40, "suite": 60}
+CAPS = {"env": 40, "tiny": 60, "paper": 110, "ddp": 110, "warm": 120, "parity": 90,
+        "speed": 100, "lm": 80, "text": 70, "suite": 100000}
+GRACE_S = 5  # between SIGTERM and SIGKILL of a section's process group at its cap
 MARKOV_PAPER = ["trainer=paper", "task.seq_len=256"]  # paper 000 Table 7: batch 64, lr 1e-3
 MAMBA_4x256 = ["trainer=paper", "model.n_layers=4", "model.d_model=256", "model.headdim=64",
                "task.seq_len=1024"]
+PAPER_STEPS = 10000
+BPE_VOCAB = 50257  # GPT-2's vocabulary size: the language models' embedding as in the paper
+OPTIONS = dict(sections=",".join(SECTIONS), budget="450", out="", steps="20",
+               suite="paper000_gpu", suite_entries="1-3", tokenizer_file="")
 
 
-def _bench(*args: str, timeout: float, env: dict | None = None) -> dict:
-    """`python -m bench <args>` in a subprocess: exit status, wall seconds, output tails."""
+# --- process groups ---------------------------------------------------------------------------
+
+def _kill_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def start_group(argv: list[str], env: dict | None = None, cwd: Path = REPO):
+    """argv started in a session (process group) of its own, its output to temporary files."""
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err,
+                               start_new_session=True)
+    process.files = (out, err)
+    return process
+
+
+def finish_group(process, timeout: float) -> dict:
+    """Wait for a start_group process until `timeout` seconds; then SIGTERM to its whole group
+    and SIGKILL GRACE_S later. Whatever is left of the group after it ended (an orphaned child)
+    is killed too. Returns the exit status ("timeout" when killed), seconds and output."""
     start = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, text=True,
-                              capture_output=True, timeout=timeout, env=env)
-        code, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as expired:
-        code, out, err = "timeout", expired.stdout or "", expired.stderr or ""
-        out, err = (t.decode() if isinstance(t, bytes) else t for t in (out, err))
-    return {"command": "python -m bench " + " ".join(args), "exit": code,
-            "wall_s": time.perf_counter() - start, "stdout": out[-3000:], "stderr": err[-3000:]}
+        code = process.wait(timeout=max(0.0, timeout))
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+        _kill_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(process.pid, signal.SIGKILL)
+            process.wait()
+    _kill_group(process.pid, signal.SIGKILL)
+    texts = []
+    for handle in process.files:
+        handle.seek(0)
+        texts.append(handle.read().decode(errors="replace"))
+        handle.close()
+    return {"exit": code, "wait_s": time.perf_counter() - start, "stdout": texts[0],
+            "stderr": texts[1]}
 
+
+def run_group(argv: list[str], timeout: float, env: dict | None = None) -> dict:
+    start = time.perf_counter()
+    done = finish_group(start_group(argv, env), timeout)
+    done["wall_s"] = time.perf_counter() - start
+    return done
+
+
+# --- rows: every figure written the moment it is measured ---------------------------------------
+
+def emit(args: dict, row: dict) -> dict:
+    """Append one row of figures to rows.jsonl (synced: a kill a moment later keeps it)."""
+    row = {"section": args["section"], **row}
+    with open(args["rows"], "a") as handle:
+        handle.write(json.dumps(row, default=str) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    print(brief(row), file=sys.stderr, flush=True)
+    return row
+
+
+def read_rows(path: Path) -> list[dict]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
+                rows.append(json.loads(line))
+    return rows
+
+
+BRIEF_KEYS = ("label", "status", "exit", "error", "skipped", "device", "steps", "steps_per_s",
+              "projected_10k_s", "bayes_gap", "perplexity", "ms_per_step", "tokens_per_s",
+              "peak_gib", "estimate_gib", "first_step_s", "host_syncs", "cuda_sync_warnings",
+              "within_tolerance", "worst_relative", "compile_s", "autotune_s", "jobs", "wall_s",
+              "exit_after_signal_s", "batch_s", "aten_calls", "projected_h", "records")
+
+
+def brief(row: dict) -> str:
+    """One line of a row's headline figures (the summary table)."""
+    parts = [row.get("section", "?")]
+    for key in BRIEF_KEYS:
+        value = row.get(key)
+        if value is None or key == "section":
+            continue
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        elif isinstance(value, (list, dict)):
+            value = json.dumps(value, default=str)[:80]
+        parts.append(f"{key}={value}" if key != "label" else str(value))
+    return " ".join(str(p) for p in parts)[:220]
+
+
+# --- helpers of the sections --------------------------------------------------------------------
 
 def _records(out_dir: str) -> list[dict]:
     from bench.records import read_records
@@ -87,35 +196,88 @@ def _records(out_dir: str) -> list[dict]:
 
 def _summary(record: dict) -> dict:
     """What a check reports of a run record."""
-    train, evaluation = record.get("train", {}), record.get("eval", {})
-    metrics = record.get("metrics", {})
+    train, evaluation = record.get("train") or {}, record.get("eval") or {}
+    metrics = record.get("metrics") or {}
+    steps, seconds = train.get("steps"), train.get("wall_time_s")
     return {"run_id": record["run_id"], "status": record["status"],
             "reason": record.get("reason"), "task": record["task"]["name"],
-            "model": record["model"]["name"], "seed": record["seed"],
-            "steps": train.get("steps"), "train_s": train.get("wall_time_s"),
-            "wall_s": record.get("wall_time_s"), "train_device": train.get("device"),
+            "model": record["model"]["name"], "steps": steps, "train_s": seconds,
+            "steps_per_s": steps / seconds if steps and seconds else None,
+            "run_wall_s": record.get("wall_time_s"), "device": train.get("device"),
             "device_name": train.get("device_name"), "kernel": train.get("kernel"),
-            "precision": train.get("precision"), "tf32": train.get("tf32"),
-            "eval_device": evaluation.get("device"), "world_size": train.get("world_size"),
+            "kernel_fallback": train.get("kernel_fallback"),
+            "precision": train.get("precision"), "world_size": train.get("world_size"),
+            "eval_device": evaluation.get("device"), "eval_world_size": evaluation.get("world_size"),
             "bayes_gap": metrics.get("bayes_gap"), "bayes_gap_ci": metrics.get("bayes_gap_ci"),
-            "perplexity": metrics.get("perplexity"), "code": record.get("provenance", {})}
+            "perplexity": metrics.get("perplexity")}
 
 
-# --- sections (each runs in its own process: python -m bench.gpucheck <section> <json> ...) ----
+def _accelerator(args: dict) -> str:
+    return "trainer.accelerator=" + ("gpu" if args["cuda"] else "cpu")
+
+
+def _bench_argv(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "bench", *argv]
+
+
+def _new_records(args: dict, before: set[str]) -> list[dict]:
+    return [r for r in _records(args["runs"]) if r["run_id"] not in before]
+
+
+def _run_row(args: dict, label: str, argv: list[str], timeout: float,
+             env: dict | None = None) -> dict:
+    """One `bench run` in its own process group; its records summarised in a row."""
+    before = {r["run_id"] for r in _records(args["runs"])}
+    done = run_group(_bench_argv("run", *argv, f"out_dir={args['runs']}",
+                                 "trainer.progress=false"), timeout, env)
+    records = [_summary(r) for r in _new_records(args, before)]
+    row = {"label": label, "exit": done["exit"], "wall_s": done["wall_s"], "argv": argv,
+           "records": len(records), **(records[0] if len(records) == 1 else {}),
+           "all_records": records}
+    if done["exit"] != 0:
+        row["stderr"] = done["stderr"][-1500:]
+    return emit(args, row)
+
+
+def _left(args: dict) -> float:
+    return args["deadline"] - time.monotonic()
+
+
+def _text_argv(args: dict) -> list[str]:
+    """Python's help texts (on every machine) in a tokenizer of GPT-2's vocabulary size, windows
+    of 256: the project's BPE trained on them (once, cached in the call's scratch folder), or a
+    local GPT-2 tokenizer.json. Never the hub."""
+    tokenizer = ([f"task.tokenizer=gpt2", f"task.tokenizer_file={args['tokenizer_file']}"]
+                 if args["tokenizer_file"] else ["task.tokenizer=bpe",
+                                                 f"task.bpe_vocab_size={BPE_VOCAB}"])
+    return ["task=pydoc", *tokenizer, f"task.cache_dir={args['scratch']}/text",
+            "task.seq_len=256"]
+
+
+def _compose(argv: list[str]):
+    from bench.checks import compose_checked
+    return compose_checked(argv)
+
+
+# --- sections (each in its own process: python -m bench.gpucheck <section> <json>) --------------
 
 def section_env(args: dict) -> dict:
+    from importlib import metadata
+
     import torch
 
     from bench.records import provenance
     from models import ssd
-    info = {"python": platform.python_version(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "cpus": os.cpu_count(),
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "devices": torch.cuda.device_count(), "provenance": provenance()}
+    info = {"label": "environment", "python": platform.python_version(),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available(), "cpus": os.cpu_count(),
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "devices": torch.cuda.device_count(), "provenance": provenance(),
+            "triton_cache": os.environ.get("TRITON_CACHE_DIR"),
+            "hub_offline": os.environ.get("HF_HUB_OFFLINE")}
     for name in ("lightning", "torchmetrics", "triton", "omegaconf", "datasets", "tokenizers",
-                 "mamba_ssm"):
+                 "transformers", "mamba_ssm", "numpy"):
         try:
-            from importlib import metadata
             info[name] = metadata.version(name.replace("_", "-"))
         except Exception as error:
             info[name] = f"missing ({type(error).__name__})"
@@ -125,100 +287,317 @@ def section_env(args: dict) -> dict:
              "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
     except (OSError, subprocess.SubprocessError) as error:
         info["nvidia_smi"] = f"unavailable: {error}"
+    start = time.perf_counter()
     info["kernel_import_error"] = ssd.mamba_ssm_kernel_error()
-    if torch.cuda.is_available():
-        info["kernel_auto"] = ssd.resolve_kernel("auto", torch.device("cuda"))
-        info["kernel_fallback"] = ssd.kernel_fallback("cuda")
-    return info
+    info["kernel_import_s"] = time.perf_counter() - start
+    emit(args, info)
+    return {"cuda": info["cuda_available"]}
+
+
+def section_tiny(args: dict) -> dict:
+    steps = 200 if args["cuda"] else 30
+    row = _run_row(args, "paper config, short, kernel=torch", [
+        *MARKOV_PAPER, _accelerator(args), f"trainer.max_steps={steps}",
+        f"trainer.warmup_steps={steps // 10}", "model.kernel=torch", "trainer.log_every=50",
+        "trainer.eval_sequences=256", "trainer.checkpoint_every=0"], _left(args))
+    return {"steps_per_s": row.get("steps_per_s"), "overhead_s": (
+        row["run_wall_s"] - row["train_s"] if row.get("run_wall_s") and row.get("train_s")
+        else None)}
+
+
+def section_paper(args: dict) -> dict:
+    """trainer=paper with as many of its steps as fit: at the tiny run's rate, leaving time for
+    start-up and the evaluation of its 2,048 held-out sequences."""
+    tiny = next((r for r in read_rows(Path(args["rows"])) if r["section"] == "tiny"
+                 and r.get("steps_per_s")), {})
+    rate = tiny.get("steps_per_s") or 5.0
+    overhead = 45.0 + (tiny.get("wall_s") or 30.0) - (tiny.get("train_s") or 0.0)
+    steps = int(min(PAPER_STEPS, max(100, 0.85 * rate * (_left(args) - overhead))))
+    row = _run_row(args, f"trainer=paper, {steps} of {PAPER_STEPS} steps, kernel=torch", [
+        *MARKOV_PAPER, _accelerator(args), f"trainer.max_steps={steps}",
+        f"trainer.warmup_steps={max(10, 200 * steps // PAPER_STEPS)}", "model.kernel=torch",
+        "trainer.checkpoint_every=0"], _left(args))
+    if row.get("steps_per_s"):
+        row = emit(args, {"label": "paper projection", "steps": steps,
+                          "steps_per_s": row["steps_per_s"],
+                          "projected_10k_s": PAPER_STEPS / row["steps_per_s"]
+                          + row["wall_s"] - row["train_s"]})
+    return {"steps": steps}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_ranks(args: dict, argv: list[str]) -> list:
+    """Two processes of one run that share this machine's one device: Lightning's multi-node
+    set-up (num_nodes=2, one device each) with the launcher's variables set by hand, so both
+    use device 0; gloo's collectives run over its tensors."""
+    port = _free_port()
+    processes = []
+    for rank in (0, 1):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+                   NODE_RANK=str(rank), LOCAL_RANK="0")
+        processes.append(start_group(_bench_argv(
+            "run", *argv, _accelerator(args), "trainer.strategy=ddp", "trainer.num_nodes=2",
+            "trainer.devices=1", "trainer.process_group_backend=gloo",
+            f"out_dir={args['runs']}"), env))
+    return processes
+
+
+def _wait_for_training(process, timeout: float) -> bool:
+    """Whether the run printed its "training started" line (progress on) within timeout."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and process.poll() is None:
+        process.files[1].seek(0)
+        if b"training started:" in process.files[1].read():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _signal_row(args: dict, label: str, processes: list, target, before: set[str],
+                timeout: float) -> dict:
+    """SIGTERM to `target` once the first process says training started; how the run ended."""
+    started = _wait_for_training(processes[0], min(timeout / 2, _left(args) - 15))
+    time.sleep(1.0)  # well inside training
+    sent = time.perf_counter()
+    target.send_signal(signal.SIGTERM)
+    done = [finish_group(p, min(60.0, _left(args) - 2)) for p in processes]
+    records = [_summary(r) for r in _new_records(args, before)]
+    return emit(args, {"label": label, "training_started_seen": started,
+                       "exit": [d["exit"] for d in done],
+                       "exit_after_signal_s": time.perf_counter() - sent,
+                       "records": len(records), "all_records": records,
+                       **({"status": records[0]["status"], "reason": records[0]["reason"]}
+                          if len(records) == 1 else {}),
+                       "stderr": done[0]["stderr"][-800:]})
+
+
+def section_ddp(args: dict) -> dict:
+    steps = 150 if args["cuda"] else 30
+    short = [*MARKOV_PAPER, f"trainer.max_steps={steps}", f"trainer.warmup_steps={steps // 10}",
+             "model.kernel=torch", "trainer.eval_sequences=256", "trainer.log_every=25",
+             "trainer.checkpoint_every=0", "trainer.progress=false"]
+    # 1. two ranks to the end: one record, every collective on the device's tensors
+    before = {r["run_id"] for r in _records(args["runs"])}
+    start = time.perf_counter()
+    done = [finish_group(p, _left(args) * 0.4) for p in _two_ranks(args, short)]
+    records = [_summary(r) for r in _new_records(args, before)]
+    emit(args, {"label": "2 ranks on one device, gloo", "exit": [d["exit"] for d in done],
+                "wall_s": time.perf_counter() - start, "records": len(records),
+                **(records[0] if len(records) == 1 else {}), "all_records": records,
+                **({"stderr": done[0]["stderr"][-1500:]} if any(d["exit"] for d in done)
+                   else {})})
+    # 2. SIGTERM to rank 1 mid-training: both ranks stop together, one failed record
+    long = [*MARKOV_PAPER, "model.kernel=torch", "trainer.checkpoint_every=0",
+            "trainer.progress=true"]
+    before = {r["run_id"] for r in _records(args["runs"])}
+    processes = _two_ranks(args, long)
+    _signal_row(args, "SIGTERM to rank 1 of 2", processes, processes[1], before,
+                _left(args) * 0.5)
+    # 3. NCCL, one process: the strategy a multi-GPU run uses
+    if args["cuda"]:
+        _run_row(args, "ddp, nccl, devices=1", [*short, "trainer.strategy=ddp",
+                                                "trainer.devices=1", "trainer.accelerator=gpu",
+                                                "trainer.process_group_backend=nccl"],
+                 _left(args) * 0.6)
+    else:
+        emit(args, {"label": "ddp, nccl, devices=1", "skipped": "needs CUDA"})
+    # 4. SIGTERM to a one-process run
+    before = {r["run_id"] for r in _records(args["runs"])}
+    process = start_group(_bench_argv("run", *long, _accelerator(args),
+                                      f"out_dir={args['runs']}"))
+    _signal_row(args, "SIGTERM to a one-process run", [process], process, before, _left(args))
+    return {}
+
+
+def warm_shapes(args: dict) -> dict[str, tuple[int, ...]]:
+    """The scan shapes (batch, length, heads, headdim, groups, states, chunk) that the later
+    sections run with the mamba_ssm kernel: speed's two configs and the 14.5M language model."""
+    from bench.train import build
+    from models.mamba import Mamba2Mixer
+    shapes = {}
+    for label, argv in (("markov_paper", MARKOV_PAPER), ("mamba_4x256_T1024", MAMBA_4x256),
+                        ("mamba_lm14m", ["trainer=lm", "model=mamba_lm14m", "task=markov",
+                                         "task.seq_len=256"])):
+        config = _compose([*argv, "trainer.accelerator=cpu"])
+        task, model = build(config)
+        mixer = next(m for m in model.modules() if isinstance(m, Mamba2Mixer))
+        shapes[label] = (task.batch_size, task.seq_len, mixer.nheads, mixer.headdim,
+                         mixer.ngroups, mixer.d_state, mixer.chunk_size)
+    return shapes
+
+
+def section_warm(args: dict) -> dict:
+    """Compile every autotune configuration of the SSD kernel for each shape, in parallel
+    processes (one per shape and configuration index, longest first, as many at once as there
+    are cores), then autotune each shape on the compiled cache in one process."""
+    shapes = warm_shapes(args)
+    jobs = [(label, index) for index in range(17) for label in shapes]  # 17: the longest list
+    slots = max(1, min(16, (os.cpu_count() or 2)))
+    running, results, start = [], [], time.perf_counter()
+    while jobs or running:
+        while jobs and len(running) < slots:
+            label, index = jobs.pop(0)
+            spec = json.dumps({"shape": shapes[label], "index": index})
+            running.append((label, index, start_group(
+                [sys.executable, "-m", "bench.gpucheck", "warm_one", spec], os.environ)))
+        time.sleep(0.2)
+        for item in [r for r in running if r[2].poll() is not None]:
+            running.remove(item)
+            done = finish_group(item[2], 0)
+            result = (json.loads(done["stdout"].splitlines()[-1]) if done["exit"] == 0
+                      and done["stdout"].strip() else {"error": done["stderr"][-300:]})
+            results.append({"shape": item[0], "index": item[1], **result})
+        if _left(args) < 25:  # leave time for the autotune pass: the rest is not compiled
+            for item in running:
+                finish_group(item[2], 0)
+            results += [{"shape": label, "index": index, "error": "not started: budget"}
+                        for label, index in jobs]
+            running, jobs = [], []
+    for label in shapes:
+        own = [r for r in results if r["shape"] == label]
+        emit(args, {"label": f"compile {label}", "shape": shapes[label], "jobs": len(own),
+                    "errors": [r["error"] for r in own if "error" in r][:2],
+                    "compile_s": sum(r.get("seconds", 0.0) for r in own),
+                    "longest_job_s": max((r.get("seconds", 0.0) for r in own), default=None)})
+    emit(args, {"label": "parallel compile", "wall_s": time.perf_counter() - start,
+                "slots": slots, "jobs": len(results)})
+    done = run_group([sys.executable, "-m", "bench.gpucheck", "tune",
+                      json.dumps({**args, "shapes": shapes})], _left(args) - 2, os.environ)
+    if done["exit"] != 0:
+        emit(args, {"label": "autotune on the compiled cache", "exit": done["exit"],
+                    "stderr": done["stderr"][-800:]})
+    return {}
+
+
+def section_warm_one(spec: dict) -> dict:
+    """One warm-up job: configuration `index` of every autotuned kernel at one scan shape."""
+    import torch
+
+    from bench.kernel_parity import pin_configs
+    from models import ssd
+    pin_configs(spec["index"])
+    start = time.perf_counter()
+    reason = ssd._smoke_test_kernel(torch.device("cuda"), tuple(spec["shape"]))
+    out = {"seconds": time.perf_counter() - start}
+    if reason is not None:
+        out["error"] = reason
+    return out
+
+
+def section_tune(args: dict) -> dict:
+    """Each warm shape autotuned on the compiled cache (the cost every later process that meets
+    the shape pays, less what TRITON_CACHE_AUTOTUNING keeps)."""
+    import torch
+
+    from models import ssd
+    for label, shape in args["shapes"].items():
+        if _left(args) < 5:
+            emit(args, {"label": f"autotune {label}", "skipped": "budget"})
+            continue
+        start = time.perf_counter()
+        reason = ssd._smoke_test_kernel(torch.device("cuda"), tuple(shape))
+        emit(args, {"label": f"autotune {label}", "autotune_s": time.perf_counter() - start,
+                    "error": reason})
+    return {}
+
+
+PARITY_JOBS = {  # one process each: a shape's compiled kernels serve its three model-path dtypes
+    "mamba": [("mamba", d, False) for d in ("float32", "bfloat16", "float16")],
+    "mambazero": [("mambazero", d, False) for d in ("float32", "bfloat16", "float16")],
+    "mamba_lm14m": [("mamba_lm14m", d, False) for d in ("float32", "bfloat16", "float16")],
+    "heads4_groups2": [("heads4_groups2", d, False) for d in ("float32", "bfloat16")],
+    "mamba_lm14m-raw-bf16": [("mamba_lm14m", "bfloat16", True)],
+    "mamba_lm14m-raw-fp16": [("mamba_lm14m", "float16", True)],
+}
 
 
 def section_parity(args: dict) -> dict:
-    """Kernel parity tables, TF32 off (IEEE float32) and on, each in its own process."""
-    result = {}
-    for tf32 in (False, True):
-        env = dict(os.environ, TRITON_F32_DEFAULT="tf32" if tf32 else "ieee")
-        done = subprocess.run([sys.executable, "-m", "bench.gpucheck", "parity_tables",
-                               json.dumps({"tf32": tf32})], cwd=REPO, env=env, text=True,
-                              capture_output=True, timeout=args["timeout"])
-        result[f"tf32_{'on' if tf32 else 'off'}"] = (
-            json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0
-            else {"error": done.stderr[-3000:]})
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_ssd.py",
-                           "-k", "cuda"], cwd=REPO, text=True, capture_output=True,
-                          timeout=args["timeout"])
-    result["pytest_cuda"] = {"exit": done.returncode, "tail": done.stdout[-2500:]}
-    return result
+    processes = {job: start_group([sys.executable, "-m", "bench.gpucheck", "parity_one",
+                                   json.dumps({**args, "job": job})], os.environ)
+                 for job in PARITY_JOBS}
+    for job, process in processes.items():
+        done = finish_group(process, _left(args) - 2)
+        if done["exit"] != 0:
+            emit(args, {"label": f"parity {job}", "exit": done["exit"],
+                        "stderr": done["stderr"][-600:]})
+    return {}
 
 
-def section_parity_tables(args: dict) -> dict:
+def section_parity_one(args: dict) -> dict:
     import torch
 
     from bench import kernel_parity as parity
-    torch.backends.cuda.matmul.allow_tf32 = args["tf32"]
-    cases = {}
-    dtypes = ("float32", "bfloat16", "float16") if not args["tf32"] else ("float32",)
-    for name in parity.CUDA_CONFIGS + ("heads4_groups2",):
-        for dtype in dtypes:
-            for raw in ((False, True) if dtype != "float32" else (False,)):
-                key = f"{name}-{dtype}{'-raw' if raw else ''}"
-                try:
-                    res = parity.parity(name, dtype, "cuda", initial_state=True, raw=raw)
-                    cases[key] = {"relative": parity.relative_errors(res),
-                                  "scale": res["scale"], "seconds": res["seconds"],
-                                  "shape": res["shape"]}
-                except Exception as error:  # a failing case is a finding, not the end
-                    cases[key] = {"error": f"{type(error).__name__}: {error}"[:500]}
-    return cases
-
-
-def _compose(argv: list[str]):
-    from bench.checks import compose_checked
-    return compose_checked(argv)
+    from bench.train import apply_tf32_policy
+    apply_tf32_policy(False)
+    parity.pin_configs(0)
+    for name, dtype, raw in PARITY_JOBS[args["job"]]:
+        label = f"parity {name} {dtype}{' raw' if raw else ''}"
+        try:
+            res = parity.parity(name, dtype, "cuda", initial_state=True, raw=raw)
+            relative = parity.relative_errors(res)
+            emit(args, {"label": label, "within_tolerance": parity.within_tolerance(
+                            res, parity.CUDA_TOLERANCE[dtype]),
+                        "tolerance": parity.CUDA_TOLERANCE[dtype],
+                        "worst_relative": max(relative["kernel"].values()),
+                        "relative": relative, "seconds": res["seconds"], "shape": res["shape"]})
+        except Exception as error:  # a failing case is a finding, not the end
+            emit(args, {"label": label, "error": f"{type(error).__name__}: {error}"[:500]})
+        torch.cuda.empty_cache()
+    return {}
 
 
 def section_speed(args: dict) -> dict:
     import torch
 
-    from bench.speed import (configured, sampler_cost, settings, step_profile, time_training)
-    from bench.train import apply_tf32_policy
+    from bench.speed import configured, sampler_cost, settings, step_profile, time_training
+    from bench.train import apply_tf32_policy, build
     apply_tf32_policy(False)
-    out: dict = {}
-    deadline = time.monotonic() + args["timeout"] - 15
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if args["cuda"] else "cpu")
     configs = {"markov_paper": MARKOV_PAPER, "mamba_4x256_T1024": MAMBA_4x256}
-    # every config without compilation first, then compiled (tens of seconds each to compile)
+    if not args["cuda"]:  # a GPU config: minutes a step on two cores
+        emit(args, {"label": "mamba_4x256_T1024", "skipped": "needs CUDA"})
+        del configs["mamba_4x256_T1024"]
     for compiled in ("off", "on"):
         for label, argv in configs.items():
-            config = _compose(argv)
-            rows = out.setdefault(label, {"argv": argv, "training": []})["training"]
+            config = _compose([*argv, _accelerator(args)])
             for precision in ("32-true", "bf16-mixed"):
                 for setting in settings(config, device, "all", precision, compiled):
-                    if time.monotonic() > deadline:
-                        rows.append({**setting, "skipped": "budget"})
+                    name = (f"{label} kernel={setting['kernel']} {precision} "
+                            f"compile={compiled}")
+                    if _left(args) < 10:
+                        emit(args, {"label": name, "skipped": "budget"})
                         continue
                     if device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats()
                     try:
                         timing = time_training(configured(config, setting), device,
                                                args["steps"])
+                        timing["ms_per_step"] = timing.pop("step_s") * 1e3
                         if device.type == "cuda":
                             timing["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
                     except Exception as error:
                         timing = {"error": f"{type(error).__name__}: {error}"[:500]}
-                    rows.append({**setting, **timing})
-                    print(f"speed {label} {setting}: {timing}", file=sys.stderr, flush=True)
-            if compiled == "off":
-                from bench.devices import loader_workers
-                from bench.train import build
-                task, _ = build(config)
-                sampler = sampler_cost(task, 10)
-                best = min((r["step_s"] for r in rows if "step_s" in r), default=None)
-                out[label].update(
-                    sampler=sampler, loader_workers=loader_workers(config),
-                    sampler_share_in_process=(sampler["batch_s"] / (sampler["batch_s"] + best)
-                                              if best else None),
-                    step_profile=step_profile(config))
-    return out
+                    emit(args, {"label": name, **setting, **timing})
+            if compiled == "off" and _left(args) > 15:
+                profile = step_profile(config)
+                emit(args, {"label": f"{label} one whole training step",
+                            "host_syncs": profile["host_syncs"],
+                            "cuda_sync_warnings": profile["cuda_sync_warnings"], **profile})
+                task, _ = build(_on_cpu(config))
+                emit(args, {"label": f"{label} sampler", **sampler_cost(task, 10)})
+    return {}
+
+
+def _on_cpu(config):
+    """The config on the CPU: a sampler's cost is measured where loader workers sample."""
+    import dataclasses
+    return dataclasses.replace(config, trainer=dataclasses.replace(config.trainer,
+                                                                   accelerator="cpu"))
 
 
 def section_lm(args: dict) -> dict:
@@ -228,167 +607,208 @@ def section_lm(args: dict) -> dict:
     from bench.speed import configured, time_training
     from bench.train import apply_tf32_policy, build
     apply_tf32_policy(False)
-    deadline = time.monotonic() + args["timeout"] - 10
-    text = [*_gpt2_pydoc(args), "trainer=lm"]
     device = torch.device("cuda")
-    rows = []
+    step: dict[str, float] = {}
     for model in ("mamba_lm14m", "transformer_lm14m", "mamba_lm110m", "mamba_lm200m"):
-        config = _compose([*text, f"model={model}"])
-        task, _ = build(config)
-        estimate = memory_estimate(config, task, "cuda")
-        params = estimate.params
-        estimate = {f"{side}_{phase}": estimate.need(side, phase) for side in estimate.sides
-                    for phase in ("training", "evaluation")}
         for compiled in ((False, True) if model.endswith("14m") else (False,)):
-            if time.monotonic() > deadline:
-                rows.append({"model": model, "compile": compiled, "skipped": "budget"})
+            label = f"{model} bf16-mixed compile={'on' if compiled else 'off'}"
+            if _left(args) < 15 or (compiled and _left(args) < 40):
+                emit(args, {"label": label, "skipped": "budget"})
                 continue
-            setting = {"kernel": getattr(config.model, "kernel", None) and "auto",
-                       "precision": "bf16-mixed", "compile": compiled}
-            if setting["kernel"]:
-                from models.ssd import resolve_kernel
-                setting["kernel"] = resolve_kernel("auto", device)
-            torch.cuda.reset_peak_memory_stats()
             try:
+                config = _compose([*_text_argv(args), "trainer=lm", f"model={model}"])
+                task, _ = build(config)
+                estimate = memory_estimate(config, task, "cuda")
+                kernel = "mamba_ssm" if hasattr(config.model, "kernel") else None
+                from models.ssd import mamba_ssm_available
+                if kernel and not mamba_ssm_available():
+                    kernel = "torch"
+                setting = {"kernel": kernel, "precision": "bf16-mixed", "compile": compiled}
+                torch.cuda.reset_peak_memory_stats()
                 timing = time_training(configured(config, setting), device, args["steps"])
-                timing["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+                timing["ms_per_step"] = timing.pop("step_s") * 1e3
+                if not compiled:
+                    step[model] = timing["ms_per_step"] / 1e3
+                emit(args, {"label": label, **setting, **timing, "params": estimate.params,
+                            "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+                            "estimate_gib": {side: estimate.need(side, "training") / 2**30
+                                             for side in estimate.sides}})
             except Exception as error:
-                timing = {"error": f"{type(error).__name__}: {error}"[:500]}
-            rows.append({"model": model, **setting, **timing,
-                         "estimate_gib": {k: v / 2**30 for k, v in estimate.items()},
-                         "params": params})
-            print(f"lm {model} {setting}: {timing}", file=sys.stderr, flush=True)
-    # suite paper000_text: 6 runs of the 14.5M models, 3 of the 110M, 3 of the 200M, 30k steps
-    step = {r["model"]: r["step_s"] for r in rows if "step_s" in r and not r["compile"]}
+                emit(args, {"label": label, "error": f"{type(error).__name__}: {error}"[:500]})
+            torch.cuda.empty_cache()
+    # suite paper000_text: 4 runs of mamba_lm14m, 2 of transformer_lm14m, 3 of each large one,
+    # 30k steps each (conf/papers/000/suites/paper000_text.yaml)
     runs = {"mamba_lm14m": 4, "transformer_lm14m": 2, "mamba_lm110m": 3, "mamba_lm200m": 3}
-    projected = (sum(30000 * step[m] * n for m, n in runs.items())
-                 if all(m in step for m in runs) else None)
-    return {"rows": rows, "paper000_text_projected_h": projected / 3600 if projected else None}
-
-
-def _run_section(argv: list[str], args: dict) -> dict:
-    done = _bench("run", *argv, f"out_dir={args['runs']}", "trainer.progress=false",
-                  timeout=args["timeout"])
-    found = [r for r in _records(args["runs"]) if r["run_id"] in done["stdout"] + done["stderr"]]
-    done["records"] = [_summary(r) for r in found]
-    return done
-
-
-def section_paper(args: dict) -> dict:
-    return _run_section(["trainer=paper"], args)
-
-
-def section_ddp(args: dict) -> dict:
-    out = {"ddp": _run_section(["trainer=ddp", "trainer.devices=1", "trainer.max_steps=300",
-                                "trainer.log_every=50"], args)}
-    # SIGTERM to a GPU run mid-training: one failed record, exit 143
-    before = {r["run_id"] for r in _records(args["runs"])}
-    command = [sys.executable, "-m", "bench", "run", "trainer=paper", "trainer.progress=false",
-               f"out_dir={args['runs']}"]
-    start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=REPO, text=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
-    time.sleep(args.get("sigterm_after", 25))
-    process.send_signal(signal.SIGTERM)
-    sent = time.perf_counter()
-    try:
-        stdout, stderr = process.communicate(timeout=60)
-        code = process.returncode
-    except subprocess.TimeoutExpired:
-        process.kill()
-        stdout, stderr = process.communicate()
-        code = "did not exit within 60 s"
-    new = [r for r in _records(args["runs"]) if r["run_id"] not in before]
-    out["sigterm"] = {"exit": code, "exit_after_signal_s": time.perf_counter() - sent,
-                      "signal_at_s": sent - start, "stderr": stderr[-1500:],
-                      "records": [_summary(r) for r in new]}
-    return out
-
-
-def _gpt2_pydoc(args: dict) -> list[str]:
-    """Python's help texts in GPT-2's tokens, windows of 256: a language-modelling task with the
-    paper's vocabulary on any machine (the tokenizer file must be given: no hub here)."""
-    return ["task=pydoc", "task.tokenizer=gpt2", f"task.tokenizer_file={args['tokenizer_file']}",
-            "task.seq_len=256"]
+    if all(m in step for m in runs):
+        emit(args, {"label": "paper000_text projected",
+                    "projected_h": sum(30000 * step[m] * n for m, n in runs.items()) / 3600})
+    return {}
 
 
 def section_text(args: dict) -> dict:
-    return _run_section([
-        *_gpt2_pydoc(args), "model=mamba_lm14m", "trainer=lm", "trainer.max_steps=300",
-        "trainer.warmup_steps=30", "trainer.log_every=50", "trainer.checkpoint_every=0"], args)
+    steps = 300 if args["cuda"] else 10
+    # on two cores: a few sequences, a few held-out windows (a 50257-token output layer)
+    batch = [] if args["cuda"] else ["trainer.batch_size=4", "trainer.eval_batch_size=4",
+                                     "task.eval_windows=8"]
+    _run_row(args, "mamba_lm14m on pydoc", [
+        *_text_argv(args), "model=mamba_lm14m", "trainer=lm", _accelerator(args), *batch,
+        f"trainer.max_steps={steps}", f"trainer.warmup_steps={steps // 10}",
+        "trainer.log_every=50", "trainer.checkpoint_every=0"], _left(args))
+    return {}
 
 
 def section_suite(args: dict) -> dict:
-    done = _bench("suite", f"name={args['suite']}", f"entries={args['suite_entries']}",
-                  f"out_dir={args['runs']}", "trainer.progress=false",
-                  timeout=args["timeout"])
-    done["records"] = [_summary(r) for r in _records(args["runs"])
-                       if r.get("origin", "").startswith("suite:")]
-    return done
+    before = {r["run_id"] for r in _records(args["runs"])}
+    done = run_group(_bench_argv("suite", f"name={args['suite']}",
+                                 f"entries={args['suite_entries']}", f"out_dir={args['runs']}",
+                                 "trainer.progress=false"), _left(args) - 2)
+    records = [_summary(r) for r in _new_records(args, before)]
+    emit(args, {"label": f"suite {args['suite']} entries {args['suite_entries']}",
+                "exit": done["exit"], "wall_s": done["wall_s"], "records": len(records),
+                "all_records": records, "stdout": done["stdout"][-1500:]})
+    return {}
+
+
+SECTION_FUNCTIONS = {"env": section_env, "tiny": section_tiny, "paper": section_paper,
+                     "ddp": section_ddp, "warm": section_warm, "warm_one": section_warm_one,
+                     "tune": section_tune, "parity": section_parity,
+                     "parity_one": section_parity_one, "speed": section_speed,
+                     "lm": section_lm, "text": section_text, "suite": section_suite}
 
 
 # --- the driver -------------------------------------------------------------------------------
 
-def main(argv: list[str]) -> int:
-    options = dict(sections=",".join(SECTIONS), budget="540", out="gpucheck", steps="20",
-                   suite="paper000_gpu", suite_entries="1-5", tokenizer_file="")
+def section_command(name: str, args: dict) -> list[str]:
+    """The process of one section."""
+    return [sys.executable, "-m", "bench.gpucheck", name, json.dumps(args)]
+
+
+def parse_options(argv: list[str]) -> dict:
+    """The options, validated: a wrong one is a ValueError whose text is the error line."""
+    options = dict(OPTIONS, out=os.environ.get("OUT") or str(Path("runs") / "gpucheck"))
     for arg in argv:
         key, _, value = arg.partition("=")
-        if key not in options or not value:
-            print(f"error: unknown or empty option '{arg}'; options: {', '.join(options)}",
-                  file=sys.stderr)
-            return 2
+        if key not in options or not value and key != "tokenizer_file":
+            raise ValueError(f"unknown or empty option '{arg}'; options: {', '.join(OPTIONS)}")
         options[key] = value
     sections = options["sections"].split(",")
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
-        print(f"error: unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}",
-              file=sys.stderr)
+        raise ValueError(f"unknown section(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(SECTIONS)}")
+    try:
+        budget = float(options["budget"])
+    except ValueError:
+        budget = math.nan
+    if not math.isfinite(budget) or budget <= 0:
+        raise ValueError(f"budget must be a positive number of seconds, got "
+                         f"'{options['budget']}'")
+    if not options["steps"].isdigit() or not 1 <= int(options["steps"]) <= 10000:
+        raise ValueError(f"steps must be an integer in [1, 10000], got '{options['steps']}'")
+    if options["tokenizer_file"] and not Path(options["tokenizer_file"]).is_file():
+        raise ValueError(f"tokenizer_file {options['tokenizer_file']} is not a file")
+    return {**options, "sections": sections, "budget": budget, "steps": int(options["steps"])}
+
+
+def _writable_folder(path: Path) -> None:
+    """Create `path` if needed and check a file can be written there (before anything runs)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".gpucheck-probe-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"out={path} cannot be written: {error.strerror or error}") from None
+
+
+def _environment(scratch: Path) -> dict:
+    from bench.kernel_parity import stand_in_env
+    env = stand_in_env(os.environ)  # for mamba-ssm's CUDA-less install (see the docstring)
+    env.setdefault("TRITON_CACHE_DIR", str(scratch / "triton"))
+    env.update(TRITON_CACHE_AUTOTUNING="1", TRITON_F32_DEFAULT="ieee", HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def main(argv: list[str]) -> int:
+    try:
+        options = parse_options(argv)
+        out = Path(options["out"])
+        _writable_folder(out)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    out = Path(options["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    budget_end = time.monotonic() + float(options["budget"])
+    import torch  # whether the CUDA-only sections can run
+    cuda = torch.cuda.is_available()
+    budget_end = time.monotonic() + options["budget"]
     scratch = Path(tempfile.mkdtemp(prefix="gpucheck-"))
     runs = scratch / "runs"
-    from bench.kernel_parity import missing_stand_ins, stand_in_env
-    env = stand_in_env(os.environ)  # for mamba-ssm's CUDA-less install (see the docstring)
-    results: dict = {"options": options, "stand_ins": missing_stand_ins(), "sections": {}}
-    for name in sections:
+    env = _environment(scratch)
+    rows_path, log_path = out / "rows.jsonl", out / "log.txt"
+    for path in (rows_path, log_path):
+        path.write_text("")
+    from bench.kernel_parity import missing_stand_ins
+    from tasks.files import write_atomic
+    results: dict = {"options": {**options, "sections": ",".join(options["sections"])},
+                     "cuda": cuda, "stand_ins": missing_stand_ins(),
+                     "triton_cache": env["TRITON_CACHE_DIR"], "sections": {}}
+
+    def save() -> None:
+        rows = read_rows(rows_path)
+        for name, section in results["sections"].items():
+            section["rows"] = [r for r in rows if r["section"] == name]
+        write_atomic(out / "gpucheck.json",
+                     lambda tmp: Path(tmp).write_text(json.dumps(results, indent=1, default=str)))
+
+    print(f"gpucheck: {len(options['sections'])} sections, budget {options['budget']:.0f} s, "
+          f"{'CUDA' if cuda else 'no CUDA: a CPU rehearsal'}; figures in {out}", flush=True)
+    for name in options["sections"]:
         left = budget_end - time.monotonic()
-        if left < NEEDS[name]:
+        if name in CUDA_ONLY and not cuda:
+            results["sections"][name] = {"skipped": "needs CUDA"}
+        elif left < NEEDS[name]:
             results["sections"][name] = {"skipped": f"{left:.0f} s of the budget left, needs "
                                                     f"~{NEEDS[name]} s"}
+        if name in results["sections"]:
+            print(f"== {name}: skipped ({results['sections'][name]['skipped']})", flush=True)
+            save()
             continue
-        left = min(left, CAPS[name])
-        args = {**options, "timeout": left - 5, "runs": str(runs), "steps": int(options["steps"])}
-        start = time.perf_counter()
-        print(f"== {name} ({left:.0f} s left)", flush=True)
-        try:
-            done = subprocess.run([sys.executable, "-m", "bench.gpucheck", name, json.dumps(args)],
-                                  cwd=REPO, env=env, text=True, capture_output=True,
-                                  timeout=left)
-            section = (json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0
-                       and done.stdout.strip() else {"error": done.stderr[-4000:]})
-            if done.returncode == 0:
-                sys.stderr.write(done.stderr[-2000:])
-        except subprocess.TimeoutExpired as expired:
-            section = {"error": f"timed out after {left:.0f} s",
-                       "stderr": str(expired.stderr)[-2000:]}
-        section["section_s"] = time.perf_counter() - start
+        cap = min(left, CAPS[name])
+        args = {"section": name, "rows": str(rows_path.resolve()), "runs": str(runs),
+                "scratch": str(scratch), "cuda": cuda, "deadline": time.monotonic() + cap - 3,
+                "steps": options["steps"], "suite": options["suite"],
+                "suite_entries": options["suite_entries"],
+                "tokenizer_file": options["tokenizer_file"]}
+        done = run_group(section_command(name, args), cap, env)
+        summary = {}
+        if done["exit"] == 0 and done["stdout"].strip():
+            with contextlib.suppress(json.JSONDecodeError):
+                summary = json.loads(done["stdout"].splitlines()[-1])
+        status = ("ok" if done["exit"] == 0 else f"killed at its cap of {cap:.0f} s"
+                  if done["exit"] == "timeout" else f"failed (exit {done['exit']})")
+        section = {"status": status, "section_s": done["wall_s"], "summary": summary}
+        if done["exit"] != 0:
+            section["stderr"] = done["stderr"][-3000:]
         results["sections"][name] = section
-        print(json.dumps(section, indent=1, default=str)[:6000], flush=True)
-        (out / "gpucheck.json").write_text(json.dumps(results, indent=1, default=str))
+        with open(log_path, "a") as log:
+            log.write(f"===== {name}: {status} in {done['wall_s']:.0f} s\n--- stdout\n"
+                      f"{done['stdout'][-20000:]}\n--- stderr\n{done['stderr'][-20000:]}\n")
+        save()
+        rows = results["sections"][name]["rows"]
+        print(f"== {name}: {status} in {done['wall_s']:.0f} s, {len(rows)} rows", flush=True)
+        if done["exit"] != 0:
+            print("   " + done["stderr"].strip().splitlines()[-1][:300]
+                  if done["stderr"].strip() else "   (no output)", flush=True)
     if runs.is_dir():
         with tarfile.open(out / "records.tar.gz", "w:gz") as tar:
-            tar.add(runs, arcname="runs")
-    (out / "gpucheck.json").write_text(json.dumps(results, indent=1, default=str))
+            tar.add(runs, arcname="runs", filter=lambda info: None if any(
+                part in ("weights", "checkpoints", "cache") for part in Path(info.name).parts)
+                else info)
+    save()
+    print("\nrows (every figure: rows.jsonl; by section: gpucheck.json)")
+    for row in read_rows(rows_path):
+        print("  " + brief(row))
     return 0
 
-
-SECTION_FUNCTIONS = {"env": section_env, "parity": section_parity,
-                     "parity_tables": section_parity_tables, "speed": section_speed,
-                     "lm": section_lm, "paper": section_paper, "ddp": section_ddp,
-                     "text": section_text, "suite": section_suite}
 
 if __name__ == "__main__":
     name, arguments = sys.argv[1], json.loads(sys.argv[2])

@@ -142,8 +142,13 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
         callbacks.append(run_log)
     if t.val_every > 0:  # before RunLog, whose on_train_end closes the log
         callbacks.insert(len(callbacks) - (run_log is not None), LiveValidation(t, run_log))
+    strategy = t.strategy
+    if t.process_group_backend != "auto" and t.strategy.startswith("ddp"):
+        strategy = L.pytorch.strategies.DDPStrategy(
+            process_group_backend=t.process_group_backend,
+            find_unused_parameters=t.strategy == "ddp_find_unused_parameters_true")
     return L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
-                     num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
+                     num_nodes=t.num_nodes, strategy=strategy, precision=t.precision,
                      gradient_clip_val=t.grad_clip or None, logger=False,
                      enable_checkpointing=t.checkpoint_every > 0, callbacks=callbacks,
                      enable_progress_bar=t.progress, enable_model_summary=False,

@@ -1,27 +1,130 @@
-"""python -m bench gpucheck drives its sections within a budget; on a machine without a GPU the
-environment section still reports, and the GPU sections are skipped or fail inside their own
-process, never taking the driver down."""
+"""python -m bench gpucheck drives its sections within a budget, each in a process group killed
+whole at its cap, every figure a row written the moment it is measured: a section killed mid-way
+keeps its rows and leaves no process behind. On a machine without a GPU the CUDA-only sections
+say so and the others run (the CPU rehearsal, README section GPUs)."""
 import importlib.util
 import json
+import os
+import sys
+import time
 
+import pytest
+
+from bench import gpucheck
 from bench.__main__ import main
 
 
-def test_the_environment_section_reports_and_a_section_without_time_is_skipped(tmp_path, capsys):
-    assert main(["gpucheck", "sections=env,paper", "budget=60", f"out={tmp_path}"]) == 0
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie waiting for its reaper is gone
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def test_the_environment_section_reports_and_the_others_say_why_not(tmp_path, capsys):
+    assert main(["gpucheck", "sections=env,tiny,warm,parity", "budget=20",
+                 f"out={tmp_path}"]) == 0
     result = json.loads((tmp_path / "gpucheck.json").read_text())
-    env = result["sections"]["env"]
+    env = result["sections"]["env"]["rows"][0]
     assert env["torch"] and env["provenance"]["torch"] == env["torch"]
-    assert "kernel_import_error" in env and env["section_s"] > 0
-    assert "skipped" in result["sections"]["paper"]  # needs ~150 s, 60 were given
+    assert "kernel_import_error" in env and env["hub_offline"] == "1"
+    assert result["sections"]["env"]["status"] == "ok"
+    assert "needs ~25 s" in result["sections"]["tiny"]["skipped"]  # 20 s of budget
+    assert result["sections"]["warm"]["skipped"] == "needs CUDA"  # this machine has no GPU
+    assert result["sections"]["parity"]["skipped"] == "needs CUDA"
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [r["section"] for r in rows] == ["env"]
+    out = capsys.readouterr().out
+    assert "== warm: skipped (needs CUDA)" in out and "rows (every figure" in out
     if all(importlib.util.find_spec(m) for m in ("mamba_ssm", "triton", "einops")):
         # The CUDA-less install of mamba-ssm imports, plainly, with the harness's stand-ins.
         assert env["kernel_import_error"] is None, (env["kernel_import_error"], result["stand_ins"])
 
 
-def test_bad_options_are_one_line_errors(tmp_path, capsys):
-    assert main(["gpucheck", "sections=env,warp", f"out={tmp_path}"]) == 2
-    assert "unknown section(s) warp" in capsys.readouterr().err
-    assert main(["gpucheck", "colour=blue"]) == 2
+HANGING_SECTION = """
+import json, subprocess, sys, time
+from bench.gpucheck import emit
+args = json.loads(sys.argv[1])
+emit(args, {"label": "measured before the hang", "ms_per_step": 1.5})
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+emit(args, {"label": "child", "pid": child.pid})
+time.sleep(300)
+"""
+
+
+def test_a_section_killed_at_its_cap_keeps_its_rows_and_leaves_no_process(tmp_path, monkeypatch,
+                                                                         capsys):
+    """A planted section that measures a row, starts a child and hangs: at its cap the whole
+    process group goes (the child too), its rows are in rows.jsonl and gpucheck.json, the
+    driver goes on to the next section."""
+    monkeypatch.setitem(gpucheck.CAPS, "tiny", 6)
+    monkeypatch.setitem(gpucheck.NEEDS, "tiny", 1)
+    real = gpucheck.section_command
+    monkeypatch.setattr(gpucheck, "section_command", lambda name, args: (
+        [sys.executable, "-c", HANGING_SECTION, json.dumps(args)] if name == "tiny"
+        else real(name, args)))
+    start = time.monotonic()
+    assert main(["gpucheck", "sections=tiny,env", "budget=60", f"out={tmp_path}"]) == 0
+    assert time.monotonic() - start < 40
+    result = json.loads((tmp_path / "gpucheck.json").read_text())
+    tiny = result["sections"]["tiny"]
+    assert tiny["status"].startswith("killed at its cap")
+    assert [r["label"] for r in tiny["rows"]] == ["measured before the hang", "child"]
+    assert tiny["rows"][0]["ms_per_step"] == 1.5
+    assert gone_within(tiny["rows"][1]["pid"], 5), "the section's child outlived its cap"
+    assert result["sections"]["env"]["status"] == "ok"  # the next section ran
+    assert "measured before the hang" in capsys.readouterr().out  # in the final table
+
+
+def test_a_finished_sections_orphans_are_killed_too():
+    script = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+              "'import time; time.sleep(300)']); print(p.pid)")
+    done = gpucheck.run_group([sys.executable, "-c", script], timeout=30)
+    assert done["exit"] == 0
+    assert gone_within(int(done["stdout"].strip()), 5)
+
+
+@pytest.mark.parametrize("option, message", [
+    ("budget=0", "budget must be a positive number of seconds, got '0'"),
+    ("budget=-1", "budget must be a positive number of seconds, got '-1'"),
+    ("budget=abc", "budget must be a positive number of seconds, got 'abc'"),
+    ("budget=nan", "budget must be a positive number of seconds, got 'nan'"),
+    ("steps=0", "steps must be an integer in [1, 10000], got '0'"),
+    ("steps=x", "steps must be an integer in [1, 10000], got 'x'"),
+    ("sections=env,warp", "unknown section(s) warp"),
+    ("colour=blue", "unknown or empty option 'colour=blue'"),
+    ("budget=", "unknown or empty option 'budget='"),
+    ("tokenizer_file=/nonexistent/tokenizer.json", "is not a file"),
+])
+def test_bad_options_are_one_line_errors(option, message, tmp_path, capsys):
+    assert main(["gpucheck", option, f"out={tmp_path / 'out'}"]) == 2
     err = capsys.readouterr().err
-    assert "unknown or empty option 'colour=blue'" in err and err.count("\n") == 1
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out" / "gpucheck.json").exists()
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused_before_anything_runs(tmp_path, capsys):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main(["gpucheck", "sections=env", f"out={blocked / 'sub'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: out={blocked / 'sub'} cannot be written") and \
+        err.count("\n") == 1
+
+
+def test_out_defaults_to_the_device_calls_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert gpucheck.parse_options([])["out"] == str(tmp_path)
+    monkeypatch.delenv("OUT")
+    assert gpucheck.parse_options([])["out"] == os.path.join("runs", "gpucheck")
