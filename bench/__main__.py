@@ -97,10 +97,13 @@ USAGE = {
                "over the paired sequences, and which is better or that they are not "
                "distinguishable; overall and by context-length band. Records without "
                "per-sequence losses (older ones, text) are refused.",
-    "gpucheck": "python -m bench gpucheck [sections=env,parity,speed,lm,paper,ddp,text,suite] "
-                "[budget=540] [out=gpucheck] [steps=20] [tokenizer_file=<GPT-2 tokenizer.json>] "
-                "[suite=paper000_gpu] [suite_entries=1-5]\n  Every check of the GPU path in one "
-                "command, section by section within a budget of seconds (bench/gpucheck.py).",
+    "gpucheck": "python -m bench gpucheck [sections=env,tiny,paper,ddp,warm,parity,speed,lm,"
+                "text,suite] [budget=450] [out=$OUT, else runs/gpucheck] [steps=20] "
+                "[suite=paper000_gpu] [suite_entries=1-3] [tokenizer_file=<tokenizer.json>]\n"
+                "  Every check of the GPU path in one call sized for a borrowed, cold GPU: "
+                "sections most valuable first, each killed whole at its cap, every figure "
+                "written to out/rows.jsonl as measured; without CUDA, a rehearsal of the "
+                "sections that run on the CPU (bench/gpucheck.py).",
 }
 
 

@@ -24,7 +24,7 @@ this command is built to give figures from its first call:
   triton_compile_cost.py measures it without a GPU), so `warm` compiles them for the shapes the
   later sections train in parallel processes first (process i compiles configuration i of every
   kernel, kernel_parity.pin_configs), and `parity` checks the arithmetic at one fixed
-  configuration per kernel, one process per shape.
+  configuration per kernel (the last, the fastest to compile), one process per shape.
 - No hub: HF_HUB_OFFLINE=1; the language-model sections read Python's own help texts (task=pydoc)
   in a byte-level BPE the project trains on them with GPT-2's vocabulary size (50257), or a local
   tokenizer.json given as tokenizer_file.
@@ -80,7 +80,7 @@ SECTIONS = ("env", "tiny", "paper", "ddp", "warm", "parity", "speed", "lm", "tex
 CUDA_ONLY = ("warm", "parity", "lm", "suite")
 # Seconds a section needs at least (it is skipped with less of the budget left) and the most it
 # may take. The plan for the default budget on a cold H100 (README, section GPUs): env 10,
-# tiny 25, paper 90, ddp 70, warm 90, parity 50, speed 60, lm 45: ~430 s of 450.
+# tiny 25, paper 90, ddp 70, warm 100, parity 30, speed 60: 385 s of 450, then lm.
 NEEDS = {"env": 10, "tiny": 25, "paper": 60, "ddp": 45, "warm": 45, "parity": 30, "speed": 40,
          "lm": 40, "text": 40, "suite": 60}
 CAPS = {"env": 40, "tiny": 60, "paper": 110, "ddp": 110, "warm": 120, "parity": 90,
@@ -169,7 +169,7 @@ BRIEF_KEYS = ("label", "status", "exit", "error", "skipped", "device", "steps", 
               "projected_10k_s", "bayes_gap", "perplexity", "ms_per_step", "tokens_per_s",
               "peak_gib", "estimate_gib", "first_step_s", "host_syncs", "cuda_sync_warnings",
               "within_tolerance", "worst_relative", "compile_s", "autotune_s", "jobs", "wall_s",
-              "exit_after_signal_s", "batch_s", "aten_calls", "projected_h", "records")
+              "exit_after_signal_s", "lightning_step_s", "batch_wait_share", "batch_s", "aten_calls", "projected_h", "records")
 
 
 def brief(row: dict) -> str:
@@ -209,7 +209,7 @@ def _summary(record: dict) -> dict:
             "precision": train.get("precision"), "world_size": train.get("world_size"),
             "eval_device": evaluation.get("device"), "eval_world_size": evaluation.get("world_size"),
             "bayes_gap": metrics.get("bayes_gap"), "bayes_gap_ci": metrics.get("bayes_gap_ci"),
-            "perplexity": metrics.get("perplexity")}
+            "perplexity": (metrics.get("perplexity") or {}).get("model")}
 
 
 def _accelerator(args: dict) -> str:
@@ -358,17 +358,22 @@ def _wait_for_training(process, timeout: float) -> bool:
     return False
 
 
-def _signal_row(args: dict, label: str, processes: list, target, before: set[str],
-                timeout: float) -> dict:
-    """SIGTERM to `target` once the first process says training started; how the run ended."""
-    started = _wait_for_training(processes[0], min(timeout / 2, _left(args) - 15))
+def _signal_row(args: dict, label: str, processes: list, target, before: set[str]) -> dict:
+    """SIGTERM to `target` once the first process says training started, and how the run
+    ended; no signal at all (and the processes killed) if it never says so in time: a signal
+    before the run's handlers are in place would test nothing of ours."""
+    started = _wait_for_training(processes[0], min(60.0, _left(args) - 30))
+    if not started:
+        done = [finish_group(p, 0) for p in processes]
+        return emit(args, {"label": label, "error": "no 'training started' line in time; "
+                                                    "no signal sent",
+                           "stderr": done[0]["stderr"][-800:]})
     time.sleep(1.0)  # well inside training
     sent = time.perf_counter()
     target.send_signal(signal.SIGTERM)
     done = [finish_group(p, min(60.0, _left(args) - 2)) for p in processes]
     records = [_summary(r) for r in _new_records(args, before)]
-    return emit(args, {"label": label, "training_started_seen": started,
-                       "exit": [d["exit"] for d in done],
+    return emit(args, {"label": label, "exit": [d["exit"] for d in done],
                        "exit_after_signal_s": time.perf_counter() - sent,
                        "records": len(records), "all_records": records,
                        **({"status": records[0]["status"], "reason": records[0]["reason"]}
@@ -391,26 +396,25 @@ def section_ddp(args: dict) -> dict:
                 **(records[0] if len(records) == 1 else {}), "all_records": records,
                 **({"stderr": done[0]["stderr"][-1500:]} if any(d["exit"] for d in done)
                    else {})})
-    # 2. SIGTERM to rank 1 mid-training: both ranks stop together, one failed record
-    long = [*MARKOV_PAPER, "model.kernel=torch", "trainer.checkpoint_every=0",
-            "trainer.progress=true"]
-    before = {r["run_id"] for r in _records(args["runs"])}
-    processes = _two_ranks(args, long)
-    _signal_row(args, "SIGTERM to rank 1 of 2", processes, processes[1], before,
-                _left(args) * 0.5)
-    # 3. NCCL, one process: the strategy a multi-GPU run uses
+    # 2. NCCL, one process: the strategy a multi-GPU run uses
     if args["cuda"]:
         _run_row(args, "ddp, nccl, devices=1", [*short, "trainer.strategy=ddp",
                                                 "trainer.devices=1", "trainer.accelerator=gpu",
                                                 "trainer.process_group_backend=nccl"],
-                 _left(args) * 0.6)
+                 _left(args) * 0.3)
     else:
         emit(args, {"label": "ddp, nccl, devices=1", "skipped": "needs CUDA"})
+    # 3. SIGTERM to rank 1 mid-training: both ranks stop together, one failed record
+    long = [*MARKOV_PAPER, "model.kernel=torch", "trainer.checkpoint_every=0",
+            "trainer.progress=true"]
+    before = {r["run_id"] for r in _records(args["runs"])}
+    processes = _two_ranks(args, long)
+    _signal_row(args, "SIGTERM to rank 1 of 2", processes, processes[1], before)
     # 4. SIGTERM to a one-process run
     before = {r["run_id"] for r in _records(args["runs"])}
     process = start_group(_bench_argv("run", *long, _accelerator(args),
                                       f"out_dir={args['runs']}"))
-    _signal_row(args, "SIGTERM to a one-process run", [process], process, before, _left(args))
+    _signal_row(args, "SIGTERM to a one-process run", [process], process, before)
     return {}
 
 
@@ -534,7 +538,7 @@ def section_parity_one(args: dict) -> dict:
     from bench import kernel_parity as parity
     from bench.train import apply_tf32_policy
     apply_tf32_policy(False)
-    parity.pin_configs(0)
+    parity.pin_configs(-1)
     for name, dtype, raw in PARITY_JOBS[args["job"]]:
         label = f"parity {name} {dtype}{' raw' if raw else ''}"
         try:
@@ -554,7 +558,8 @@ def section_parity_one(args: dict) -> dict:
 def section_speed(args: dict) -> dict:
     import torch
 
-    from bench.speed import configured, sampler_cost, settings, step_profile, time_training
+    from bench.speed import (configured, lightning_step_time, sampler_cost, settings,
+                             step_profile, time_training)
     from bench.train import apply_tf32_policy, build
     apply_tf32_policy(False)
     device = torch.device("cuda" if args["cuda"] else "cpu")
@@ -562,7 +567,7 @@ def section_speed(args: dict) -> dict:
     if not args["cuda"]:  # a GPU config: minutes a step on two cores
         emit(args, {"label": "mamba_4x256_T1024", "skipped": "needs CUDA"})
         del configs["mamba_4x256_T1024"]
-    for compiled in ("off", "on"):
+    for compiled in ("off", "on") if args["cuda"] else ("off",):  # CPU: ~80 s to compile
         for label, argv in configs.items():
             config = _compose([*argv, _accelerator(args)])
             for precision in ("32-true", "bf16-mixed"):
@@ -588,6 +593,8 @@ def section_speed(args: dict) -> dict:
                 emit(args, {"label": f"{label} one whole training step",
                             "host_syncs": profile["host_syncs"],
                             "cuda_sync_warnings": profile["cuda_sync_warnings"], **profile})
+                emit(args, {"label": f"{label} steps as Lightning runs them",
+                            **lightning_step_time(config, 40 if args["cuda"] else 12)})
                 task, _ = build(_on_cpu(config))
                 emit(args, {"label": f"{label} sampler", **sampler_cost(task, 10)})
     return {}

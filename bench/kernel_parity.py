@@ -213,19 +213,20 @@ def within_tolerance(result: dict, tolerance: float) -> bool:
 
 
 def pin_configs(index: int) -> None:
-    """Every Triton autotuner of this process runs config number `index` of its list (the last
-    one where the list is shorter) instead of timing them all. Two uses: parity checks the
-    kernel's arithmetic at one fixed configuration per kernel, without the minutes a cold
-    autotune takes; and gpucheck's warm-up compiles config i of every kernel in process i, in
-    parallel, so that a later autotune finds every config compiled in Triton's cache. Triton
-    runs a single remaining config without benchmarking it."""
+    """Every Triton autotuner of this process runs config number `index` of its list instead of
+    timing them all (a negative index counts from the end; one past a shorter list wraps
+    around). Two uses: parity checks the kernel's arithmetic at one fixed configuration per
+    kernel, the last (mamba-ssm lists its largest blocks first: the last compiles fastest),
+    without the minutes a cold autotune takes; and gpucheck's warm-up compiles config i of every
+    kernel in process i, in parallel, so that a later autotune finds every config compiled in
+    Triton's cache. Triton runs a single remaining config without benchmarking it."""
     from triton.runtime.autotuner import Autotuner
 
     prune = Autotuner.prune_configs
 
     def pinned(self, kwargs):
         configs = prune(self, kwargs)
-        return [configs[min(index, len(configs) - 1)]]
+        return [configs[index % len(configs)]]
 
     Autotuner.prune_configs = pinned
 

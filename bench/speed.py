@@ -359,6 +359,59 @@ def step_profile(config: RunConfig, steps: int = 4) -> dict:
             "cuda_sync_examples": sorted(set(cuda_syncs))[:5]}
 
 
+def lightning_step_time(config: RunConfig, steps: int = 30) -> dict:
+    """Seconds of a training step as Lightning runs it (fetch, copy, step, callbacks, progress
+    bar, logger): the median time between consecutive step ends after 5 warm-up steps, logging
+    steps left out, with the device synchronised at each step end (a measurement's sync, not
+    the run's); and the share of it between one step's end and the next step's start, i.e.
+    waiting for the next batch and its copy (what loader workers are for)."""
+    import io
+    import statistics
+
+    import lightning as L
+
+    from bench.module import ICLModule
+    from bench.train import make_trainer, quiet_lightning
+
+    marks: dict[str, list] = {"start": [], "end": []}
+
+    class Clock(L.Callback):
+        def _mark(self, trainer, module, kind):
+            if module.device.type == "cuda":
+                torch.cuda.synchronize(module.device)
+            marks[kind].append((trainer.global_step, time.perf_counter()))
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self._mark(trainer, module, "start")
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self._mark(trainer, module, "end")
+
+    quiet_lightning()
+    apply_tf32_policy(config.trainer.tf32)
+    with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):
+        config = dataclasses.replace(config, out_dir=scratch, trainer=dataclasses.replace(
+            config.trainer, max_steps=steps, progress=True, checkpoint_every=0, val_every=0))
+        task, model = build(config)
+        module = ICLModule(model, task, config.trainer)
+        trainer = make_trainer(config, "step-time")
+        trainer.callbacks.append(Clock())
+        trainer.fit(module, datamodule=task)
+    log_every = config.trainer.log_every
+    starts = dict(marks["start"])  # global_step at a step's start -> time
+    ends = dict((step - 1, t) for step, t in marks["end"])  # the step that ended -> time
+    whole, waiting = [], []
+    for step in range(6, steps - 1):
+        if step % log_every and (step - 1) % log_every and step - 1 in ends and step in ends:
+            whole.append(ends[step] - ends[step - 1])
+            waiting.append(starts[step] - ends[step - 1])
+    if not whole:
+        return {"lightning_step_s": None, "batch_wait_share": None, "steps_timed": 0}
+    step_s = statistics.median(whole)
+    return {"lightning_step_s": step_s, "batch_wait_share": statistics.median(waiting) / step_s,
+            "steps_timed": len(whole)}
+
+
 def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions: str = "all",
             compiles: str = "off", progress=print) -> dict:
     apply_tf32_policy(config.trainer.tf32)
@@ -383,6 +436,8 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
     result["sampler_tokens_per_s"] = tokens / sample_s
     progress("profiling one training step ...")
     result["step_profile"] = step_profile(config)
+    progress("timing training steps as Lightning runs them ...")
+    result["lightning_step"] = lightning_step_time(config, max(12, steps))
     batch = task.sample(config.trainer.batch_size, make_generator(TRAIN_STREAM, config.seed, 0, 0))
     result["reference_tokens_per_s"] = {
         name: tokens / _timed(lambda r=ref: (r.predict or r.loss)(batch), max(3, steps // 4),
@@ -439,6 +494,11 @@ def print_speed(r: dict) -> None:
             if r["device"].startswith("cuda") else "")
     print(f"  a training step (Lightning, not a logging step): {step['aten_calls']:,} aten calls, "
           f"{step['host_syncs']} host synchronisations{f' ({syncs})' if syncs else ''}{cuda}")
+    lightning = r.get("lightning_step") or {}
+    if lightning.get("lightning_step_s"):
+        print(f"  a training step as Lightning runs it ({setting_label(r['run'])}): "
+              f"{lightning['lightning_step_s'] * 1e3:.1f} ms, {lightning['batch_wait_share']:.1%} "
+              f"of it waiting for the next batch")
     for name, rate in r["reference_tokens_per_s"].items():
         print(f"  {name:<10} {rate:>12,.0f} tokens/s   (reference, CPU float64)")
     run = r["run"]

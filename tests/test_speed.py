@@ -31,6 +31,10 @@ def test_speed_times_every_applicable_setting_and_the_run_outside_training(tmp_p
             outside / (outside + run["training_s"]))
     printed = capsys.readouterr().out
     assert "share of the run outside training" in printed and "bf16-mixed" in printed
+    # the step as Lightning runs it: the bare loop's step and more (fetch, copy, callbacks)
+    lightning = result["lightning_step"]
+    assert lightning["steps_timed"] > 0 and 0 <= lightning["batch_wait_share"] < 1
+    assert lightning["lightning_step_s"] > 0 and "waiting for the next batch" in printed
 
 
 def test_a_model_without_a_scan_has_no_kernel_column(tmp_path):
