@@ -138,9 +138,27 @@ def finish_group(process, timeout: float) -> dict:
 
 def run_group(argv: list[str], timeout: float, env: dict | None = None) -> dict:
     start = time.perf_counter()
-    done = finish_group(start_group(argv, env), timeout)
+    process = start_group(argv, env)
+    try:
+        done = finish_group(process, timeout)
+    except BaseException:  # the caller stopped (a signal): the group goes with it
+        _kill_group(process.pid, signal.SIGKILL)
+        raise
     done["wall_s"] = time.perf_counter() - start
     return done
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT to the driver: the running section's group is killed, what was
+    measured is saved, and the driver exits 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
 
 
 # --- rows: every figure written the moment it is measured ---------------------------------------
@@ -768,6 +786,36 @@ def main(argv: list[str]) -> int:
 
     print(f"gpucheck: {len(options['sections'])} sections, budget {options['budget']:.0f} s, "
           f"{'CUDA' if cuda else 'no CUDA: a CPU rehearsal'}; figures in {out}", flush=True)
+    handlers = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        run_sections(options, cuda, budget_end, scratch, env, results, save, out)
+    except Stopped as stop:
+        results["stopped"] = f"by {stop}"
+        for section in results["sections"].values():
+            if section.get("status") == "running":
+                section["status"] = f"stopped by {stop}"
+        save()
+        print(f"gpucheck: stopped by {stop}; what was measured is in {out}", file=sys.stderr)
+        return 128 + stop.signum
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    if runs.is_dir():
+        with tarfile.open(out / "records.tar.gz", "w:gz") as tar:
+            tar.add(runs, arcname="runs", filter=lambda info: None if any(
+                part in ("weights", "checkpoints", "cache") for part in Path(info.name).parts)
+                else info)
+    save()
+    print("\nrows (every figure: rows.jsonl; by section: gpucheck.json)")
+    for row in read_rows(rows_path):
+        print("  " + brief(row))
+    return 0
+
+
+def run_sections(options: dict, cuda: bool, budget_end: float, scratch: Path, env: dict,
+                 results: dict, save, out: Path) -> None:
+    """Each section in turn, within the budget (see the module's docstring)."""
+    runs, rows_path, log_path = scratch / "runs", out / "rows.jsonl", out / "log.txt"
     for name in options["sections"]:
         left = budget_end - time.monotonic()
         if name in CUDA_ONLY and not cuda:
@@ -785,6 +833,7 @@ def main(argv: list[str]) -> int:
                 "steps": options["steps"], "suite": options["suite"],
                 "suite_entries": options["suite_entries"],
                 "tokenizer_file": options["tokenizer_file"]}
+        results["sections"][name] = {"status": "running"}  # what a stop mid-way says
         done = run_group(section_command(name, args), cap, env)
         summary = {}
         if done["exit"] == 0 and done["stdout"].strip():
@@ -805,16 +854,6 @@ def main(argv: list[str]) -> int:
         if done["exit"] != 0:
             print("   " + done["stderr"].strip().splitlines()[-1][:300]
                   if done["stderr"].strip() else "   (no output)", flush=True)
-    if runs.is_dir():
-        with tarfile.open(out / "records.tar.gz", "w:gz") as tar:
-            tar.add(runs, arcname="runs", filter=lambda info: None if any(
-                part in ("weights", "checkpoints", "cache") for part in Path(info.name).parts)
-                else info)
-    save()
-    print("\nrows (every figure: rows.jsonl; by section: gpucheck.json)")
-    for row in read_rows(rows_path):
-        print("  " + brief(row))
-    return 0
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ EXTRA_SHAPES), called as the models call it (x, B, C views of one tensor, float3
 state), at `batch` sequences of `length`. Under a compile-only Triton driver nothing is launched
 and each configuration's "benchmark" is its one compilation, so the autotuner compiles every
 configuration once, in order; Triton's public compile hooks time each. Prints one JSON object:
-configurations and seconds, forward and in all, and the seconds of each kernel's i-th
-configuration, summed over kernels (what warm-up process i of gpucheck compiles). Each run
-compiles into a fresh cache. The mamba-ssm install without its CUDA extension gets the harness's
-stand-ins (bench.kernel_parity.stand_in_env): the script runs itself again with them."""
+configurations and seconds, forward and in all, the seconds of each kernel's i-th configuration
+summed over kernels (what warm-up process i of gpucheck compiles), and of each kernel's last
+(what gpucheck's parity compiles). Each run compiles into a fresh cache. The mamba-ssm install
+without its CUDA extension gets the harness's stand-ins (bench.kernel_parity.stand_in_env): the
+script runs itself again with them."""
 from __future__ import annotations
 
 import contextlib
@@ -123,7 +124,9 @@ def measure(model: str, batch: int, length: int, arch: int) -> dict:
             "configs": sum(map(len, seconds.values())), "total_s": total_s,
             "kernels": {name: [round(s, 2) for s in times] for name, times in seconds.items()},
             "by_config_index_s": [round(sum(t[i] for t in seconds.values() if len(t) > i), 1)
-                                  for i in range(longest)]}
+                                  for i in range(longest)],
+            # what gpucheck's parity compiles (kernel_parity.pin_configs(-1)): each last config
+            "last_configs_s": round(sum(t[-1] for t in seconds.values()), 1)}
 
 
 def main(argv: list[str]) -> int:

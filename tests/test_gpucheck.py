@@ -128,3 +128,34 @@ def test_out_defaults_to_the_device_calls_folder(monkeypatch, tmp_path):
     assert gpucheck.parse_options([])["out"] == str(tmp_path)
     monkeypatch.delenv("OUT")
     assert gpucheck.parse_options([])["out"] == os.path.join("runs", "gpucheck")
+
+
+def test_sigterm_to_the_driver_kills_the_running_section_and_keeps_the_figures(
+        tmp_path, monkeypatch, capsys):
+    """The device call's end (or Ctrl-C) while a section runs: its group is killed, the rows so
+    far are saved in gpucheck.json, and the driver exits 143."""
+    import signal
+    import threading
+
+    monkeypatch.setitem(gpucheck.NEEDS, "tiny", 1)
+    monkeypatch.setattr(gpucheck, "section_command", lambda name, args: (
+        [sys.executable, "-c", HANGING_SECTION, json.dumps(args)]))
+    rows = tmp_path / "rows.jsonl"
+
+    def terminate_once_the_child_is_up():
+        end = time.monotonic() + 30
+        while time.monotonic() < end and rows.read_text().count("\n") < 2 \
+                if rows.exists() else time.monotonic() < end:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_once_the_child_is_up, daemon=True).start()
+    assert main(["gpucheck", "sections=tiny", "budget=60", f"out={tmp_path}"]) == 143
+    result = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert result["stopped"] == "by SIGTERM"
+    assert result["sections"]["tiny"]["status"] == "stopped by SIGTERM"
+    assert [r["label"] for r in result["sections"]["tiny"]["rows"]] == [
+        "measured before the hang", "child"]
+    child = [json.loads(line) for line in rows.read_text().splitlines()][1]
+    assert gone_within(child["pid"], 5)
+    assert "stopped by SIGTERM" in capsys.readouterr().err
