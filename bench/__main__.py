@@ -5,7 +5,7 @@
   leaderboard  rewrite leaderboard.md from the run records in out_dir
   claims       write claims.md: every claim of the three papers, decided from the run records
   speed        training throughput of a model and throughput of the task's oracle
-  suite        run every entry of a suite (conf/suite/, conf/papers/*/suites/) in turn; to results/
+  suite        run every entry of a suite (conf/suite/, conf/papers/*/suites/) in turn; to runs/
   sweep        run the grid of comma lists and ranges (model=a,b seed=0-4) as a suite; to runs/
   list         the tasks and models, one line each
   gpucheck     every check of the GPU path (kernel parity, speed, end-to-end runs) in a budget
@@ -41,8 +41,12 @@ USAGE = {
                   "references alone on n held-out sequences (default trainer.eval_sequences); "
                   "no training.\n" + OVERRIDES,
     "leaderboard": "python -m bench leaderboard [out_dir=results] [out=leaderboard.md] "
-                   "[include=suite|all]\n  Rewrite the leaderboard from the run records in out_dir.",
-    "claims": "python -m bench claims [out_dir=results] [out=claims.md] [include=suite|all] "
+                   "[include=suite|all]\n  Rewrite the leaderboard from the run records in "
+                   "out_dir: the published leaderboard.md from results/ (it says so when it "
+                   "rewrites that tracked file), <out_dir>/leaderboard.md from any other folder "
+                   "(out_dir=runs: the table of a sweep).",
+    "claims": "python -m bench claims [out_dir=results] [out=claims.md, else <out_dir>/claims.md] "
+              "[include=suite|all] "
               "[rules=conf/papers] [check=false]\n  Decide every claim of the rules "
               "(conf/papers/<paper>/claims.yaml: each claim's quantities, record selectors and "
               "metric paths, its control and rule) on 95% intervals from the run records in "
@@ -60,7 +64,8 @@ USAGE = {
              "paper's conf/papers/<paper>/suites/; or of the suite file at that path: `runs:`, a "
              "list of override lists) in turn, or the entries given (numbered from 1 as the suite "
              "prints them); key=value overrides apply to every run. Records go to out_dir "
-             "(default results/, which boards and claims read). A run whose `ok` suite record "
+             "(default runs/, git-ignored; out_dir=results publishes them: the records the committed "
+             "boards and claims read). A run whose `ok` suite record "
              "(same config and seed, made by the current code, not dirty, on the device and SSD "
              "kernel it would use here) is in out_dir already is skipped, so an interrupted suite "
              "goes on where it stopped; an ad-hoc run or a sweep of the same config does not "
@@ -199,9 +204,44 @@ def cmd_references(argv: list[str]) -> int:
     return 0
 
 
+def default_report(out_dir: str, name: str) -> str:
+    """Where leaderboard and claims write without out=: the published report at the top of the
+    repository (leaderboard.md, claims.md) from the published records (out_dir=results), and a
+    report of any other records beside them (runs/leaderboard.md), never over the published."""
+    return name if Path(out_dir) == Path("results") else str(Path(out_dir) / name)
+
+
+def previous_text(path: str) -> str | None:
+    """The text of the report at `path` before it is rewritten: only a regular file's, never
+    through a link, a FIFO or a device (which the writer refuses anyway), and at most 64 MiB."""
+    import stat
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        with open(path, "rb") as handle:
+            return handle.read(64 << 20).decode(errors="replace")
+    except OSError:
+        return None
+
+
+def tracked_note(path: Path, before: str | None) -> None:
+    """One line when a report rewrote a file that git tracks (a published report)."""
+    import subprocess
+    try:
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "--", path.name],
+                                 cwd=path.resolve().parent, capture_output=True,
+                                 timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return
+    if tracked:
+        after = previous_text(str(path))
+        what = ("unchanged" if after == before else "rewritten: `git diff` shows what changed")
+        print(f"note: {path} is tracked by git (a published report), {what}")
+
+
 def cmd_leaderboard(argv: list[str]) -> int:
-    argv, out = take_option(argv, "out", "leaderboard.md")
     argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, out = take_option(argv, "out", default_report(out_dir, "leaderboard.md"))
     argv, include = take_option(argv, "include", "suite")  # suite: suite records only
     if argv:
         raise ConfigError(f"unknown argument '{argv[0]}'; leaderboard takes out_dir=<dir>, "
@@ -210,14 +250,16 @@ def cmd_leaderboard(argv: list[str]) -> int:
     selection = select_runs(out_dir, include)
     for path, reason in selection.bad:  # before a possible error: they may be why it is empty
         print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    before = previous_text(out)
     path = write_leaderboard(selection, out)
     print(f"{path}: {selection.summary()}")
+    tracked_note(Path(path), before)
     return 0
 
 
 def cmd_claims(argv: list[str]) -> int:
-    argv, out = take_option(argv, "out", "claims.md")
     argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, out = take_option(argv, "out", default_report(out_dir, "claims.md"))
     argv, include = take_option(argv, "include", "suite")
     argv, rules = take_option(argv, "rules", "")
     argv, check = take_option(argv, "check", "false")
@@ -241,9 +283,11 @@ def cmd_claims(argv: list[str]) -> int:
         print(f"{plural(len(claims), 'claim')} checked against {selection.summary()}: "
               f"{plural(len(found), 'problem')}")
         return 1 if found else 0
+    before = previous_text(out)
     path, decisions = write_claims(selection, out, rules or None, claims)
     counts = ", ".join(f"{sum(d.verdict == v for d in decisions)} {v}" for v in VERDICTS)
     print(f"{path}: {plural(len(decisions), 'claim')} ({counts}) from {selection.summary()}")
+    tracked_note(Path(path), before)
     return 0
 
 
@@ -442,7 +486,8 @@ def take_selection(argv: list[str]) -> tuple[list[str], tuple[int, int], str, bo
 
 def cmd_suite(argv: list[str]) -> int:
     """Each suite entry is a list of overrides; `argv` (e.g. out_dir=DIR) is added to every one.
-    A suite writes to results/ (the records boards and claims read) unless out_dir= is given."""
+    A suite writes to runs/ (git-ignored), like every run, unless out_dir= is given: maintainers
+    publish with out_dir=results, the records the committed boards and claims read."""
     argv, name = take_option(argv, "name", "")
     argv, *selection = take_selection(argv)
     from bench.config import load_suite, suite_label
@@ -450,7 +495,7 @@ def cmd_suite(argv: list[str]) -> int:
         return fail(f"suite needs name=<suite> or name=<file.yaml>; suites: "
                     f"{', '.join(choices('suite'))}")
     return run_entries(f"suite {name}", load_suite(name), argv, *selection,
-                       origin=f"suite:{suite_label(name)}", defaults=["out_dir=results"])
+                       origin=f"suite:{suite_label(name)}")
 
 
 def cmd_sweep(argv: list[str]) -> int:

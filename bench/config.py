@@ -138,7 +138,7 @@ class RunConfig:
     trainer_name: str
     trainer: TrainerConfig
     seed: int = 0
-    out_dir: str = "runs"  # conf/config.yaml's; suites default to results/ (bench/__main__.py)
+    out_dir: str = "runs"  # conf/config.yaml's; suites too (out_dir=results publishes)
     name: str = ""
     resume: str = ""
     overrides: list[str] = field(default_factory=list)

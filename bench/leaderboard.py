@@ -186,6 +186,8 @@ class Section:
     rows: dict[str, list[dict]] = field(default_factory=dict)
     duplicates: int = 0
     superseded: dict[str, list[dict]] = field(default_factory=dict)  # rows of older code
+    # newer code versions of a row with fewer seeds than the row shown for it: row -> its seeds
+    incomplete: dict[str, int] = field(default_factory=dict)
 
     @property
     def title(self) -> str:
@@ -292,17 +294,34 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
                      evaluations=evaluations)
 
 
+def current_version(rows: list[list[dict]]) -> list[dict]:
+    """Of the same config's rows of different code versions, the one that stands for it: a
+    newer version replaces an older one only when it has at least as many seeds, so a partial
+    re-run adds evidence and never removes any (a newer row of fewer seeds waits, shown as
+    incomplete, until it has them)."""
+    current = None
+    for runs in sorted(rows, key=lambda runs: max(r["_age"] for r in runs)):
+        if current is None or len(runs) >= len(current):
+            current = runs
+    return current
+
+
 def keep_newest_code(section: Section, lineage: dict[str, str]) -> None:
-    """Of rows that differ only by code version, the table shows the one with the newest record
-    (what the code does now); the others move to section.superseded, listed below the table."""
-    newest_row: dict[str, str] = {}
-    for row, runs in section.rows.items():
-        shown = newest_row.get(lineage[row])
-        if shown is None or (max(r["_age"] for r in runs)
-                             > max(r["_age"] for r in section.rows[shown])):
-            newest_row[lineage[row]] = row
-    for row in [row for row in section.rows if newest_row[lineage[row]] != row]:
-        section.superseded[row] = section.rows.pop(row)
+    """Of rows that differ only by code version, the table shows the current one
+    (current_version) and, when a newer one has fewer seeds, that one too, marked incomplete
+    (section.incomplete); the others move to section.superseded, listed below the table."""
+    by_config: dict[str, list[str]] = defaultdict(list)
+    for row in section.rows:
+        by_config[lineage[row]].append(row)
+    for rows in by_config.values():
+        newest = max(rows, key=lambda row: max(r["_age"] for r in section.rows[row]))
+        current = next(row for row in rows if section.rows[row] is current_version(
+            [section.rows[row] for row in rows]))
+        if newest != current:
+            section.incomplete[newest] = len(section.rows[current])
+        for row in rows:
+            if row not in (current, newest):
+                section.superseded[row] = section.rows.pop(row)
 
 
 def resolved_config(record: dict, group: str) -> dict:
@@ -340,7 +359,8 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
                   else tuple(group[0]["metrics"]["perplexity_ci"]["model"]))
         bpb = sum(r["metrics"]["bits_per_byte"]["model"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
-        rows.append((nats, label_of(group[0]), code_label(*commit_of(group[0])), group,
+        rows.append((nats, label_of(group[0]),
+                     code_label(*commit_of(group[0])) + incomplete_mark(section, group), group,
                      f"{exp_or_inf(nats):.2f} | [{lo:.2f}, {hi:.2f}]"
                      f"{'' if half is None else ' (seeds)'} | {fmt(nats)} | {fmt(bpb, 3)} | "
                      f"{group[0]['params']:,} | {group[0]['train']['steps']} | {len(group)} | "
@@ -371,6 +391,15 @@ def pooled_gap(group: list[dict]) -> tuple[float, float, float, float | None]:
     lo, hi = ((mean - half, mean + half) if half is not None
               else tuple(group[0]["metrics"]["bayes_gap_ci"]))
     return mean, lo, hi, half
+
+
+def incomplete_mark(section: Section, group: list[dict]) -> str:
+    """" (incomplete: 2 of 3 seeds)" for a newer code version's row that has fewer seeds than
+    the row of an older version shown beside it (keep_newest_code)."""
+    row = next((row for row, runs in section.rows.items() if runs is group), None)
+    if row not in section.incomplete:
+        return ""
+    return f" (incomplete: {len(group)} of {section.incomplete[row]} seeds)"
 
 
 def superseded_note(section: Section) -> list[str]:
@@ -420,7 +449,7 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
         mean, lo, hi, half = pooled_gap(group)
         rel = sum(r["metrics"]["relative_gap"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
-        code = code_label(*commit_of(group[0]))
+        code = code_label(*commit_of(group[0])) + incomplete_mark(section, group)
         rows.append((mean, label_of(group[0]), code, group,
                      f"{fmt_sig(mean)} | [{fmt_sig(lo)}, {fmt_sig(hi)}]"
                      f"{'' if half is None else ' (seeds)'} | "

@@ -121,6 +121,31 @@ def test_a_control_that_did_not_train_is_not_reached_never_fails(tmp_path):
     assert d.verdict == "undecided" and d.control is False
 
 
+def test_a_partial_rerun_by_newer_code_never_turns_a_decided_claim_undecided(tmp_path):
+    """Three seeds by older code decide the claim; two seeds by newer code (the same gaps)
+    would leave the t-interval too wide: the verdict keeps the older row until the newer one
+    has as many seeds, then uses the newer."""
+    out = tmp_path / "r"
+    seeds = [(0, 0.001, 0.080), (1, 0.004, 0.079), (2, 0.002, 0.081)]
+    put(out, *(record(MAMBA, seed=s, gap=g, stamp="20260101-100000") for s, g, _ in seeds),
+        *(record(NOCONV, seed=s, gap=n, stamp="20260101-100000") for s, _, n in seeds))
+    [before] = decide(out, rules_file(tmp_path))
+    assert before.verdict == "holds" and before.values["mamba"].seeds == [0, 1, 2]
+    newer = dict(commit="b" * 40, stamp="20260102-100000")
+    put(out, *(record(MAMBA, seed=s, gap=g, **newer) for s, g, _ in seeds[:2]),
+        *(record(NOCONV, seed=s, gap=n, **newer) for s, _, n in seeds[:2]))
+    [after] = decide(out, rules_file(tmp_path))
+    assert after.verdict == "holds" and after.values["mamba"].seeds == [0, 1, 2]
+    assert after.values["mamba"].code == "aaaaaaa"
+    alone = tmp_path / "alone"  # what the newer two seeds decide by themselves
+    put(alone, *(record(MAMBA, seed=s, gap=g, **newer) for s, g, _ in seeds[:2]),
+        *(record(NOCONV, seed=s, gap=n, **newer) for s, _, n in seeds[:2]))
+    assert decide(alone, rules_file(tmp_path))[0].verdict == "undecided"
+    put(out, record(MAMBA, seed=2, gap=0.002, **newer), record(NOCONV, seed=2, gap=0.081, **newer))
+    [complete] = decide(out, rules_file(tmp_path))
+    assert complete.verdict == "holds" and complete.values["mamba"].code == "bbbbbbb"
+
+
 def test_overlapping_intervals_are_undecided(tmp_path):
     """noconv >= 5 x mamba on the means (0.0051 vs 0.005), but their intervals overlap."""
     out = tmp_path / "r"

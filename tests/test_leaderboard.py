@@ -532,3 +532,50 @@ def test_plot_draws_records_and_names_what_it_skips(tmp_path, capsys):
     link.symlink_to(tmp_path / "target.png")
     assert main(["plot", str(single), f"out={link}"]) == 2  # writers never write through links
     assert not (tmp_path / "target.png").exists()
+
+
+def test_a_partial_rerun_by_newer_code_adds_a_row_and_never_replaces_more_seeds(tmp_path):
+    """A newer code version replaces an older one only with at least as many seeds: until then
+    both rows are shown, the newer marked incomplete (the claims keep the older row's seeds:
+    tests/test_claims.py)."""
+    old = [record(seed=s, gap=0.1, commit="a" * 40, stamp="20260101-100000") for s in range(3)]
+    new = [record(seed=s, gap=0.1, commit="b" * 40, stamp="20260102-100000") for s in range(2)]
+    put(tmp_path / "results", *old, *new)
+    text = build(tmp_path / "results", tmp_path / "lb.md")
+    assert sorted((r["code"], r["seeds"]) for r in model_rows(text)) == [
+        ("aaaaaaa", 3), ("bbbbbbb (incomplete: 2 of 3 seeds)", 2)]
+    assert "Older code versions" not in text
+    # the third seed by the newer code: it replaces the older row, which is named below
+    put(tmp_path / "results", record(seed=2, gap=0.1, commit="b" * 40, stamp="20260102-110000"))
+    text = build(tmp_path / "results", tmp_path / "lb.md")
+    assert [(r["code"], r["seeds"]) for r in model_rows(text)] == [("bbbbbbb", 3)]
+    assert "Older code versions of rows above, left out of the table: mamba @ aaaaaaa" in text
+
+
+def test_boards_of_other_records_go_beside_them_and_a_tracked_board_says_so(tmp_path, capsys,
+                                                                          monkeypatch):
+    """leaderboard and claims without out=: from results/ the published files at the top (one
+    line says when they rewrite a file git tracks); from any other folder (runs/) a board and
+    claims beside those records, never over the published ones."""
+    from bench.__main__ import main
+    monkeypatch.chdir(tmp_path)
+    put(tmp_path / "runs", record(seed=0), record(seed=1, gap=0.3))
+    assert main(["leaderboard", "out_dir=runs"]) == 0
+    assert main(["claims", "out_dir=runs"]) == 0
+    assert (tmp_path / "runs" / "leaderboard.md").is_file()
+    assert (tmp_path / "runs" / "claims.md").is_file()
+    assert not (tmp_path / "leaderboard.md").exists() and not (tmp_path / "claims.md").exists()
+    assert "tracked by git" not in capsys.readouterr().out
+    put(tmp_path / "results", record(seed=0))
+    git(tmp_path, "init", "-q")
+    assert main(["leaderboard"]) == 0
+    git(tmp_path, "add", "leaderboard.md")
+    capsys.readouterr()
+    assert main(["leaderboard"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "note: leaderboard.md is tracked by git (a published report), unchanged")
+    put(tmp_path / "results", record(seed=1, gap=0.3))
+    assert main(["leaderboard"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "note: leaderboard.md is tracked by git (a published report), rewritten: `git diff` "
+        "shows what changed")

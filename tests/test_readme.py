@@ -51,16 +51,17 @@ def expand(arg: str) -> str:
 
 
 def cheap(argv: list[str], scratch: Path) -> list[str]:
-    """argv with the few-steps settings of its command, and the committed records read, never
-    written: boards and claims go to the scratch directory."""
+    """argv with the few-steps settings of its command; the published records read, never
+    written: a board or claims of results/ go to the scratch directory (those of the runs/
+    the commands filled go beside them, as the README says)."""
     command, args = argv[0], argv[1:]
     settings = dict(CHEAPER.get(command, {}))
     if command == "run" and "print_config=true" in args:
         settings = {}
     if any(a.startswith("trainer.val_every=") for a in args):
         settings["trainer.val_every"] = "1"
-    if command in ("leaderboard", "claims"):
-        settings["out_dir"] = str(ROOT / "results")
+    if command in ("leaderboard", "claims") and not any(a.startswith("out_dir=") for a in args):
+        settings["out_dir"] = str(ROOT / "results")  # the published records: read, never written
         if "check=true" not in args:
             settings["out"] = str(scratch / f"{command}.md")
     kept = [expand(a) for a in args if a.split("=", 1)[0] not in settings]
@@ -103,3 +104,7 @@ def test_every_bench_command_of_the_readme_runs(tmp_path, monkeypatch, capsys):
             failed.append(f"{command}\n  as {' '.join(argv)}: exit {code}: {out.err.strip()[-300:]}")
     assert not failed, "\n".join(failed)
     assert (tmp_path / "runs" / "curves.png").is_file()  # `plot runs/` drew the runs above
+    # the suite's records went to runs/, and the board and claims of them beside them
+    assert not (tmp_path / "results").exists()
+    assert (tmp_path / "runs" / "leaderboard.md").is_file()
+    assert (tmp_path / "runs" / "claims.md").is_file()

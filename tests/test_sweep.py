@@ -173,8 +173,9 @@ def test_two_suites_of_one_name_are_refused(tmp_path, monkeypatch):
 def test_what_a_run_of_one_kind_writes_never_makes_another_kind_skip(tmp_path, monkeypatch,
                                                                      capsys):
     """An ad-hoc run of seed 0 in the suite's out_dir does not finish the suite's seed 0; the
-    suite's own record does. A sweep's entry is finished only by a sweep's record. run and
-    sweep write to runs/, suite to results/ by default; the progress bar goes to stderr."""
+    suite's own record does. A sweep's entry is finished only by a sweep's record. run, sweep
+    and suite write to runs/ by default (a suite publishes with out_dir=results); the progress
+    bar goes to stderr."""
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
     monkeypatch.setattr(bench.records, "provenance", lambda: dict(version))  # a clean checkout
     monkeypatch.setattr(bench.train, "code_of_this_process", lambda: dict(version))
@@ -193,20 +194,24 @@ def test_what_a_run_of_one_kind_writes_never_makes_another_kind_skip(tmp_path, m
     assert "Epoch 0" in captured.err
     assert [r["origin"] for r in records("results")] == ["adhoc"]
 
-    assert main(["suite", f"name={suite_file}"]) == 0  # out_dir: results by default
+    assert main(["suite", f"name={suite_file}", "out_dir=results"]) == 0  # published
     out = capsys.readouterr().out
     assert out.startswith("[1/1] seed=0") and "done already" not in out
     assert sorted(r["origin"] for r in records("results")) == ["adhoc", f"suite:{suite_file}"]
-    assert main(["suite", f"name={suite_file}"]) == 0
+    assert main(["suite", f"name={suite_file}", "out_dir=results"]) == 0
     assert "done already" in capsys.readouterr().out  # the skip works: the test can fail
     assert len(records("results")) == 2
+    assert main(["suite", f"name={suite_file}"]) == 0  # by default into runs/, the tree clean
+    assert "done already" not in capsys.readouterr().out
+    assert [r["origin"] for r in records("runs")] == [f"suite:{suite_file}"]
 
     # a sweep of the same config: suite records do not finish it; its own do
     assert main(["sweep", "seed=0,1", *TINY]) == 0
     assert "done already" not in capsys.readouterr().out
-    assert [r["origin"] for r in records("runs")] == ["sweep", "sweep"]
+    assert sorted(r["origin"] for r in records("runs")) == sorted(
+        ["sweep", "sweep", f"suite:{suite_file}"])
     assert main(["sweep", "seed=0-1", *TINY]) == 0
-    assert capsys.readouterr().out.count("done already") == 2 and len(records("runs")) == 2
+    assert capsys.readouterr().out.count("done already") == 2 and len(records("runs")) == 3
     assert len(records("results")) == 2
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from bench.claims.rules import Interval, RuleUndefined
 from bench.claims.spec import Claim, Quantity
-from bench.leaderboard import Selection, code_label, commit_of
+from bench.leaderboard import Selection, code_label, commit_of, current_version
 from bench.records import Environment, environment, record_matches
 from tasks.stats import across_seeds
 
@@ -144,7 +144,9 @@ class Measured:
 
 def pick(quantity: Quantity, rows: list[list[dict]]) -> list[dict] | None:
     """The records of quantity among rows: of the rows (each one code version in one
-    environment) matching its selector (and suite), the newest; None when no record matches."""
+    environment) matching its selector (and suite), the current one (leaderboard
+    current_version: the newest, unless an older one has more seeds: a partial re-run never
+    downgrades a verdict); None when no record matches."""
     matching = []
     for row in rows:
         if not record_matches(row[0], quantity.config):
@@ -155,7 +157,7 @@ def pick(quantity: Quantity, rows: list[list[dict]]) -> list[dict] | None:
             matching.append(row)
     if not matching:
         return None
-    return max(matching, key=lambda row: max(r["_age"] for r in row))
+    return current_version(matching)
 
 
 def on_one_machine(quantities: dict[str, Quantity], rows: list[list[dict]]
