@@ -560,11 +560,9 @@ def test_boards_of_other_records_go_beside_them_and_a_tracked_board_says_so(tmp_
     from bench.__main__ import main
     monkeypatch.chdir(tmp_path)
     put(tmp_path / "runs", record(seed=0), record(seed=1, gap=0.3))
-    assert main(["leaderboard", "out_dir=runs"]) == 0
-    assert main(["claims", "out_dir=runs"]) == 0
+    assert main(["leaderboard", "out_dir=runs"]) == 0  # claims alike: tests/test_readme.py
     assert (tmp_path / "runs" / "leaderboard.md").is_file()
-    assert (tmp_path / "runs" / "claims.md").is_file()
-    assert not (tmp_path / "leaderboard.md").exists() and not (tmp_path / "claims.md").exists()
+    assert not (tmp_path / "leaderboard.md").exists()
     assert "tracked by git" not in capsys.readouterr().out
     put(tmp_path / "results", record(seed=0))
     git(tmp_path, "init", "-q")
