@@ -265,7 +265,7 @@ def _text_argv(args: dict) -> list[str]:
     """Python's help texts (on every machine) in a tokenizer of GPT-2's vocabulary size, windows
     of 256: the project's BPE trained on them (once, cached in the call's scratch folder), or a
     local GPT-2 tokenizer.json. Never the hub."""
-    tokenizer = ([f"task.tokenizer=gpt2", f"task.tokenizer_file={args['tokenizer_file']}"]
+    tokenizer = (["task.tokenizer=gpt2", f"task.tokenizer_file={args['tokenizer_file']}"]
                  if args["tokenizer_file"] else ["task.tokenizer=bpe",
                                                  f"task.bpe_vocab_size={BPE_VOCAB}"])
     return ["task=pydoc", *tokenizer, f"task.cache_dir={args['scratch']}/text",
@@ -436,7 +436,7 @@ def section_ddp(args: dict) -> dict:
     return {}
 
 
-def warm_shapes(args: dict) -> dict[str, tuple[int, ...]]:
+def warm_shapes() -> dict[str, tuple[int, ...]]:
     """The scan shapes (batch, length, heads, headdim, groups, states, chunk) that the later
     sections run with the mamba_ssm kernel: speed's two configs and the 14.5M language model."""
     from bench.train import build
@@ -457,7 +457,7 @@ def section_warm(args: dict) -> dict:
     """Compile every autotune configuration of the SSD kernel for each shape, in parallel
     processes (one per shape and configuration index, longest first, as many at once as there
     are cores), then autotune each shape on the compiled cache in one process."""
-    shapes = warm_shapes(args)
+    shapes = warm_shapes()
     jobs = [(label, index) for index in range(17) for label in shapes]  # 17: the longest list
     slots = max(1, min(16, (os.cpu_count() or 2)))
     running, results, start = [], [], time.perf_counter()
@@ -631,8 +631,10 @@ def section_lm(args: dict) -> dict:
     from bench.memory import memory_estimate
     from bench.speed import configured, time_training
     from bench.train import apply_tf32_policy, build
+    from models.ssd import mamba_ssm_available
     apply_tf32_policy(False)
     device = torch.device("cuda")
+    scan_kernel = "mamba_ssm" if mamba_ssm_available() else "torch"
     step: dict[str, float] = {}
     for model in ("mamba_lm14m", "transformer_lm14m", "mamba_lm110m", "mamba_lm200m"):
         for compiled in ((False, True) if model.endswith("14m") else (False,)):
@@ -644,10 +646,7 @@ def section_lm(args: dict) -> dict:
                 config = _compose([*_text_argv(args), "trainer=lm", f"model={model}"])
                 task, _ = build(config)
                 estimate = memory_estimate(config, task, "cuda")
-                kernel = "mamba_ssm" if hasattr(config.model, "kernel") else None
-                from models.ssd import mamba_ssm_available
-                if kernel and not mamba_ssm_available():
-                    kernel = "torch"
+                kernel = scan_kernel if hasattr(config.model, "kernel") else None
                 setting = {"kernel": kernel, "precision": "bf16-mixed", "compile": compiled}
                 torch.cuda.reset_peak_memory_stats()
                 timing = time_training(configured(config, setting), device, args["steps"])

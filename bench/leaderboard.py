@@ -315,8 +315,8 @@ def keep_newest_code(section: Section, lineage: dict[str, str]) -> None:
         by_config[lineage[row]].append(row)
     for rows in by_config.values():
         newest = max(rows, key=lambda row: max(r["_age"] for r in section.rows[row]))
-        current = next(row for row in rows if section.rows[row] is current_version(
-            [section.rows[row] for row in rows]))
+        chosen = current_version([section.rows[row] for row in rows])
+        current = next(row for row in rows if section.rows[row] is chosen)
         if newest != current:
             section.incomplete[newest] = len(section.rows[current])
         for row in rows:
@@ -353,14 +353,14 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
              "| model | code | perplexity | 95% CI | nats/token | bits/byte | params | steps | "
              "seeds | wall (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
     rows, models = [], {}
-    for group in section.rows.values():
+    for row_key, group in section.rows.items():
         nats, half = across_seeds([r["metrics"]["loss"]["model"] for r in group])
         lo, hi = ((exp_or_inf(nats - half), exp_or_inf(nats + half)) if half is not None
                   else tuple(group[0]["metrics"]["perplexity_ci"]["model"]))
         bpb = sum(r["metrics"]["bits_per_byte"]["model"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
         rows.append((nats, label_of(group[0]),
-                     code_label(*commit_of(group[0])) + incomplete_mark(section, group), group,
+                     code_label(*commit_of(group[0])) + incomplete_mark(section, row_key), group,
                      f"{exp_or_inf(nats):.2f} | [{lo:.2f}, {hi:.2f}]"
                      f"{'' if half is None else ' (seeds)'} | {fmt(nats)} | {fmt(bpb, 3)} | "
                      f"{group[0]['params']:,} | {group[0]['train']['steps']} | {len(group)} | "
@@ -393,13 +393,12 @@ def pooled_gap(group: list[dict]) -> tuple[float, float, float, float | None]:
     return mean, lo, hi, half
 
 
-def incomplete_mark(section: Section, group: list[dict]) -> str:
+def incomplete_mark(section: Section, row: str) -> str:
     """" (incomplete: 2 of 3 seeds)" for a newer code version's row that has fewer seeds than
     the row of an older version shown beside it (keep_newest_code)."""
-    row = next((row for row, runs in section.rows.items() if runs is group), None)
     if row not in section.incomplete:
         return ""
-    return f" (incomplete: {len(group)} of {section.incomplete[row]} seeds)"
+    return f" (incomplete: {len(section.rows[row])} of {section.incomplete[row]} seeds)"
 
 
 def superseded_note(section: Section) -> list[str]:
@@ -445,11 +444,11 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
     lines += ["| model | code | Bayes gap | 95% CI | relative gap | params | state | steps | "
               "seeds | wall (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
-    for group in section.rows.values():
+    for row_key, group in section.rows.items():
         mean, lo, hi, half = pooled_gap(group)
         rel = sum(r["metrics"]["relative_gap"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
-        code = code_label(*commit_of(group[0])) + incomplete_mark(section, group)
+        code = code_label(*commit_of(group[0])) + incomplete_mark(section, row_key)
         rows.append((mean, label_of(group[0]), code, group,
                      f"{fmt_sig(mean)} | [{fmt_sig(lo)}, {fmt_sig(hi)}]"
                      f"{'' if half is None else ' (seeds)'} | "

@@ -287,6 +287,28 @@ def sampler_cost(task, repeats: int = 10) -> dict:
     return {"batch_s": sorted(times)[len(times) // 2], "aten_calls": calls}
 
 
+def _short_fit(config: RunConfig, callback, **trainer_changes):
+    """A short fit of config as a run makes it (progress bar on, the run's logger), its log in a
+    scratch folder and its bar swallowed, with `callback` added and `trainer_changes` applied;
+    no checkpoints, no validation. Returns the Trainer."""
+    import io
+
+    from bench.module import ICLModule
+    from bench.train import make_trainer, quiet_lightning
+
+    quiet_lightning()
+    apply_tf32_policy(config.trainer.tf32)
+    with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):
+        config = dataclasses.replace(config, out_dir=scratch, trainer=dataclasses.replace(
+            config.trainer, progress=True, checkpoint_every=0, val_every=0, **trainer_changes))
+        task, model = build(config)
+        module = ICLModule(model, task, config.trainer)
+        trainer = make_trainer(config, "short-fit")
+        trainer.callbacks.append(callback)
+        trainer.fit(module, datamodule=task)
+    return trainer
+
+
 def step_profile(config: RunConfig, steps: int = 4) -> dict:
     """The aten calls and host synchronisations of one whole training step away from logging
     steps, as Lightning runs it: from the end of one step to the end of the next, so the batch
@@ -294,12 +316,7 @@ def step_profile(config: RunConfig, steps: int = 4) -> dict:
     progress bar and the logger's end of the batch are all in it (a short fit with log_every
     beyond its steps, its log in a scratch folder). On CUDA also the synchronisations
     torch.cuda.set_sync_debug_mode("warn") reports in that step."""
-    import io
-
     import lightning as L
-
-    from bench.module import ICLModule
-    from bench.train import make_trainer, quiet_lightning
 
     probe_step = steps - 2  # the step profiled: neither the first (a logging step) nor the last
     found: dict = {}
@@ -335,20 +352,10 @@ def step_profile(config: RunConfig, steps: int = 4) -> dict:
                 found["ops"] = Counter({e.key: e.count for e in self.profiler.key_averages()
                                         if e.key.startswith("aten::")})
 
-    quiet_lightning()
-    apply_tf32_policy(config.trainer.tf32)
-    with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):
-        config = dataclasses.replace(config, out_dir=scratch, trainer=dataclasses.replace(
-            config.trainer, max_steps=steps, log_every=steps + 1, progress=True,
-            checkpoint_every=0, val_every=0,
-            # the batches sampled in a loader worker, as on a GPU: the sampler's own ops are
-            # CPU work there, never the device's
-            loader_workers=max(1, config.trainer.loader_workers)))
-        task, model = build(config)
-        module = ICLModule(model, task, config.trainer)
-        trainer = make_trainer(config, "step-profile")
-        trainer.callbacks.append(Probe())
-        trainer.fit(module, datamodule=task)
+    # the batches sampled in a loader worker, as on a GPU: the sampler's own ops are CPU work
+    # there, never the device's
+    trainer = _short_fit(config, Probe(), max_steps=steps, log_every=steps + 1,
+                         loader_workers=max(1, config.trainer.loader_workers))
     ops = found["ops"]
     cuda_syncs = [str(w.message).splitlines()[0] for w in found["warnings"]
                   if "synchroniz" in str(w.message)]
@@ -365,13 +372,9 @@ def lightning_step_time(config: RunConfig, steps: int = 30) -> dict:
     steps left out, with the device synchronised at each step end (a measurement's sync, not
     the run's); and the share of it between one step's end and the next step's start, i.e.
     waiting for the next batch and its copy (what loader workers are for)."""
-    import io
     import statistics
 
     import lightning as L
-
-    from bench.module import ICLModule
-    from bench.train import make_trainer, quiet_lightning
 
     marks: dict[str, list] = {"start": [], "end": []}
 
@@ -387,16 +390,7 @@ def lightning_step_time(config: RunConfig, steps: int = 30) -> dict:
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             self._mark(trainer, module, "end")
 
-    quiet_lightning()
-    apply_tf32_policy(config.trainer.tf32)
-    with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):
-        config = dataclasses.replace(config, out_dir=scratch, trainer=dataclasses.replace(
-            config.trainer, max_steps=steps, progress=True, checkpoint_every=0, val_every=0))
-        task, model = build(config)
-        module = ICLModule(model, task, config.trainer)
-        trainer = make_trainer(config, "step-time")
-        trainer.callbacks.append(Clock())
-        trainer.fit(module, datamodule=task)
+    _short_fit(config, Clock(), max_steps=steps)
     log_every = config.trainer.log_every
     starts = dict(marks["start"])  # global_step at a step's start -> time
     ends = dict((step - 1, t) for step, t in marks["end"])  # the step that ended -> time

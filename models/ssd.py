@@ -285,20 +285,19 @@ def resolve_kernel(kernel: str, device: torch.device, dtype: torch.dtype = torch
     device = torch.device(device)
     if device.type != "cuda":
         return _auto_cache.setdefault(device.type, "torch")
-    tested = (device.type, shape)
-    if device.type not in _auto_cache or (_auto_cache[device.type] == "mamba_ssm"
-                                          and shape is not None and tested not in _smoke_tested):
-        reason = mamba_ssm_kernel_error()
-        if reason is None:
-            _smoke_tested.add(tested)
-            reason = (_smoke_test_kernel(device, shape) if shape is not None
-                      else _smoke_test_kernel(device))
-            if reason is not None:  # installed but broken: worth a warning
-                _auto_fallback[device.type] = reason
-                warnings.warn(f"model.kernel=auto: the mamba_ssm kernel imports but does not run "
-                              f"on {device} ({reason}); using the pure-PyTorch scan")
-        if device.type not in _auto_cache or reason is not None:
-            _auto_cache[device.type] = "mamba_ssm" if reason is None else "torch"
+    decided = _auto_cache.get(device.type)
+    if decided == "torch" or (decided == "mamba_ssm"
+                              and (shape is None or (device.type, shape) in _smoke_tested)):
+        return decided
+    reason = mamba_ssm_kernel_error()
+    if reason is None:
+        _smoke_tested.add((device.type, shape))
+        reason = _smoke_test_kernel(device, shape)
+        if reason is not None:  # installed but broken: worth a warning
+            _auto_fallback[device.type] = reason
+            warnings.warn(f"model.kernel=auto: the mamba_ssm kernel imports but does not run "
+                          f"on {device} ({reason}); using the pure-PyTorch scan")
+    _auto_cache[device.type] = "mamba_ssm" if reason is None else "torch"
     return _auto_cache[device.type]
 
 

@@ -314,13 +314,11 @@ class Task(L.LightningDataModule, abc.ABC):
         """Every tensor of a Batch (and of the test loader's (index, Batch) pairs) copied to the
         device without blocking: Lightning's own copy would treat a Batch as one object with a `to`
         and call it blocking, a host synchronisation per tensor and step."""
-        if isinstance(batch, Batch):
+        if isinstance(batch, (Batch, Tensor)):
             return batch.to(device, non_blocking=True)
         if isinstance(batch, (tuple, list)):
             return type(batch)(self.transfer_batch_to_device(b, device, dataloader_idx)
                                for b in batch)
-        if isinstance(batch, Tensor):
-            return batch.to(device, non_blocking=True)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def train_dataloader(self):

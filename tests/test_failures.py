@@ -396,7 +396,7 @@ def test_a_suite_counts_a_run_done_only_in_the_environment_it_would_run_in(tmp_p
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     # the kernel imports and a call of it runs (kernel=auto resolves once per process)
     monkeypatch.setattr(models.ssd, "mamba_ssm_kernel_error", lambda: None)
-    monkeypatch.setattr(models.ssd, "_smoke_test_kernel", lambda device: None)
+    monkeypatch.setattr(models.ssd, "_smoke_test_kernel", lambda device, shape=None: None)
     monkeypatch.setattr(models.ssd, "_auto_cache", {})
     assert finished_runs([config]) == {}
     put("a100", {"device": "cuda:0", "device_name": "NVIDIA A100-SXM4-80GB",

@@ -329,7 +329,7 @@ def test_auto_falls_back_to_torch_when_the_kernel_imports_but_does_not_run(monke
     monkeypatch.setattr(ssd, "mamba_ssm_kernel_error", lambda: None)
     calls = []
 
-    def broken(device):
+    def broken(device, shape=None):
         calls.append(device)
         return "RuntimeError: no kernel image is available for execution on the device"
 
@@ -341,7 +341,7 @@ def test_auto_falls_back_to_torch_when_the_kernel_imports_but_does_not_run(monke
     assert ssd.kernel_fallback("cuda").startswith("RuntimeError: no kernel image")
     assert ssd.kernel_fallback("cpu") is None and ssd.resolve_kernel("auto", "cpu") == "torch"
     monkeypatch.setattr(ssd, "_auto_cache", {})
-    monkeypatch.setattr(ssd, "_smoke_test_kernel", lambda device: None)
+    monkeypatch.setattr(ssd, "_smoke_test_kernel", lambda device, shape=None: None)
     assert ssd.resolve_kernel("auto", torch.device("cuda")) == "mamba_ssm"
 
 
