@@ -12,6 +12,7 @@
   plot         a figure of run records: training loss, gap by position (<record|dir> ...)
   eval         score a run's saved weights again on another task config (weights=<file>)
   compare      two runs on the same held-out set, paired by sequence (<A.json> <B.json>)
+  identities   what each record's config does under its code and today's: which records are current
 
 python -m bench <command> --help   that command's usage
 """
@@ -102,6 +103,16 @@ USAGE = {
                "over the paired sequences, and which is better or that they are not "
                "distinguishable; overall and by context-length band. Records without "
                "per-sequence losses (older ones, text) are refused.",
+    "identities": "python -m bench identities [out_dir=results] [check=false]\n  The "
+                  "behavioural identity (bench/identity.py: training batches, held-out set, "
+                  "references, initial parameters, schedule, three optimizer steps, scoring) of "
+                  "every `ok` record's config under the commit that made it and under today's "
+                  "code, kept in <out_dir>/identities.json, which the leaderboard, the claims and "
+                  "the suite runner read: records whose identity today's code reproduces pool "
+                  "with today's runs and count as current; the others are named as stale with "
+                  "the parts that differ. Only what is missing is computed. check=true: compute "
+                  "today's identities again and compare them with the index; exit 1 on a "
+                  "difference.",
     "gpucheck": "python -m bench gpucheck [sections=env,tiny,paper,ddp,warm,parity,speed,lm,"
                 "text,suite] [budget=450] [out=$OUT, else runs/gpucheck] [steps=20] "
                 "[suite=paper000_gpu] [suite_entries=1-3] [tokenizer_file=<tokenizer.json>]\n"
@@ -429,6 +440,20 @@ def finished_runs(configs: list) -> dict[int, str]:
     return done
 
 
+def cmd_identities(argv: list[str]) -> int:
+    argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, check = take_option(argv, "check", "false")
+    if argv:
+        raise ConfigError(f"unknown argument '{argv[0]}'; identities takes out_dir=<dir>, "
+                          "check=true|false")
+    if check not in ("true", "false"):
+        raise ConfigError(f"check must be true or false, got '{check}'")
+    if not os.path.isdir(out_dir):
+        raise ConfigError(f"out_dir '{out_dir}' is not a directory")
+    from bench.identities import report_identities
+    return report_identities(out_dir, check == "true")
+
+
 def cmd_plot(argv: list[str]) -> int:
     argv, out = take_option(argv, "out", "")
     options = [arg for arg in argv if "=" in arg and not os.path.exists(arg)]
@@ -614,7 +639,8 @@ def main(argv: list[str] | None = None) -> int:
         code = {"run": cmd_run, "references": cmd_references, "leaderboard": cmd_leaderboard,
                 "claims": cmd_claims, "speed": cmd_speed, "suite": cmd_suite, "sweep": cmd_sweep,
                 "list": cmd_list, "gpucheck": cmd_gpucheck, "plot": cmd_plot,
-                "eval": cmd_eval, "compare": cmd_compare}[command](rest)
+                "eval": cmd_eval, "compare": cmd_compare,
+                "identities": cmd_identities}[command](rest)
         if code and command in ("suite", "sweep"):
             from bench.signals import wait_for_rank_zero
             wait_for_rank_zero()  # a DDP rank leaves after rank 0, so rank 0's exit is its own

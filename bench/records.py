@@ -58,6 +58,8 @@ CODE_PATHS = ("bench", "tasks", "models", "conf", "pyproject.toml")
 # leaderboard's layout changes no result, so a suite run over several sessions stays one version.
 DOWNSTREAM_PATHS = ("conf/papers", "conf/suite", "bench/claims", "bench/leaderboard.py",
                     "bench/compare.py", "bench/report.py", "bench/plot.py",
+                    # the behavioural identity: it measures the code, it shapes no result
+                    "bench/identity.py", "bench/identities.py",
                     # where claims and paper suites lived before conf/papers/: old commits
                     "conf/claims", "bench/claims.py")
 
