@@ -404,19 +404,22 @@ def origin_kind(origin) -> str:
 def finished_runs(configs: list) -> dict[int, str]:
     """{index in configs: record path} of the configs that have an `ok` record of their own kind
     in their out_dir — a suite entry a suite's record (any suite's: boards and claims pool
-    them), a sweep entry a sweep's; an ad-hoc run finishes nothing — with the same seed, made
-    by the current code version (records.code_digest) from a clean checkout in the environment
-    the run would train in here (checks.planned_environment: a CPU record does not finish a
-    GPU run, nor the reverse). Nothing counts as finished when the code version is unknown or
-    dirty: then nobody can tell that the record's code is the code about to run."""
+    them), a sweep entry a sweep's; an ad-hoc run finishes nothing — with the same seed, in the
+    environment the run would train in here (checks.planned_environment: a CPU record does not
+    finish a GPU run, nor the reverse), made by the current code version (records.code_digest)
+    from a clean checkout, or by code whose behavioural identity for the config is today's
+    (<out_dir>/identities.json; today's identity is computed here, a few seconds per config,
+    where such a record waits for it). Nothing counts as finished when the code version is
+    unknown or dirty: then nobody can tell that the record's code is the code about to run."""
     from bench.leaderboard import code_version
     from bench.checks import planned_environment
+    from bench.identities import fill_current, load_index
     from bench.records import environment, provenance, read_records, record_matches
     here = provenance()
     if not here["code"] or here["dirty"] is not False:
         return {}
     by_dir: dict[str, list[dict]] = {}
-    done = {}
+    candidates: dict[int, list[dict]] = {}  # config -> its records, by whatever code
     for i, config in enumerate(configs):
         planned = planned_environment(config)
         if config.out_dir not in by_dir:
@@ -429,14 +432,31 @@ def finished_runs(configs: list) -> dict[int, str]:
                         # ad-hoc run or a sweep of the same config does not finish a suite entry
                         and origin_kind(config.origin) != "adhoc"
                         and origin_kind(record.get("origin")) == origin_kind(config.origin)
-                        and code_version(record) == (here["code"], False)
                         and record_matches(record, config)
                         and environment(record) == planned)
             except (KeyError, TypeError):  # a malformed record proves nothing
                 same = False
             if same:
+                candidates.setdefault(i, []).append(record)
+    done = {}
+    indexes = {}
+    for i, records in candidates.items():
+        out_dir = configs[i].out_dir
+        if out_dir not in indexes:
+            indexes[out_dir] = load_index(out_dir)
+        index = indexes[out_dir]
+        for record in records:
+            if code_version(record) == (here["code"], False):
                 done[i] = record["_path"]
                 break
+        else:  # records of other code: today's if their identity is today's
+            known = [r for r in records if index.identity(r) is not None]
+            if known and fill_current(index, known, (here["code"], here["commit"])):
+                print(f"computed today's identity of a config with records of other code in "
+                      f"{out_dir}", file=sys.stderr)
+            same = [r for r in known if index.identity(r) == index.identity(r, here["code"])]
+            if same:
+                done[i] = same[0]["_path"]
     return done
 
 

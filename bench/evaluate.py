@@ -349,6 +349,10 @@ def is_suspicious(metrics: dict) -> bool:
             and metrics["bayes_gap_ci"][1] < -ROUNDING_GAP)
 
 
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def fmt(x: float | None, digits: int = 4) -> str:
     """x with a fixed number of decimals: for bounded quantities (accuracy, bits per byte)."""
     if x is None or (isinstance(x, float) and math.isnan(x)):

@@ -52,8 +52,8 @@ def config_key(record: dict) -> str:
     seed 0), not the names (a preset's name changes nothing it runs)."""
     trainer = {k: v for k, v in resolved_config(record, "trainer").items()
                if k not in RESULT_NEUTRAL}
-    described = [record["task"]["family"], resolved_config(record, "task"),
-                 record["model"]["family"], resolved_config(record, "model"), trainer]
+    described = [record["task"].get("family"), resolved_config(record, "task"),
+                 record["model"].get("family"), resolved_config(record, "model"), trainer]
     return hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -105,6 +105,8 @@ class Index:
     def identity(self, record: dict, code: str | None = None) -> str | None:
         """The record's identity (or, with `code`, its config's under that code version), or
         None where it is not known."""
+        if not self.codes:
+            return None
         if code is None:
             code = record_code(record)[0]
         found = self.entry(code, config_key(record))
@@ -219,8 +221,11 @@ def fill(index: Index, wanted: dict[str, dict[str, dict]], commits: dict[str, st
     checkout, probed in place. Returns the number of probes run."""
     ran = 0
     for code, specs in wanted.items():
-        slot = index.codes.setdefault(code, {"commit": commits[code], "torch": torch_version,
-                                             "probe": probe_digest(), "configs": {}})
+        slot = index.codes.get(code)
+        if slot is None or (slot.get("torch"), slot.get("probe")) != (torch_version,
+                                                                      probe_digest()):
+            slot = index.codes[code] = {"commit": commits[code], "torch": torch_version,
+                                        "probe": probe_digest(), "configs": {}}
         missing = [spec for key, spec in specs.items() if key not in slot["configs"]]
         if not missing:
             continue
@@ -235,6 +240,22 @@ def fill(index: Index, wanted: dict[str, dict[str, dict]], commits: dict[str, st
                     results = {spec["key"]: {"error": str(error)} for spec in missing}
         slot["configs"].update(results)
         ran += len(missing)
+    return ran
+
+
+def fill_current(index: Index, records: list[dict], today: tuple[str, str]) -> int:
+    """Today's identities of the records' configs that the index lacks, computed and saved
+    (a suite deciding which entries are done); the number computed."""
+    import torch
+    wanted = {today[0]: {config_key(r): spec_of(r, resolved=True) for r in records
+                         if index.entry(today[0], config_key(r)) is None}}
+    if not wanted[today[0]]:
+        return 0
+    ran = fill(index, wanted, {today[0]: today[1]}, torch.__version__, today)
+    try:
+        save_index(index, f"python -m bench identities out_dir={index.path.parent}")
+    except OSError as error:  # an unwritable index costs the next suite the probes again
+        print(f"warning: {index.path} not written ({error})", file=sys.stderr)
     return ran
 
 
@@ -315,7 +336,7 @@ def ok_records(out_dir: str | Path) -> list[dict]:
 
 
 def summary_lines(status: Status, today: tuple[str, str] | None) -> list[str]:
-    from bench.leaderboard import plural
+    from bench.evaluate import plural
     label = today[1][:7] if today else "unknown"
     lines = [f"current under today's code ({label}): {plural(len(status.current), 'record')}"]
     for parts, records in sorted(status.stale.items(), key=lambda kv: -len(kv[1])):
@@ -357,7 +378,7 @@ def report_identities(out_dir: str, check: bool = False) -> int:
 
     ran = fill(index, wanted, commits, torch.__version__, today, log)
     path = save_index(index, command)
-    from bench.leaderboard import plural
+    from bench.evaluate import plural
     print(f"{path}: {plural(len(records), 'record')}, {plural(ran, 'probe')} run in "
           f"{time.perf_counter() - start:.0f} s")
     for line in summary_lines(standing(index, records, today[0] if today else None), today):

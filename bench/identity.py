@@ -205,11 +205,19 @@ def probe(spec: dict) -> dict:
     """The identity of one config (spec: a record's task, model and trainer sections) under the
     code this process imported: {"identity", "parts", "precision", "seconds"}. Deterministic:
     seed 0, one thread, the CPU."""
-    import lightning as L
     import torch
-    from bench import train
     start = time.perf_counter()
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        return _probe(spec, start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _probe(spec: dict, start: float) -> dict:
+    import lightning as L
+    from bench import train
     parts: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="icl-identity-") as out_dir, \
             contextlib.redirect_stdout(io.StringIO()):
@@ -263,6 +271,10 @@ def foreign_modules(tree: str) -> list[str]:
                   and not os.path.realpath(module.__file__).startswith(root))
 
 
+# What the probe calls that the first committed records' checkout did not have yet
+NEEDED_FILES = ("bench/reference_cache.py", "bench/evaluate.py", "bench/train.py")
+
+
 def main() -> int:
     """Script mode, in the checkout to probe (the working directory): a JSON list of {"key",
     "task", "model", "trainer"} on stdin; one JSON line per spec on stdout, {"key", ...probe()}
@@ -271,7 +283,12 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     specs = json.load(sys.stdin)
     out = sys.stdout
+    lacking = [path for path in NEEDED_FILES if not os.path.isfile(path)]
     for spec in specs:
+        if lacking:
+            out.write(json.dumps({"key": spec["key"], "format": FORMAT,
+                                  "error": f"the checkout has no {lacking[0]}"}) + "\n")
+            continue
         try:
             result = probe(spec)
         except Exception as error:  # an old checkout that lacks what the probe needs

@@ -4,12 +4,16 @@ its interval.
 Pooling rules (the header of leaderboard.md repeats them):
 - A section is one task name + resolved task config + held-out set size (`metrics.sequences`):
   gaps measured on different held-out sets are never compared or pooled.
-- Within a section a row is one model name + resolved model config + training budget + code
-  version (commit, and whether bench/ tasks/ models/ conf/ pyproject.toml differed from it) +
-  environment (records.environment: device, SSD kernel, precision, compile, TF32); a row that
-  did not run on the CPU says where it ran.
+- Within a section a row is one model name + resolved model config + training budget +
+  version + environment (records.environment: device, SSD kernel, precision, compile, TF32); a
+  row that did not run on the CPU says where it ran. The version is the record's behavioural
+  identity where <out_dir>/identities.json knows it (bench/identities.py: records of different
+  commits whose code does the same with the config pool), else its code version (commit, and
+  whether bench/ tasks/ models/ conf/ pyproject.toml differed from it).
 - A row counts each seed once: of several records of one seed (a re-run, a resumed copy) the
-  newest is kept and the others are counted as duplicates.
+  newest is kept and the others are counted as duplicates; two records of one seed from
+  different commits pooled by one identity whose results differ are named (the identity missed
+  a difference).
 - Several seeds are summarised by their mean gap and a 95% t-interval across seeds; a single
   seed shows its bootstrap interval over held-out sequences.
 By default only suite records (origin "suite:<name>") are used, so an ad-hoc `python -m bench run`
@@ -29,11 +33,12 @@ from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
 
-from bench.config import ConfigError, family_schema
-from bench.evaluate import fmt, fmt_loss, fmt_sig, loss_resolution
+from bench.config import ConfigError
+from bench.evaluate import fmt, fmt_loss, fmt_sig, loss_resolution, plural
+from bench.identities import Index, current_code, load_index, resolved_config
 from bench.plot import plot_gaps
 from bench.records import (RESULT_NEUTRAL, code_digest, environment, not_a_regular_file,
-                           output_path, read_records, with_defaults)
+                           output_path, read_records)
 from tasks.files import write_atomic
 from tasks.stats import across_seeds
 
@@ -60,10 +65,6 @@ STAMP = re.compile(r"--(\d{8}-\d{6})-[0-9a-f]+$")  # bench.records.new_run_id's 
 
 def digest(obj) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:8]
-
-
-def plural(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def exp_or_inf(x: float) -> float:
@@ -111,6 +112,22 @@ def code_label(commit: str | None, dirty: bool | None) -> str:
     if commit is None:
         return "unknown"
     return commit[:7] + {True: "+dirty", False: "", None: "?"}[dirty]
+
+
+def version_of(record: dict, index: Index, today: str | None) -> tuple[tuple, str]:
+    """(what rows pool by, its label): the record's behavioural identity where the index knows
+    it (bench/identities.py), labelled `≡<identity>` and `, current` when today's code has the
+    same identity for the config; else its code version (code_version), labelled by commit."""
+    found = index.identity(record)
+    if found is None:
+        return code_version(record), code_label(*commit_of(record))
+    current = today is not None and index.identity(record, today) == found
+    return ("identity", found), f"≡{found[:8]}" + (", current" if current else "")
+
+
+def version_label(record: dict) -> str:
+    """The label of the version a selected record pools by (version_of), or its commit's."""
+    return record.get("_version") or code_label(*commit_of(record))
 
 
 def number_or_null(value) -> bool:
@@ -188,6 +205,8 @@ class Section:
     superseded: dict[str, list[dict]] = field(default_factory=dict)  # rows of older code
     # newer code versions of a row with fewer seeds than the row shown for it: row -> its seeds
     incomplete: dict[str, int] = field(default_factory=dict)
+    # records of one seed pooled by one identity whose results differ (disagree)
+    conflicts: list[str] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -250,9 +269,12 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
     if not directory.is_dir():
         raise ConfigError(f"out_dir '{out_dir}' is not a directory")
     records, bad = read_records(directory)
+    index = load_index(directory)
+    today = current_code() if index.codes else None
     failed = adhoc = evaluations = 0
     newest: dict[tuple, dict[tuple, dict]] = defaultdict(dict)  # section -> (row, seed) -> record
     duplicates: dict[tuple, int] = defaultdict(int)
+    conflicts: dict[tuple, list[str]] = defaultdict(list)
     lineage: dict[str, str] = {}  # row -> the same row without its code version
     for record in records:
         if record.get("status") != "ok":
@@ -275,23 +297,46 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
                    if k not in RESULT_NEUTRAL}
         config = [record["model"]["name"], resolved_config(record, "model"), trainer,
                   *environment(record)]
-        row = digest([*config, *code_version(record)])
+        version, record["_version"] = version_of(record, index, today and today[0])
+        row = digest([*config, *version])
         lineage[row] = digest(config)
         seen = newest[section].get((row, record["seed"]))
         if seen is not None:
             duplicates[section] += 1
+            disagreement = disagree(seen, record)
+            if disagreement:
+                conflicts[section].append(disagreement)
             if seen["_age"] > record["_age"]:
                 continue
         newest[section][(row, record["seed"])] = record
     sections = []
     for key in sorted(newest, key=lambda k: (k[0], k[2], k[1])):
-        section = Section(*key, duplicates=duplicates[key])
+        section = Section(*key, duplicates=duplicates[key], conflicts=conflicts[key])
         for (row, _seed), record in sorted(newest[key].items(), key=lambda kv: kv[0]):
             section.rows.setdefault(row, []).append(record)
         keep_newest_code(section, lineage)
         sections.append(section)
     return Selection(str(out_dir), include, sections, sorted(bad), failed, adhoc,
                      evaluations=evaluations)
+
+
+def headline(record: dict) -> float:
+    metrics = record["metrics"]
+    return metrics["bayes_gap"] if "bayes_gap" in metrics else metrics["loss"]["model"]
+
+
+def disagree(first: dict, second: dict) -> str:
+    """Two records of one seed in one row made by different commits (pooled by their identity)
+    whose headline differs beyond rounding: behaviour the identity's probe cannot see (after its
+    steps, on a GPU) differs, and the row is not one experiment. "" when they agree."""
+    if commit_of(first)[0] == commit_of(second)[0]:
+        return ""
+    a, b = headline(first), headline(second)
+    if abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1e-12):
+        return ""
+    return (f"{label_of(first)} seed {first['seed']}: {fmt_sig(a, 6)} "
+            f"({code_label(*commit_of(first))}) vs {fmt_sig(b, 6)} "
+            f"({code_label(*commit_of(second))}) under identity {first['_version']}")
 
 
 def current_version(rows: list[list[dict]]) -> list[dict]:
@@ -324,13 +369,6 @@ def keep_newest_code(section: Section, lineage: dict[str, str]) -> None:
                 section.superseded[row] = section.rows.pop(row)
 
 
-def resolved_config(record: dict, group: str) -> dict:
-    """The record's task, model or trainer config with the fields added after it was written at
-    their defaults, so a config field added later does not split a section or a row in two."""
-    family = "default" if group == "trainer" else record[group].get("family")
-    return with_defaults(record[group]["config"], family_schema(group, family))
-
-
 def mean_curve(curves: list[list]) -> list:
     out = []
     for values in zip(*curves):
@@ -350,6 +388,7 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
              f"{section.sequences} held-out windows ({metrics.get('bytes_per_token', 0):.2f} bytes "
              "per token); no Bayes predictor exists for text, the references are baselines fit "
              "on the training split.", "",
+             *conflict_note(section),
              "| model | code | perplexity | 95% CI | nats/token | bits/byte | params | steps | "
              "seeds | wall (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
     rows, models = [], {}
@@ -360,7 +399,7 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
         bpb = sum(r["metrics"]["bits_per_byte"]["model"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
         rows.append((nats, label_of(group[0]),
-                     code_label(*commit_of(group[0])) + incomplete_mark(section, row_key), group,
+                     version_label(group[0]) + incomplete_mark(section, row_key), group,
                      f"{exp_or_inf(nats):.2f} | [{lo:.2f}, {hi:.2f}]"
                      f"{'' if half is None else ' (seeds)'} | {fmt(nats)} | {fmt(bpb, 3)} | "
                      f"{group[0]['params']:,} | {group[0]['train']['steps']} | {len(group)} | "
@@ -401,6 +440,15 @@ def incomplete_mark(section: Section, row: str) -> str:
     return f" (incomplete: {len(section.rows[row])} of {section.incomplete[row]} seeds)"
 
 
+def conflict_note(section: Section) -> list[str]:
+    """Records of one seed that one identity pooled although their results differ (disagree)."""
+    if not section.conflicts:
+        return []
+    return [f"Warning: records of one seed pooled by one behavioural identity disagree, so the "
+            f"identity misses a difference (behaviour after its probe): "
+            f"{'; '.join(section.conflicts)}. The newest record of each seed is used.", ""]
+
+
 def superseded_note(section: Section) -> list[str]:
     """One line naming the rows of older code versions that the table leaves out."""
     if not section.superseded:
@@ -413,7 +461,7 @@ def superseded_note(section: Section) -> list[str]:
         else:
             nats, _ = across_seeds([r["metrics"]["loss"]["model"] for r in group])
             value = f"perplexity {exp_or_inf(nats):.2f}"
-        items.append(f"{label_of(group[0])} @ {code_label(*commit_of(group[0]))}: {value}, "
+        items.append(f"{label_of(group[0])} @ {version_label(group[0])}: {value}, "
                      f"{plural(len(group), 'seed')}")
     return ["", "Older code versions of rows above, left out of the table: " + "; ".join(items)
             + "."]
@@ -435,7 +483,8 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
         lines += [f"{plural(section.duplicates, 'duplicate record')} (re-runs or resumed copies "
                   "of a seed already counted) left out; the newest record of each seed is used.",
                   ""]
-    losses = {code_label(*commit_of(r)): r["metrics"]["loss"][reference] for r in runs}
+    lines += conflict_note(section)
+    losses = {version_label(r): r["metrics"]["loss"][reference] for r in runs}
     if max(losses.values()) - min(losses.values()) > 1e-9 * (1 + abs(max(losses.values()))):
         # same held-out set, different reference loss: the code versions disagree on the task
         lines += [f"Note: the loss of `{reference}` differs between code versions ("
@@ -448,7 +497,7 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
         mean, lo, hi, half = pooled_gap(group)
         rel = sum(r["metrics"]["relative_gap"] for r in group) / len(group)
         wall = sum(r["train"]["wall_time_s"] for r in group) / len(group)
-        code = code_label(*commit_of(group[0])) + incomplete_mark(section, row_key)
+        code = version_label(group[0]) + incomplete_mark(section, row_key)
         rows.append((mean, label_of(group[0]), code, group,
                      f"{fmt_sig(mean)} | [{fmt_sig(lo)}, {fmt_sig(hi)}]"
                      f"{'' if half is None else ' (seeds)'} | "
@@ -465,7 +514,7 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
             name = f"{name} #{digest([group[0]['model'], group[0]['trainer']])}"
         models[name] = mean_curve([r["per_position"]["gap.model"] for r in group])
     lines += superseded_note(section)
-    lines += ["", f"Reference losses from the newest record ({code_label(*commit_of(newest))}).",
+    lines += ["", f"Reference losses from the newest record ({version_label(newest)}).",
               "", "| reference | role | loss | gap | 95% CI |", "|---|---|---|---|---|"]
     references = {}
     resolution = loss_resolution({n: metrics["gap"][n] for n in metrics["roles"]})
@@ -508,8 +557,12 @@ def header(selection: Selection) -> list[str]:
             "predictor: their sections show perplexity beside n-gram baselines.", "",
             "A section is one task config on one held-out set (task name + config + number of "
             "held-out sequences): gaps on different held-out sets are never pooled. A row pools "
-            "distinct seeds of one model config and training budget run with one code version "
-            "(the code of bench/, tasks/, models/, conf/ and pyproject.toml: commits that changed "
+            "distinct seeds of one model config and training budget run with one behavioural "
+            "identity (`≡<identity>`: what the config does under the code that ran it, measured "
+            "by `python -m bench identities` and kept in <out_dir>/identities.json, so records "
+            "of commits whose code behaves alike pool; `, current`: today's code has that "
+            "identity) or, for a record without one, one code version (the code of bench/, "
+            "tasks/, models/, conf/ and pyproject.toml: commits that changed "
             "only other files pool; `code`: the commit of the row's first record; `+dirty`: that "
             "code differed from the commit; `?`: not recorded) in one environment (device, SSD "
             "kernel, precision, compile, TF32: CPU and GPU runs never pool; a row that did not "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from bench.claims.rules import Interval, RuleUndefined
 from bench.claims.spec import Claim, Quantity
-from bench.leaderboard import Selection, code_label, commit_of, current_version
+from bench.leaderboard import Selection, current_version, version_label
 from bench.records import Environment, environment, record_matches
 from tasks.stats import across_seeds
 
@@ -196,7 +196,7 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
         interval = (max(interval[0], low), min(interval[1], high))
     order = sorted(range(len(row)), key=lambda i: row[i]["seed"])
     return Measured(mean, interval, [row[i]["seed"] for i in order],
-                    code_label(*commit_of(row[-1])), half is not None, environment(row[0]).kernel,
+                    version_label(row[-1]), half is not None, environment(row[0]).kernel,
                     [values[i] for i in order])
 
 

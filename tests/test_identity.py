@@ -1,0 +1,273 @@
+"""The behavioural identity (bench/identity.py) and its index (bench/identities.py): a refactor
+that changes no number keeps every identity, a planted change in each layer changes the identity
+of exactly the configs it affects, rows and suites pool by identity, and an index that cannot be
+trusted is not used."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import bench.module
+import bench.train
+from bench import identities
+from bench.config import compose
+from bench.identity import Fingerprint, PARTS, fingerprint, probe
+from bench.leaderboard import select_runs, write_leaderboard
+from tasks.markov import MarkovTask
+
+from test_leaderboard import model_rows, put, record
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Three small configs: what a planted change affects differs between them.
+CONFIGS = {
+    "markov-mamba-800": ["task=markov", "task.seq_len=32", "model=mamba", "model.d_model=8",
+                         "model.headdim=8", "trainer.max_steps=800"],
+    "markov-transformer-100": ["task=markov", "task.seq_len=32", "model=transformer",
+                               "model.d_model=8", "trainer.max_steps=100"],
+    "linreg-transformer-800": ["task=linreg", "task.seq_len=16", "task.n_features=2",
+                               "model=transformer", "model.d_model=8", "trainer.max_steps=800"],
+}
+
+
+def spec(argv: list[str]) -> dict:
+    described = compose([*argv, "trainer.bootstrap=50"]).describe()
+    return {"key": "k", **{group: described[group] for group in ("task", "model", "trainer")}}
+
+
+def identities_of() -> dict[str, dict]:
+    return {name: probe(spec(argv)) for name, argv in CONFIGS.items()}
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    return identities_of()
+
+
+def test_the_fingerprint_rounds_to_six_significant_digits():
+    same = [(1.0, 1.0000004), (123456.7, 123457.2), (9.9999996, 10.000001), (-2e-30, -2.0000001e-30)]
+    for a, b in same:
+        assert fingerprint(a) == fingerprint(b)
+        assert fingerprint(torch.tensor([a, 0.0])) == fingerprint(torch.tensor([b, 0.0]))
+    for a, b in [(1.0, 1.00001), (1.0, -1.0), (0.0, 1e-300), (float("nan"), float("inf")),
+                 (float("inf"), float("-inf"))]:
+        assert fingerprint(torch.tensor([a], dtype=torch.float64)) != \
+            fingerprint(torch.tensor([b], dtype=torch.float64))
+    # integers exactly; shapes and kinds count
+    assert fingerprint(torch.tensor([1, 2])) != fingerprint(torch.tensor([[1, 2]]))
+    assert fingerprint(torch.tensor([1, 2])) != fingerprint(torch.tensor([1.0, 2.0]))
+    assert fingerprint({"a": 1, "b": [2.0]}) == Fingerprint().add({"b": [2.0], "a": 1}).hexdigest()
+
+
+def test_the_probe_is_deterministic_and_leaves_the_thread_count(baseline):
+    threads = torch.get_num_threads()
+    again = probe(spec(CONFIGS["markov-mamba-800"]))
+    assert again["identity"] == baseline["markov-mamba-800"]["identity"]
+    assert torch.get_num_threads() == threads
+    assert set(again["parts"]) == set(PARTS)
+    assert len({result["identity"] for result in baseline.values()}) == 3
+
+
+def changed(baseline: dict, now: dict) -> dict[str, set[str]]:
+    """{config: the parts whose digest moved} for the configs whose identity moved."""
+    return {name: {part for part in PARTS if now[name]["parts"][part] != result["parts"][part]}
+            for name, result in baseline.items() if now[name]["identity"] != result["identity"]}
+
+
+def test_a_planted_sampler_change_moves_only_the_configs_of_that_task(baseline, monkeypatch):
+    original = MarkovTask.sample_given
+
+    def sample_given(self, latent, generator):  # one draw of one token differs
+        batch = original(self, latent, generator)
+        batch.inputs[0, 0] = 1 - batch.inputs[0, 0]
+        return batch
+    monkeypatch.setattr(MarkovTask, "sample_given", sample_given)
+    moved = changed(baseline, identities_of())
+    assert set(moved) == {"markov-mamba-800", "markov-transformer-100"}
+    assert all({"train_batches", "held_out"} <= parts for parts in moved.values())
+
+
+def test_a_planted_reference_change_moves_only_references_and_scoring(baseline, monkeypatch):
+    original = MarkovTask.unigram
+
+    def unigram(self, batch):
+        out = original(self, batch).clone()
+        out[0, 0, 0] -= 1e-3
+        return out
+    monkeypatch.setattr(MarkovTask, "unigram", unigram)
+    moved = changed(baseline, identities_of())
+    assert moved == {"markov-mamba-800": {"references", "scoring"},
+                     "markov-transformer-100": {"references", "scoring"}}
+
+
+def test_a_planted_init_change_moves_only_that_model(baseline, monkeypatch):
+    original = bench.train.build_model
+
+    def build_model(family, config, io):
+        model = original(family, config, io)
+        if family == "mamba":
+            with torch.no_grad():
+                next(model.parameters()).view(-1)[0] += 1e-3
+        return model
+    monkeypatch.setattr(bench.train, "build_model", build_model)
+    moved = changed(baseline, identities_of())
+    assert set(moved) == {"markov-mamba-800"}
+    assert {"init", "steps", "scoring"} <= moved["markov-mamba-800"]
+
+
+def test_a_planted_late_schedule_change_moves_only_the_longer_runs(baseline, monkeypatch):
+    original = bench.module.cosine_with_warmup
+
+    def schedule(step, warmup, total, floor):  # differs from step 500 on only
+        return original(step, warmup, total, floor) * (0.9 if step >= 500 else 1.0)
+    monkeypatch.setattr(bench.module, "cosine_with_warmup", schedule)
+    moved = changed(baseline, identities_of())
+    assert moved == {"markov-mamba-800": {"schedule"}, "linreg-transformer-800": {"schedule"}}
+
+
+def test_a_planted_scoring_change_moves_only_the_scoring(baseline, monkeypatch):
+    original = MarkovTask.summarize
+
+    def summarize(self, batch, losses, scores=None):
+        return {**original(self, batch, losses, scores), "planted": 1.0}
+    monkeypatch.setattr(MarkovTask, "summarize", summarize)
+    moved = changed(baseline, identities_of())
+    assert moved == {"markov-mamba-800": {"scoring"}, "markov-transformer-100": {"scoring"}}
+
+
+def test_a_refactor_that_moves_a_function_keeps_the_identity(baseline, tmp_path):
+    """The schedule function moved to a module of its own: other bytes, a new code digest, the
+    same identity (measured in a checkout of the refactored code, as old commits are)."""
+    tree = tmp_path / "tree"
+    for path in identities.CODE_PATHS:
+        (shutil.copytree if (REPO / path).is_dir() else shutil.copyfile)(REPO / path, tree / path)
+    module = (tree / "bench" / "module.py").read_text()
+    start = module.index("def cosine_with_warmup(")
+    end = module.index("class ICLModule(")
+    (tree / "bench" / "schedule.py").write_text("import math\n\n\n" + module[start:end])
+    (tree / "bench" / "module.py").write_text(
+        module[:start] + "from bench.schedule import cosine_with_warmup\n\n\n" + module[end:])
+    argv = CONFIGS["markov-mamba-800"]
+    (result,) = identities.run_probes(tree, [spec(argv)]).values()
+    assert "error" not in result, result
+    assert result["identity"] == baseline["markov-mamba-800"]["identity"]
+
+
+# --- the index and what reads it -----------------------------------------------------------
+
+def indexed(tmp_path: Path, identity_of: dict[str, str], today: str | None = None) -> Path:
+    """results/ with an index giving every config of record() the identity `identity_of[code]`
+    under each code version."""
+    out = tmp_path / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    key = identities.config_key(record())
+    index = identities.Index(out / identities.INDEX_NAME)
+    for code, found in identity_of.items():
+        index.codes[code] = {"commit": code * 5, "torch": torch.__version__,
+                             "probe": identities.probe_digest(),
+                             "configs": {key: {"identity": found, "parts": {}}}}
+    identities.save_index(index, "test")
+    return out
+
+
+def made_by(code: str, **extra) -> dict:
+    return record(provenance={"commit": (code * 40)[:40], "code": code, "dirty": False,
+                              "torch": torch.__version__}, **extra)
+
+
+def test_records_of_different_commits_with_one_identity_pool_into_one_row(tmp_path):
+    out = indexed(tmp_path, {"c0de1": "1d" * 8, "c0de2": "1d" * 8, "c0de3": "2e" * 8})
+    put(out, made_by("c0de1", seed=0, gap=0.1, stamp="20260101-100000"),
+        made_by("c0de2", seed=1, gap=0.3, stamp="20260102-100000"),
+        made_by("c0de3", seed=0, gap=0.5, stamp="20260103-100000"))
+    write_leaderboard(select_runs(str(out)), str(tmp_path / "lb.md"))
+    text = (tmp_path / "lb.md").read_text()
+    # the two commits that behave alike pool (2 seeds); the third is newer but has 1 seed
+    assert sorted((r["code"], r["seeds"]) for r in model_rows(text)) == [
+        ("≡1d1d1d1d", 2), ("≡2e2e2e2e (incomplete: 1 of 2 seeds)", 1)]
+
+
+def test_one_seed_disagreeing_under_one_identity_is_named(tmp_path):
+    out = indexed(tmp_path, {"c0de1": "1d" * 8, "c0de2": "1d" * 8})
+    put(out, made_by("c0de1", seed=0, gap=0.1, stamp="20260101-100000"),
+        made_by("c0de2", seed=0, gap=0.1, stamp="20260102-100000"),
+        made_by("c0de1", seed=1, gap=0.2, stamp="20260101-100000"),
+        made_by("c0de2", seed=1, gap=0.25, stamp="20260102-100000"))
+    selection = select_runs(str(out))
+    (section,) = selection.sections
+    assert len(section.conflicts) == 1 and "seed 1: 0.2 (c0de1c0) vs 0.25 (c0de2c0)" in \
+        section.conflicts[0]
+    write_leaderboard(selection, str(tmp_path / "lb.md"))
+    assert "identity misses a difference" in (tmp_path / "lb.md").read_text()
+
+
+def test_an_index_that_does_not_match_its_digest_is_ignored(tmp_path, capsys):
+    out = indexed(tmp_path, {"c0de1": "1d" * 8, "c0de2": "1d" * 8})
+    data = json.loads((out / identities.INDEX_NAME).read_text())
+    data["codes"]["c0de2"]["configs"][identities.config_key(record())]["identity"] = "ff" * 8
+    (out / identities.INDEX_NAME).write_text(json.dumps(data))
+    assert identities.load_index(out).codes == {}
+    assert "does not match the digest it was written with; ignored" in capsys.readouterr().err
+    put(out, made_by("c0de1", seed=0), made_by("c0de2", seed=1, stamp="20260102-100000"))
+    (section,) = select_runs(str(out)).sections
+    assert len(section.rows) + len(section.superseded) == 2  # by code version, not pooled
+
+
+def test_a_record_of_another_torch_or_a_dirty_checkout_has_no_identity(tmp_path):
+    out = indexed(tmp_path, {"c0de1": "1d" * 8})
+    index = identities.load_index(out)
+    assert index.identity(made_by("c0de1")) == "1d" * 8
+    other = made_by("c0de1")
+    other["provenance"]["torch"] = "1.0"
+    dirty = made_by("c0de1")
+    dirty["provenance"]["dirty"] = True
+    assert index.identity(other) is None and index.identity(dirty) is None
+    status = identities.standing(index, [made_by("c0de1"), dirty], None)
+    assert not status.current and set(status.unknown) == {
+        "made by a dirty checkout", "today's code is dirty or unknown"}
+
+
+def test_standing_names_the_parts_that_differ(tmp_path):
+    out = tmp_path / "results"
+    out.mkdir()
+    key = identities.config_key(record())
+    index = identities.Index(out / identities.INDEX_NAME)
+    parts = {part: "0" for part in PARTS}
+    for code, moved in (("old", "init"), ("same", None), ("today", None)):
+        index.codes[code] = {"torch": torch.__version__, "configs": {key: {
+            "identity": moved or "same", "parts": {**parts, **({moved: "1"} if moved else {})}}}}
+    status = identities.standing(index, [made_by("old"), made_by("same")], "today")
+    assert [r["provenance"]["code"] for r in status.current] == ["same"]
+    assert list(status.stale) == [("init",)]
+
+
+def test_a_suite_entry_is_done_by_a_record_whose_identity_is_todays(tmp_path, monkeypatch):
+    """A record made by older code counts as done when its identity is today's code's (the
+    suite then runs only what is stale); with another identity it does not."""
+    import bench.records
+    from bench.__main__ import finished_runs
+    monkeypatch.setattr(bench.records, "provenance",
+                        lambda: {"commit": "t" * 40, "code": "today", "dirty": False})
+    argv = ["task=markov", "model=mamba", "trainer.max_steps=10", "trainer.progress=false"]
+    config = compose([*argv, f"out_dir={tmp_path / 'results'}"])
+    config.origin = "suite:leaderboard"
+    described = config.describe()
+    rec = made_by("older", overrides=argv)
+    rec.update({k: described[k] for k in ("task", "model", "trainer")})
+    rec["train"] = {"steps": 10, "wall_time_s": 1.0, "device": "cpu", "device_name": "cpu",
+                    "kernel": "torch", "precision": "32-true", "compile": False, "tf32": False}
+    for code_identity, done in (("1d" * 8, True), ("2e" * 8, False)):
+        out = tmp_path / "results"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        index = identities.Index(out / identities.INDEX_NAME)
+        key = identities.config_key(rec)
+        for code, found in (("older", "1d" * 8), ("today", code_identity)):
+            index.codes[code] = {"commit": code, "torch": torch.__version__,
+                                 "probe": identities.probe_digest(),
+                                 "configs": {key: {"identity": found, "parts": {}}}}
+        identities.save_index(index, "test")
+        put(out, rec)
+        assert (0 in finished_runs([config])) is done
