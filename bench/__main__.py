@@ -443,18 +443,18 @@ def finished_runs(configs: list) -> dict[int, str]:
     for i, records in candidates.items():
         out_dir = configs[i].out_dir
         if out_dir not in indexes:
-            indexes[out_dir] = load_index(out_dir)
+            indexes[out_dir] = load_index(out_dir, today=here["code"])
         index = indexes[out_dir]
         for record in records:
             if code_version(record) == (here["code"], False):
                 done[i] = record["_path"]
                 break
-        else:  # records of other code: today's if their identity is today's
-            known = [r for r in records if index.identity(r) is not None]
+        else:  # records of other code: done if today's code reproduces what theirs did
+            known = [r for r in records if index.own(r) is not None]
             if known and fill_current(index, known, (here["code"], here["commit"])):
                 print(f"computed today's identity of a config with records of other code in "
                       f"{out_dir}", file=sys.stderr)
-            same = [r for r in known if index.identity(r) == index.identity(r, here["code"])]
+            same = [r for r in known if index.is_current(r)]
             if same:
                 done[i] = same[0]["_path"]
     return done

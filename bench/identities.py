@@ -91,31 +91,57 @@ def torch_of(record: dict) -> str | None:
     return version if isinstance(version, str) else None
 
 
+def reproduces(old: dict, new: dict) -> bool:
+    """Whether the probe result `new` (today's code) reproduces `old` (an older code's) for one
+    config: every number old measured agrees (bench.identity.agrees)."""
+    return not differing_parts(old, new)
+
+
+def differing_parts(old: dict, new: dict) -> list[str]:
+    return [part for part in probe_module.PARTS
+            if probe_module.differing(old["parts"].get(part, {}), new["parts"].get(part, {}))]
+
+
 @dataclass
 class Index:
     """code digest -> {"commit": the commit its identities were computed at, "torch": the torch
-    they were computed with, "configs": {config key: probe result, or {"error": why}}}."""
+    they were computed with, "probe": the probe's digest, "configs": {config key: probe result,
+    or {"error": why}}}; `today`: the code digest of this checkout, when clean."""
     path: Path
     codes: dict[str, dict] = field(default_factory=dict)
     command: str = ""
+    today: str | None = None
 
     def entry(self, code: str | None, key: str) -> dict | None:
-        return (self.codes.get(code) or {}).get("configs", {}).get(key) if code else None
+        found = (self.codes.get(code) or {}).get("configs", {}).get(key) if code else None
+        return found if found and "identity" in found else None
 
-    def identity(self, record: dict, code: str | None = None) -> str | None:
-        """The record's identity (or, with `code`, its config's under that code version), or
-        None where it is not known."""
+    def own(self, record: dict) -> dict | None:
+        """The probe result of the record's config under the code that made it, or None where
+        it is not known (not computed, not computable, or the record ran another torch)."""
         if not self.codes:
             return None
-        if code is None:
-            code = record_code(record)[0]
+        code = record_code(record)[0]
         found = self.entry(code, config_key(record))
-        if not found or "identity" not in found:
+        if found is None or torch_of(record) not in (None, self.codes[code].get("torch")):
+            return None  # another torch drew other random streams than the probe's
+        return found
+
+    def is_current(self, record: dict) -> bool:
+        """Whether today's code reproduces what the record's code does with its config."""
+        own = self.own(record)
+        now = self.entry(self.today, config_key(record)) if own is not None else None
+        return now is not None and reproduces(own, now)
+
+    def identity(self, record: dict) -> str | None:
+        """What the record pools by: today's identity of its config when today's code reproduces
+        its own, else its own; None where unknown."""
+        own = self.own(record)
+        if own is None:
             return None
-        torch_version = self.codes[code].get("torch")
-        if code is not None and torch_of(record) not in (None, torch_version):
-            return None  # its torch drew other random streams than the probe's
-        return found["identity"]
+        if self.is_current(record):
+            return self.entry(self.today, config_key(record))["identity"]
+        return own["identity"]
 
 
 def probe_digest() -> str:
@@ -127,11 +153,12 @@ def content_digest(codes: dict) -> str:
     return hashlib.sha256(json.dumps(codes, sort_keys=True).encode()).hexdigest()
 
 
-def load_index(out_dir: str | Path, quiet: bool = False) -> Index:
-    """The index of out_dir; empty when there is none, or when the file cannot be trusted (not a
-    regular file, unreadable, another format, content not matching its digest: then a warning)."""
+def load_index(out_dir: str | Path, today: str | None = None, quiet: bool = False) -> Index:
+    """The index of out_dir, comparing with the code digest `today`; empty when there is none,
+    or when the file cannot be trusted (not a regular file, unreadable, another format, content
+    not matching its digest: then a warning)."""
     path = Path(out_dir) / INDEX_NAME
-    index = Index(path)
+    index = Index(path, today=today)
     if not os.path.lexists(path):
         return index
     problem = not_a_regular_file(path)
@@ -277,15 +304,16 @@ class Status:
     unknown: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))
 
 
-def standing(index: Index, records: list[dict], today: str | None) -> Status:
+def standing(index: Index, records: list[dict]) -> Status:
     status = Status()
     for record in records:
         code, _, why = record_code(record)
         key = config_key(record)
-        mine, now = index.entry(code, key), index.entry(today, key)
+        mine = (index.codes.get(code) or {}).get("configs", {}).get(key)
+        now = (index.codes.get(index.today) or {}).get("configs", {}).get(key)
         if why:
             status.unknown[why].append(record)
-        elif today is None:
+        elif index.today is None:
             status.unknown["today's code is dirty or unknown"].append(record)
         elif mine is None or now is None:
             status.unknown["identity not computed (python -m bench identities)"].append(record)
@@ -293,14 +321,12 @@ def standing(index: Index, records: list[dict], today: str | None) -> Status:
             which = mine if "error" in mine else now
             where = "its code" if "error" in mine else "today's code"
             status.unknown[f"probe failed under {where}: {which['error']}"].append(record)
-        elif index.identity(record) is None:
+        elif index.own(record) is None:
             status.unknown["made with another torch than the probe's"].append(record)
-        elif mine["identity"] == now["identity"]:
+        elif index.is_current(record):
             status.current.append(record)
         else:
-            differ = tuple(part for part in probe_module.PARTS
-                           if mine["parts"].get(part) != now["parts"].get(part))
-            status.stale[differ].append(record)
+            status.stale[tuple(differing_parts(mine, now))].append(record)
     return status
 
 
@@ -381,7 +407,8 @@ def report_identities(out_dir: str, check: bool = False) -> int:
     from bench.evaluate import plural
     print(f"{path}: {plural(len(records), 'record')}, {plural(ran, 'probe')} run in "
           f"{time.perf_counter() - start:.0f} s")
-    for line in summary_lines(standing(index, records, today[0] if today else None), today):
+    index.today = today[0] if today else None
+    for line in summary_lines(standing(index, records), today):
         print(line)
     return 0
 
@@ -398,11 +425,14 @@ def check_index(index: Index, wanted: dict, today: tuple[str, str] | None,
     fresh = Index(index.path)
     fill(fresh, {today[0]: {k: s for k, s in wanted[today[0]].items() if k in stored}},
          {today[0]: today[1]}, torch.__version__, today)
-    differ = [key for key, result in fresh.codes[today[0]]["configs"].items()
-              if result.get("identity") != stored[key].get("identity")]
-    for key in differ:
-        print(f"error: config {key}: identity {stored[key].get('identity')} in the index, "
-              f"{fresh.codes[today[0]]['configs'][key].get('identity')} computed now",
+    differ = {}
+    for key, result in fresh.codes[today[0]]["configs"].items():
+        if "error" in result or "error" in stored[key]:
+            differ[key] = "a probe failed"
+        elif not (reproduces(stored[key], result) and reproduces(result, stored[key])):
+            differ[key] = ", ".join(differing_parts(stored[key], result)) + " differ"
+    for key, why in differ.items():
+        print(f"error: config {key}: the index's identity is not reproduced ({why})",
               file=sys.stderr)
     print(f"{len(stored)} identities of today's code checked: {len(differ)} differ")
     return 1 if differ else 0

@@ -2,13 +2,14 @@
 
 Records used to be grouped by a digest of the code's bytes, so any refactor made every result
 stale. The identity is what the code *does* with a config instead, measured on the CPU in a few
-seconds: two code versions whose identity agrees for a config ran the same experiment, and their
-records pool (bench/leaderboard.py). It is a digest of these parts, each a digest of numbers
-rounded to SIGNIFICANT significant digits (so a sum taken in another order does not count as a
-change, and a change that moves a result in its 6th digit does):
+seconds: when today's code reproduces every number an older code version's probe measured for a
+config, up to TOLERANCE (a sum taken in another order is no change; a change that moves a result
+is), the two ran the same experiment and their records pool (bench/identities.py,
+bench/leaderboard.py). Numbers are kept as summaries (`summarize`: a float array as its length,
+sum, norm and two fixed ±1 projections), in these parts:
 
-- train_batches: the training batches of the first PROBE_STEPS steps, as the data loader gives
-  them to the training step, and the batch of the run's last step (its generator's key);
+- train_batches: the training batches of the first PROBE_STEPS steps (inputs, targets, mask), as
+  the data loader gives them to the training step;
 - held_out: the first PROBE_SEQUENCES sequences of the held-out set (as the task draws them for a
   held-out set of that size), and references: every reference's per-position scores on them;
 - init: the model's parameters as built for seed 0; optimizer: AdamW's groups (sizes and
@@ -23,9 +24,11 @@ change, and a change that moves a result in its 6th digit does):
 What it cannot see: behaviour that only shows after step PROBE_STEPS (a change to the sampler of
 late steps only, or to the model beyond what three steps exercise), on more held-out sequences,
 on a GPU (kernels, bf16/16-mixed numerics: records of other environments never pool anyway), on
-DDP ranks other than 0, in resumed runs and in live validation. Two records of one seed under one
-identity must then agree: the leaderboard compares them and names an identity whose records
-disagree, so a blind spot shows instead of pooling silently.
+DDP ranks other than 0, in resumed runs and in live validation; and what a newer code version
+adds (a metric, a reference) without changing what the older one measured, which older records
+lack. Two records of one seed under one identity must then agree: the leaderboard compares them
+and names an identity whose records disagree, so a blind spot shows instead of pooling silently.
+The identity's name (`label`) is a digest of the summaries to 4 significant digits.
 
 This file runs as a script (`python identity.py`, JSON specs on stdin, one JSON line per spec
 on stdout) inside a checkout of any commit, old ones included (bench/identities.py runs it in a
@@ -47,13 +50,16 @@ import sys
 import tempfile
 import time
 
-FORMAT = "icl-bench/identity/1"
+FORMAT = "icl-bench/identity/2"
 PROBE_STEPS = 3
 PROBE_SEQUENCES = 8
 SCHEDULE_POINTS = 16
-SIGNIFICANT = 6
 PARTS = ("train_batches", "held_out", "references", "init", "optimizer", "schedule", "steps",
          "scoring")
+# Two measurements agree when every number differs by at most TOLERANCE relative to its scale:
+# a float32 sum taken in another order differs by ~1e-7, a planted change of 1e-3 in one of a
+# 14M-parameter model's weights moves its summaries by ~1e-5.
+TOLERANCE = 2e-6
 # Trainer settings the probe overrides: it trains PROBE_STEPS steps on one CPU process, with no
 # logs, checkpoints, caches or compilation (none of which changes a number).
 PROBE_TRAINER = {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "strategy": "auto",
@@ -62,72 +68,90 @@ PROBE_TRAINER = {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "strategy":
                  "save_weights": False}
 # Precisions a CPU trains in; the others (16-mixed) probe in float32.
 CPU_PRECISIONS = ("32-true", "64-true", "bf16-mixed")
+VECTOR = "v"  # the tag of a float array's summary
 
 
-class Fingerprint:
-    """An incremental digest of nested values: numbers rounded to SIGNIFICANT significant
-    digits, tensors by dtype kind, shape and rounded values, strings and structure exactly."""
-
-    def __init__(self):
-        self.hash = hashlib.sha256()
-
-    def add(self, value) -> "Fingerprint":
-        import torch
-        if isinstance(value, torch.Tensor):
-            self._tensor(value.detach().cpu())
-        elif isinstance(value, dict):
-            self._text("{")
-            for key in sorted(value, key=str):
-                self._text(str(key))
-                self.add(value[key])
-            self._text("}")
-        elif isinstance(value, (list, tuple)):
-            self._text("[")
-            for item in value:
-                self.add(item)
-            self._text("]")
-        elif isinstance(value, bool) or value is None:
-            self._text(repr(value))
-        elif isinstance(value, int):
-            self._text(f"i{value}")
-        elif isinstance(value, float):
-            self._text(f"f{value:.{SIGNIFICANT}g}" if math.isfinite(value) else f"f{value}")
+def summarize(value, path: str = "", out: dict | None = None) -> dict:
+    """value (nested dicts, lists, tensors, numbers) flattened to {path: summary}: exact text
+    for what is exact (integers, token tensors, strings, structure), a float for a float, and
+    for a float array ["v", n, sum, norm, two ±1 projections] in float64 — enough to see any
+    change beyond rounding without storing the array."""
+    import torch
+    out = {} if out is None else out
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        if tensor.is_floating_point() and tensor.numel():
+            out[path] = [VECTOR, *_vector(tensor.to(torch.float64).flatten())]
         else:
-            self._text(f"s{value}")
-        return self
-
-    def _text(self, text: str) -> None:
-        self.hash.update(text.encode() + b"\0")
-
-    def _tensor(self, tensor) -> None:
-        import torch
-        self._text(f"t{'f' if tensor.is_floating_point() else 'i'}{tuple(tensor.shape)}")
-        if not tensor.is_floating_point():
-            self.hash.update(tensor.to(torch.int64).contiguous().numpy().tobytes())
-            return
-        x = tensor.to(torch.float64).flatten()
-        finite = torch.isfinite(x)
-        safe = torch.where(finite & (x != 0), x, torch.ones_like(x))
-        exponent = torch.floor(torch.log10(safe.abs()))
-        mantissa = torch.round(safe * torch.pow(10.0, SIGNIFICANT - 1 - exponent))
-        # rounding can carry into the next power of ten (9.999995 -> 10.0000): renormalise
-        carry = mantissa.abs() >= 10 ** SIGNIFICANT
-        mantissa = torch.where(carry, torch.round(mantissa / 10), mantissa)
-        exponent = exponent + carry
-        code = torch.where(finite, torch.where(x == 0, 0.0, 1.0),
-                           torch.where(torch.isnan(x), 2.0, torch.sign(x) * 3.0))
-        self.hash.update(torch.stack([mantissa * (code == 1), exponent * (code == 1), code])
-                         .to(torch.int64).contiguous().numpy().tobytes())
-
-    def hexdigest(self, length: int = 16) -> str:
-        return self.hash.hexdigest()[:length]
+            digest = hashlib.sha256(tensor.to(torch.int64).contiguous().numpy().tobytes())
+            out[path] = f"t{tuple(tensor.shape)}:{digest.hexdigest()[:16]}"
+    elif isinstance(value, dict):  # its keys are in its leaves' paths: one added is no change
+        if not value:
+            out[path] = "{}"
+        for key in value:
+            summarize(value[key], f"{path}/{key}", out)
+    elif isinstance(value, (list, tuple)):
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        if numbers and any(isinstance(v, float) for v in value) and len(value) > 4:
+            summarize(torch.tensor(value, dtype=torch.float64), path, out)
+        else:
+            out[path] = f"[{len(value)}]"
+            for i, item in enumerate(value):
+                summarize(item, f"{path}[{i}]", out)
+    elif isinstance(value, float):
+        out[path] = value if math.isfinite(value) else f"f{value}"
+    elif isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        out[path] = f"{type(value).__name__}:{value}"
+    else:
+        out[path] = f"{type(value).__name__}:{value}"
+    return out
 
 
-def fingerprint(*values) -> str:
-    fp = Fingerprint()
-    for value in values:
-        fp.add(value)
-    return fp.hexdigest()
+def _vector(x) -> list:
+    import torch
+    finite = torch.isfinite(x)
+    if not finite.all():  # where the non-finite entries are, exactly; the rest summarised
+        digest = hashlib.sha256(finite.numpy().tobytes() + x[~finite].numpy().tobytes())
+        x = torch.where(finite, x, 0.0)
+        extra = [digest.hexdigest()[:16]]
+    else:
+        extra = []
+    signs = torch.randint(0, 2, (2, x.numel()), generator=torch.Generator().manual_seed(0),
+                          dtype=torch.int8).to(torch.float64) * 2 - 1
+    projections = signs @ x
+    return [x.numel(), float(x.sum()), float(x.norm()), *map(float, projections), *extra]
+
+
+def close(a: float, b: float, scale: float) -> bool:
+    return abs(a - b) <= TOLERANCE * scale
+
+
+def agrees(old, new) -> bool:
+    """Whether two summaries of one path agree up to TOLERANCE."""
+    if isinstance(old, list) and isinstance(new, list) and old[:1] == new[:1] == [VECTOR]:
+        if old[1] != new[1] or old[6:] != new[6:]:  # length, non-finite pattern
+            return False
+        scale = max(old[3], new[3], 1e-300)  # the norm: sums and projections are <= it
+        return all(close(a, b, scale) for a, b in zip(old[2:6], new[2:6]))
+    if isinstance(old, float) and isinstance(new, float):
+        return close(old, new, max(abs(old), abs(new), 1e-12))
+    return old == new
+
+
+def differing(old: dict, new: dict) -> list[str]:
+    """The paths of `old` that `new` lacks or disagrees on (what new adds is not a difference:
+    a metric added since cannot be in an older record, and nothing it holds changed)."""
+    return [path for path, value in old.items() if path not in new or not agrees(value, new[path])]
+
+
+def label(summaries: dict) -> str:
+    """A short digest of summaries, numbers to 4 significant digits: the identity's name."""
+    def rounded(value):
+        if isinstance(value, list):
+            return [rounded(v) for v in value]
+        return f"{value:.4g}" if isinstance(value, float) else value
+    text = json.dumps({path: rounded(value) for path, value in sorted(summaries.items())})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _dataclass(cls, values: dict):
@@ -185,7 +209,9 @@ def _schedule(module, max_steps: int) -> list[float]:
         scheduler = scheduler.get("scheduler") if isinstance(scheduler, dict) else scheduler
     else:
         optimizer, scheduler = configured, None
-    base = [group["lr"] for group in optimizer.param_groups]
+    # an empty group (no recurrent parameters) changes nothing a run does
+    active = [group for group in optimizer.param_groups if group["params"]]
+    base = [group["lr"] for group in active]
     points = sorted({round(i * (max_steps - 1) / (SCHEDULE_POINTS - 1))
                      for i in range(SCHEDULE_POINTS)})
     values, step = [], 0
@@ -195,9 +221,9 @@ def _schedule(module, max_steps: int) -> list[float]:
             if scheduler is not None:
                 scheduler.step()
             step += 1
-        values.append([group["lr"] / lr for group, lr in zip(optimizer.param_groups, base)])
+        values.append([group["lr"] / lr for group, lr in zip(active, base)])
     groups = [{k: (v if k != "params" else [tuple(p.shape) for p in v]) for k, v in g.items()
-               if k not in ("lr", "initial_lr")} for g in optimizer.param_groups]
+               if k not in ("lr", "initial_lr")} for g in active]
     return values, {"groups": groups, "base_lr": base, "type": type(optimizer).__name__}
 
 
@@ -224,11 +250,11 @@ def _probe(spec: dict, start: float) -> dict:
         full, probe_config = probe_configs(spec, out_dir)
         train.quiet_lightning()
         task, model = train.build(full)
-        parts["init"] = fingerprint(model.state_dict())
+        parts["init"] = summarize(model.state_dict())
         ICLModule = _module_class()
         schedule, optimizer = _schedule(ICLModule(model, task, full.trainer),
                                         full.trainer.max_steps)
-        parts["schedule"], parts["optimizer"] = fingerprint(schedule), fingerprint(optimizer)
+        parts["schedule"], parts["optimizer"] = summarize(schedule), summarize(optimizer)
         batches, losses = [], []
 
         class Capture(L.Callback):
@@ -240,23 +266,22 @@ def _probe(spec: dict, start: float) -> dict:
         trainer = train.make_trainer(probe_config, "identity-probe")
         trainer.callbacks.append(Capture())
         trainer.fit(module, datamodule=task)
-        last = (task.training_batch(full.trainer.max_steps - 1)
-                if hasattr(task, "training_batch") else None)
-        parts["train_batches"] = fingerprint(batches, last)
-        parts["steps"] = fingerprint(losses, model.state_dict())
+        parts["train_batches"] = summarize([[b.inputs, b.targets, b.loss_mask] for b in batches])
+        parts["steps"] = summarize([losses, model.state_dict()])
         from bench import reference_cache
         from bench.evaluate import score_predictions
         probe_config.trainer.eval_sequences = PROBE_SEQUENCES
         held_out, references = reference_cache.held_out_set(probe_config, task)
-        parts["held_out"] = fingerprint(held_out.inputs, held_out.targets, held_out.loss_mask)
+        parts["held_out"] = summarize([held_out.inputs, held_out.targets, held_out.loss_mask])
         trainer.test(module, datamodule=task, verbose=False)
         references = reference_cache.complete(probe_config, task, held_out, references)
-        parts["references"] = fingerprint(references.scores, references.reference_probs)
+        parts["references"] = summarize([references.scores, references.reference_probs])
         scored = score_predictions(task, held_out, getattr(module, "test_predictions", None),
                                    full.trainer.bootstrap, references,
                                    getattr(module, "test_scores", None))
-        parts["scoring"] = fingerprint(scored)
-    return {"identity": fingerprint([parts[name] for name in PARTS]), "parts": parts,
+        parts["scoring"] = summarize(scored)
+    return {"identity": label({f"{name}{path}": value for name in PARTS
+                               for path, value in parts[name].items()}), "parts": parts,
             "precision": probe_config.trainer.precision,
             "seconds": round(time.perf_counter() - start, 2)}
 

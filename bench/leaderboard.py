@@ -114,15 +114,15 @@ def code_label(commit: str | None, dirty: bool | None) -> str:
     return commit[:7] + {True: "+dirty", False: "", None: "?"}[dirty]
 
 
-def version_of(record: dict, index: Index, today: str | None) -> tuple[tuple, str]:
+def version_of(record: dict, index: Index) -> tuple[tuple, str]:
     """(what rows pool by, its label): the record's behavioural identity where the index knows
-    it (bench/identities.py), labelled `≡<identity>` and `, current` when today's code has the
-    same identity for the config; else its code version (code_version), labelled by commit."""
+    it (bench/identities.py: today's when today's code reproduces what the record's code did),
+    labelled `≡<identity>`, with `, current` when it is today's; else its code version
+    (code_version), labelled by commit."""
     found = index.identity(record)
     if found is None:
         return code_version(record), code_label(*commit_of(record))
-    current = today is not None and index.identity(record, today) == found
-    return ("identity", found), f"≡{found[:8]}" + (", current" if current else "")
+    return ("identity", found), f"≡{found[:8]}" + (", current" if index.is_current(record) else "")
 
 
 def version_label(record: dict) -> str:
@@ -271,6 +271,7 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
     records, bad = read_records(directory)
     index = load_index(directory)
     today = current_code() if index.codes else None
+    index.today = today[0] if today else None
     failed = adhoc = evaluations = 0
     newest: dict[tuple, dict[tuple, dict]] = defaultdict(dict)  # section -> (row, seed) -> record
     duplicates: dict[tuple, int] = defaultdict(int)
@@ -297,7 +298,7 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
                    if k not in RESULT_NEUTRAL}
         config = [record["model"]["name"], resolved_config(record, "model"), trainer,
                   *environment(record)]
-        version, record["_version"] = version_of(record, index, today and today[0])
+        version, record["_version"] = version_of(record, index)
         row = digest([*config, *version])
         lineage[row] = digest(config)
         seen = newest[section].get((row, record["seed"]))

@@ -13,7 +13,7 @@ import bench.module
 import bench.train
 from bench import identities
 from bench.config import compose
-from bench.identity import Fingerprint, PARTS, fingerprint, probe
+from bench.identity import PARTS, agrees, differing, label, probe, summarize
 from bench.leaderboard import select_runs, write_leaderboard
 from tasks.markov import MarkovTask
 
@@ -46,19 +46,30 @@ def baseline():
     return identities_of()
 
 
-def test_the_fingerprint_rounds_to_six_significant_digits():
-    same = [(1.0, 1.0000004), (123456.7, 123457.2), (9.9999996, 10.000001), (-2e-30, -2.0000001e-30)]
-    for a, b in same:
-        assert fingerprint(a) == fingerprint(b)
-        assert fingerprint(torch.tensor([a, 0.0])) == fingerprint(torch.tensor([b, 0.0]))
-    for a, b in [(1.0, 1.00001), (1.0, -1.0), (0.0, 1e-300), (float("nan"), float("inf")),
-                 (float("inf"), float("-inf"))]:
-        assert fingerprint(torch.tensor([a], dtype=torch.float64)) != \
-            fingerprint(torch.tensor([b], dtype=torch.float64))
-    # integers exactly; shapes and kinds count
-    assert fingerprint(torch.tensor([1, 2])) != fingerprint(torch.tensor([[1, 2]]))
-    assert fingerprint(torch.tensor([1, 2])) != fingerprint(torch.tensor([1.0, 2.0]))
-    assert fingerprint({"a": 1, "b": [2.0]}) == Fingerprint().add({"b": [2.0], "a": 1}).hexdigest()
+def test_summaries_agree_up_to_rounding_and_see_a_change_in_one_number():
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    base = summarize({"w": x, "loss": 0.6931, "tokens": torch.tensor([1, 0, 1])})
+    # a sum taken in another order: each number moved by float32 rounding
+    noisy = summarize({"w": x * (1 + 1e-7 * torch.randn(1000)), "loss": 0.6931 * (1 + 1e-7),
+                       "tokens": torch.tensor([1, 0, 1])})
+    assert differing(base, noisy) == []
+    moved = x.clone()
+    moved[17] += 1e-3  # one weight of a thousand
+    assert differing(base, summarize({"w": moved, "loss": 0.6931,
+                                      "tokens": torch.tensor([1, 0, 1])})) == ["/w"]
+    assert differing(base, summarize({"w": x, "loss": 0.6932,
+                                      "tokens": torch.tensor([1, 1, 1])})) == ["/loss", "/tokens"]
+    # what the newer measurement adds is no difference; what it lacks is
+    richer = summarize({"w": x, "loss": 0.6931, "tokens": torch.tensor([1, 0, 1]), "new": 1.0})
+    assert differing(base, richer) == [] and differing(richer, base) == ["/new"]
+    # the places of non-finite numbers count exactly; shapes and kinds of tensors count
+    nan = x.clone()
+    nan[3] = float("nan")
+    assert differing(summarize(nan), summarize(torch.where(torch.arange(1000) == 4, nan[3], x)))
+    assert summarize(torch.tensor([1, 2])) != summarize(torch.tensor([[1, 2]]))
+    assert summarize(torch.tensor([1, 2])) != summarize(torch.tensor([1.0, 2.0]))
+    assert agrees(0.0, 0.0) and not agrees(0.0, 1e-9) and agrees(1.0, 1.0 + 1e-7)
+    assert label(base) == label(noisy)  # to 4 significant digits
 
 
 def test_the_probe_is_deterministic_and_leaves_the_thread_count(baseline):
@@ -68,12 +79,16 @@ def test_the_probe_is_deterministic_and_leaves_the_thread_count(baseline):
     assert torch.get_num_threads() == threads
     assert set(again["parts"]) == set(PARTS)
     assert len({result["identity"] for result in baseline.values()}) == 3
+    assert not identities.differing_parts(baseline["markov-mamba-800"], again)
 
 
 def changed(baseline: dict, now: dict) -> dict[str, set[str]]:
-    """{config: the parts whose digest moved} for the configs whose identity moved."""
-    return {name: {part for part in PARTS if now[name]["parts"][part] != result["parts"][part]}
-            for name, result in baseline.items() if now[name]["identity"] != result["identity"]}
+    """{config: the parts that moved} for the configs whose probe today's code (`baseline`) no
+    longer reproduces, either way."""
+    moved = {name: set(identities.differing_parts(result, now[name])
+                       + identities.differing_parts(now[name], result))
+             for name, result in baseline.items()}
+    return {name: parts for name, parts in moved.items() if parts}
 
 
 def test_a_planted_sampler_change_moves_only_the_configs_of_that_task(baseline, monkeypatch):
@@ -128,13 +143,16 @@ def test_a_planted_late_schedule_change_moves_only_the_longer_runs(baseline, mon
 
 
 def test_a_planted_scoring_change_moves_only_the_scoring(baseline, monkeypatch):
-    original = MarkovTask.summarize
+    """The bootstrap's intervals, which every config's scoring uses."""
+    import bench.evaluate
+    original = bench.evaluate.bootstrap_ci
 
-    def summarize(self, batch, losses, scores=None):
-        return {**original(self, batch, losses, scores), "planted": 1.0}
-    monkeypatch.setattr(MarkovTask, "summarize", summarize)
+    def bootstrap_ci(values, resamples, *args, **kwargs):
+        lo, hi = original(values, resamples, *args, **kwargs)
+        return lo, hi * (1 + 1e-3) if hi else hi
+    monkeypatch.setattr(bench.evaluate, "bootstrap_ci", bootstrap_ci)
     moved = changed(baseline, identities_of())
-    assert moved == {"markov-mamba-800": {"scoring"}, "markov-transformer-100": {"scoring"}}
+    assert moved == {name: {"scoring"} for name in CONFIGS}
 
 
 def test_a_refactor_that_moves_a_function_keeps_the_identity(baseline, tmp_path):
@@ -152,7 +170,8 @@ def test_a_refactor_that_moves_a_function_keeps_the_identity(baseline, tmp_path)
     argv = CONFIGS["markov-mamba-800"]
     (result,) = identities.run_probes(tree, [spec(argv)]).values()
     assert "error" not in result, result
-    assert result["identity"] == baseline["markov-mamba-800"]["identity"]
+    assert identities.reproduces(baseline["markov-mamba-800"], result)
+    assert identities.reproduces(result, baseline["markov-mamba-800"])
 
 
 # --- the index and what reads it -----------------------------------------------------------
@@ -218,13 +237,13 @@ def test_an_index_that_does_not_match_its_digest_is_ignored(tmp_path, capsys):
 def test_a_record_of_another_torch_or_a_dirty_checkout_has_no_identity(tmp_path):
     out = indexed(tmp_path, {"c0de1": "1d" * 8})
     index = identities.load_index(out)
-    assert index.identity(made_by("c0de1")) == "1d" * 8
+    assert index.identity(made_by("c0de1")) == "1d" * 8 and not index.is_current(made_by("c0de1"))
     other = made_by("c0de1")
     other["provenance"]["torch"] = "1.0"
     dirty = made_by("c0de1")
     dirty["provenance"]["dirty"] = True
     assert index.identity(other) is None and index.identity(dirty) is None
-    status = identities.standing(index, [made_by("c0de1"), dirty], None)
+    status = identities.standing(index, [made_by("c0de1"), dirty])
     assert not status.current and set(status.unknown) == {
         "made by a dirty checkout", "today's code is dirty or unknown"}
 
@@ -233,12 +252,13 @@ def test_standing_names_the_parts_that_differ(tmp_path):
     out = tmp_path / "results"
     out.mkdir()
     key = identities.config_key(record())
-    index = identities.Index(out / identities.INDEX_NAME)
-    parts = {part: "0" for part in PARTS}
+    index = identities.Index(out / identities.INDEX_NAME, today="today")
+    parts = {part: {"/x": 0.5} for part in PARTS}
     for code, moved in (("old", "init"), ("same", None), ("today", None)):
         index.codes[code] = {"torch": torch.__version__, "configs": {key: {
-            "identity": moved or "same", "parts": {**parts, **({moved: "1"} if moved else {})}}}}
-    status = identities.standing(index, [made_by("old"), made_by("same")], "today")
+            "identity": moved or "same",
+            "parts": {**parts, **({moved: {"/x": 0.6}} if moved else {})}}}}
+    status = identities.standing(index, [made_by("old"), made_by("same")])
     assert [r["provenance"]["code"] for r in status.current] == ["same"]
     assert list(status.stale) == [("init",)]
 
@@ -267,7 +287,8 @@ def test_a_suite_entry_is_done_by_a_record_whose_identity_is_todays(tmp_path, mo
         for code, found in (("older", "1d" * 8), ("today", code_identity)):
             index.codes[code] = {"commit": code, "torch": torch.__version__,
                                  "probe": identities.probe_digest(),
-                                 "configs": {key: {"identity": found, "parts": {}}}}
+                                 "configs": {key: {"identity": found, "parts": {
+                                     "init": {"/w": 1.0 if found == "1d" * 8 else 2.0}}}}}
         identities.save_index(index, "test")
         put(out, rec)
         assert (0 in finished_runs([config])) is done
