@@ -27,11 +27,11 @@ from pathlib import Path
 
 from bench import identity as probe_module
 from bench.config import family_schema
-from bench.records import (CODE_PATHS, REPO, RESULT_NEUTRAL, code_digest, not_a_regular_file,
-                           with_defaults)
+from bench.records import (CODE_PATHS, IDENTITY_INDEX, REPO, RESULT_NEUTRAL, code_digest,
+                           not_a_regular_file, with_defaults)
 from tasks.files import write_atomic
 
-INDEX_NAME = "identities.json"
+INDEX_NAME = IDENTITY_INDEX
 INDEX_FORMAT = "icl-bench/identities/1"
 # The script name the probe runs under in a checkout (not "identity.py" beside bench/'s
 # modules, whose names would shadow others on sys.path)

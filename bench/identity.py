@@ -12,12 +12,14 @@ sum, norm and two fixed ±1 projections), in these parts:
   the data loader gives them to the training step;
 - held_out: the first PROBE_SEQUENCES sequences of the held-out set (as the task draws them for a
   held-out set of that size), and references: every reference's per-position scores on them;
-- init: the model's parameters as built for seed 0; optimizer: AdamW's groups (sizes and
-  hyper-parameters); schedule: the learning-rate multiplier at SCHEDULE_POINTS steps spread
+- init: the model's parameters and buffers as built for seed 0 (in canonical_order: renaming
+  or reordering submodules is no change); optimizer: each parameter's AdamW settings, however
+  they are grouped; schedule: each parameter's learning rate at SCHEDULE_POINTS steps spread
   over trainer.max_steps;
 - steps: the training loss of each of the first PROBE_STEPS optimizer steps, through the real
   Lightning path (ICLModule, the run's Trainer: gradient clipping, precision, scheduler), and
-  the parameters after them;
+  the parameters after them (agreeing up to the scale of the whole model: Adam turns gradients
+  that are rounding noise into steps of the learning rate's size);
 - scoring: the run's metrics (bench.evaluate.score_predictions, the run's bootstrap) of that
   model on the probe's held-out sequences, through Trainer.test as a run scores.
 
@@ -69,6 +71,7 @@ PROBE_TRAINER = {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "strategy":
 # Precisions a CPU trains in; the others (16-mixed) probe in float32.
 CPU_PRECISIONS = ("32-true", "64-true", "bf16-mixed")
 VECTOR = "v"  # the tag of a float array's summary
+SCALE = "/scale"  # a part's entry: the scale its arrays agree up to (else each its own norm)
 
 
 def summarize(value, path: str = "", out: dict | None = None) -> dict:
@@ -126,12 +129,13 @@ def close(a: float, b: float, scale: float) -> bool:
     return abs(a - b) <= TOLERANCE * scale
 
 
-def agrees(old, new) -> bool:
-    """Whether two summaries of one path agree up to TOLERANCE."""
+def agrees(old, new, scale: float = 0.0) -> bool:
+    """Whether two summaries of one path agree up to TOLERANCE (of `scale`, for arrays, where
+    it exceeds their norm)."""
     if isinstance(old, list) and isinstance(new, list) and old[:1] == new[:1] == [VECTOR]:
         if old[1] != new[1] or old[6:] != new[6:]:  # length, non-finite pattern
             return False
-        scale = max(old[3], new[3], 1e-300)  # the norm: sums and projections are <= it
+        scale = max(old[3], new[3], scale, 1e-300)  # the norm: sums and projections are <= it
         return all(close(a, b, scale) for a, b in zip(old[2:6], new[2:6]))
     if isinstance(old, float) and isinstance(new, float):
         return close(old, new, max(abs(old), abs(new), 1e-12))
@@ -141,7 +145,9 @@ def agrees(old, new) -> bool:
 def differing(old: dict, new: dict) -> list[str]:
     """The paths of `old` that `new` lacks or disagrees on (what new adds is not a difference:
     a metric added since cannot be in an older record, and nothing it holds changed)."""
-    return [path for path, value in old.items() if path not in new or not agrees(value, new[path])]
+    scale = old.get(SCALE, 0.0) if isinstance(old.get(SCALE), float) else 0.0
+    return [path for path, value in old.items()
+            if path not in new or (path != SCALE and not agrees(value, new[path], scale))]
 
 
 def label(summaries: dict) -> str:
@@ -199,9 +205,19 @@ def _module_class():
     return ICLModule
 
 
-def _schedule(module, max_steps: int) -> list[float]:
-    """The learning-rate multiplier of every parameter group at SCHEDULE_POINTS steps spread
-    over the run, read from the scheduler the module configures (stepped as Lightning does)."""
+def canonical_order(model) -> list[str]:
+    """The model's state (parameters and buffers) in an order that neither a renamed submodule
+    nor a reordered one changes: by shape, then initial sum (6 digits), then name."""
+    state = model.state_dict()
+    return sorted(state, key=lambda name: (tuple(state[name].shape),
+                                           f"{float(state[name].double().sum()):.6g}", name))
+
+
+def _optimizer(module, model, order: list[str], max_steps: int) -> tuple[list, list]:
+    """(settings, schedule) per parameter in canonical order, whatever the grouping: AdamW's
+    settings of each (its group's, the learning rate included) and its learning rate at
+    SCHEDULE_POINTS steps spread over the run, read from the optimizer and scheduler the module
+    configures (the scheduler stepped as Lightning steps it)."""
     configured = module.configure_optimizers()
     if isinstance(configured, dict):
         optimizer = configured["optimizer"]
@@ -209,22 +225,23 @@ def _schedule(module, max_steps: int) -> list[float]:
         scheduler = scheduler.get("scheduler") if isinstance(scheduler, dict) else scheduler
     else:
         optimizer, scheduler = configured, None
-    # an empty group (no recurrent parameters) changes nothing a run does
-    active = [group for group in optimizer.param_groups if group["params"]]
-    base = [group["lr"] for group in active]
+    group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+    named = dict(model.named_parameters())
+    trained = [name for name in order if name in named and id(named[name]) in group_of]
+    groups = [group_of[id(named[name])] for name in trained]
+    settings = [{**{k: v for k, v in group.items() if k not in ("params", "initial_lr")},
+                 "name": type(optimizer).__name__} for group in groups]
     points = sorted({round(i * (max_steps - 1) / (SCHEDULE_POINTS - 1))
                      for i in range(SCHEDULE_POINTS)})
-    values, step = [], 0
+    schedule, step = [], 0
     for point in points:
         while step < point:
             optimizer.step()  # no gradients: parameters unchanged; keeps torch from warning
             if scheduler is not None:
                 scheduler.step()
             step += 1
-        values.append([group["lr"] / lr for group, lr in zip(active, base)])
-    groups = [{k: (v if k != "params" else [tuple(p.shape) for p in v]) for k, v in g.items()
-               if k not in ("lr", "initial_lr")} for g in active]
-    return values, {"groups": groups, "base_lr": base, "type": type(optimizer).__name__}
+        schedule.append([group["lr"] for group in groups])
+    return settings, schedule
 
 
 def probe(spec: dict) -> dict:
@@ -250,11 +267,12 @@ def _probe(spec: dict, start: float) -> dict:
         full, probe_config = probe_configs(spec, out_dir)
         train.quiet_lightning()
         task, model = train.build(full)
-        parts["init"] = summarize(model.state_dict())
+        order = canonical_order(model)
+        parts["init"] = summarize([model.state_dict()[name] for name in order])
         ICLModule = _module_class()
-        schedule, optimizer = _schedule(ICLModule(model, task, full.trainer),
-                                        full.trainer.max_steps)
-        parts["schedule"], parts["optimizer"] = summarize(schedule), summarize(optimizer)
+        optimizer, schedule = _optimizer(ICLModule(model, task, full.trainer), model, order,
+                                         full.trainer.max_steps)
+        parts["optimizer"], parts["schedule"] = summarize(optimizer), summarize(schedule)
         batches, losses = [], []
 
         class Capture(L.Callback):
@@ -267,7 +285,11 @@ def _probe(spec: dict, start: float) -> dict:
         trainer.callbacks.append(Capture())
         trainer.fit(module, datamodule=task)
         parts["train_batches"] = summarize([[b.inputs, b.targets, b.loss_mask] for b in batches])
-        parts["steps"] = summarize([losses, model.state_dict()])
+        state = [model.state_dict()[name] for name in order]
+        parts["steps"] = summarize([losses, state])
+        # Adam turns a gradient that is rounding noise (a key bias under softmax) into steps of
+        # the learning rate's size: the parameters agree up to the scale of the whole model
+        parts["steps"][SCALE] = float(sum(float(t.double().norm()) ** 2 for t in state) ** 0.5)
         from bench import reference_cache
         from bench.evaluate import score_predictions
         probe_config.trainer.eval_sequences = PROBE_SEQUENCES

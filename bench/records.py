@@ -23,6 +23,7 @@ from tasks.files import shared_mode, write_atomic
 SCHEMA = "icl-bench/run/1"
 CHECKPOINT_FORMAT = "icl-bench/checkpoint/1"  # marks checkpoints this runner wrote
 CHECKPOINT_KEY = "icl_bench"  # where the run's metadata sits in the Lightning checkpoint
+IDENTITY_INDEX = "identities.json"  # beside the records: their identities (bench/identities.py)
 # Trainer keys that change neither training nor evaluation: runs differing only in them pool.
 RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every",
                   "logger", "loader_workers", "save_weights")
@@ -223,10 +224,11 @@ def write_json(path: str | Path, value) -> Path:
 def read_records(out_dir: str | Path) -> tuple[list[dict], list[tuple[str, str]]]:
     """The run records in out_dir (each with `_path`), and (path, reason) for every *.json file
     that is not one: not valid JSON, not a JSON object, or another schema. Callers report the
-    latter; nothing is skipped silently. Hidden files are write_record's temporaries."""
+    latter; nothing is skipped silently. Hidden files are write_record's temporaries;
+    IDENTITY_INDEX is the folder's identity index (bench/identities.py), not a record."""
     records, bad = [], []
     for path in sorted(Path(out_dir).glob("*.json")):
-        if path.name.startswith(".") or not path.is_file():
+        if path.name.startswith(".") or path.name == IDENTITY_INDEX or not path.is_file():
             continue
         record, reason = read_record(path)
         if record is None:

@@ -13,7 +13,7 @@ import bench.module
 import bench.train
 from bench import identities
 from bench.config import compose
-from bench.identity import PARTS, agrees, differing, label, probe, summarize
+from bench.identity import PARTS, SCALE, agrees, differing, label, probe, summarize
 from bench.leaderboard import select_runs, write_leaderboard
 from tasks.markov import MarkovTask
 
@@ -70,6 +70,10 @@ def test_summaries_agree_up_to_rounding_and_see_a_change_in_one_number():
     assert summarize(torch.tensor([1, 2])) != summarize(torch.tensor([1.0, 2.0]))
     assert agrees(0.0, 0.0) and not agrees(0.0, 1e-9) and agrees(1.0, 1.0 + 1e-7)
     assert label(base) == label(noisy)  # to 4 significant digits
+    # a part's scale: a tiny tensor (a bias trained on rounding noise) agrees up to it
+    tiny, other = torch.full((16,), 1e-4), torch.full((16,), 1.01e-4)
+    assert differing(summarize([tiny]), summarize([other])) == ["[0]"]
+    assert differing({**summarize([tiny]), SCALE: 10.0}, summarize([other])) == []
 
 
 def test_the_probe_is_deterministic_and_leaves_the_thread_count(baseline):
@@ -292,3 +296,23 @@ def test_a_suite_entry_is_done_by_a_record_whose_identity_is_todays(tmp_path, mo
         identities.save_index(index, "test")
         put(out, rec)
         assert (0 in finished_runs([config])) is done
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["identities", "check=maybe"], "check must be true or false"),
+    (["identities", "colour=red"], "unknown argument 'colour=red'"),
+    (["identities", "out_dir=/nonexistent/x"], "is not a directory"),
+])
+def test_identities_options_are_checked(argv, needle, capsys):
+    from bench.__main__ import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_the_index_is_not_read_as_a_run_record(tmp_path):
+    from bench.records import read_records
+    out = indexed(tmp_path, {"c0de1": "1d" * 8})
+    put(out, made_by("c0de1"))
+    records, bad = read_records(out)
+    assert len(records) == 1 and bad == []

@@ -64,6 +64,8 @@ def cheap(argv: list[str], scratch: Path) -> list[str]:
         settings["out_dir"] = str(ROOT / "results")  # the published records: read, never written
         if "check=true" not in args:
             settings["out"] = str(scratch / f"{command}.md")
+    if command == "identities" and not any(a.startswith("out_dir=") for a in args):
+        settings["out_dir"] = "runs"  # the runs the commands above made; results/ never written
     kept = [expand(a) for a in args if a.split("=", 1)[0] not in settings]
     return [command, *kept, *(f"{k}={v}" for k, v in settings.items())]
 

@@ -146,7 +146,9 @@ def pick(quantity: Quantity, rows: list[list[dict]]) -> list[dict] | None:
     """The records of quantity among rows: of the rows (each one code version in one
     environment) matching its selector (and suite), the current one (leaderboard
     current_version: the newest, unless an older one has more seeds: a partial re-run never
-    downgrades a verdict); None when no record matches."""
+    downgrades a verdict); None when no record matches. A row that pools records of several
+    commits by their identity may hold older records without a metric added since: the
+    quantity reads the records that have it (when none has, read_metric says what is missing)."""
     matching = []
     for row in rows:
         if not record_matches(row[0], quantity.config):
@@ -157,7 +159,9 @@ def pick(quantity: Quantity, rows: list[list[dict]]) -> list[dict] | None:
             matching.append(row)
     if not matching:
         return None
-    return current_version(matching)
+    carrying = [kept for row in matching
+                if (kept := [r for r in row if lookup(r, quantity.path) is not None])]
+    return current_version(carrying or matching)
 
 
 def on_one_machine(quantities: dict[str, Quantity], rows: list[list[dict]]
