@@ -73,7 +73,7 @@ def test_summaries_agree_up_to_rounding_and_see_a_change_in_one_number():
     # a part's scale: a tiny tensor (a bias trained on rounding noise) agrees up to it
     tiny, other = torch.full((16,), 1e-4), torch.full((16,), 1.01e-4)
     assert differing(summarize([tiny]), summarize([other])) == ["[0]"]
-    assert differing({**summarize([tiny]), SCALE: 10.0}, summarize([other])) == []
+    assert differing({**summarize([tiny]), SCALE: 10.0}, {**summarize([other]), SCALE: 10.0}) == []
 
 
 def test_the_probe_is_deterministic_and_leaves_the_thread_count(baseline):
