@@ -187,8 +187,12 @@ def save_index(index: Index, command: str) -> Path:
     data = {"format": INDEX_FORMAT, "command": command,
             "note": "written by `python -m bench identities`; do not edit (bench/identities.py)",
             "digest": content_digest(index.codes), "codes": index.codes}
-    write_atomic(index.path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=1,
-                                                                         sort_keys=True) + "\n"))
+    # one line per code version: compact, and a diff shows which versions changed
+    codes = ",\n".join(f"{json.dumps(code)}: {json.dumps(slot, sort_keys=True, separators=(',', ':'))}"
+                       for code, slot in sorted(index.codes.items()))
+    head = json.dumps({k: v for k, v in data.items() if k != "codes"}, sort_keys=True)[:-1]
+    write_atomic(index.path, lambda tmp: Path(tmp).write_text(
+        f"{head}, \"codes\": {{\n{codes}\n}}}}\n"))
     return index.path
 
 

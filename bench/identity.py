@@ -102,7 +102,7 @@ def summarize(value, path: str = "", out: dict | None = None) -> dict:
             for i, item in enumerate(value):
                 summarize(item, f"{path}[{i}]", out)
     elif isinstance(value, float):
-        out[path] = value if math.isfinite(value) else f"f{value}"
+        out[path] = stored(value) if math.isfinite(value) else f"f{value}"
     elif isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         out[path] = f"{type(value).__name__}:{value}"
     else:
@@ -122,7 +122,12 @@ def _vector(x) -> list:
     signs = torch.randint(0, 2, (2, x.numel()), generator=torch.Generator().manual_seed(0),
                           dtype=torch.int8).to(torch.float64) * 2 - 1
     projections = signs @ x
-    return [x.numel(), float(x.sum()), float(x.norm()), *map(float, projections), *extra]
+    return [x.numel(), *(stored(float(v)) for v in (x.sum(), x.norm(), *projections)), *extra]
+
+
+def stored(value: float) -> float:
+    """A float as the index keeps it: 10 significant digits, far finer than TOLERANCE."""
+    return float(f"{value:.10g}")
 
 
 def close(a: float, b: float, scale: float) -> bool:
@@ -214,10 +219,10 @@ def canonical_order(model) -> list[str]:
 
 
 def _optimizer(module, model, order: list[str], max_steps: int) -> tuple[list, list]:
-    """(settings, schedule) per parameter in canonical order, whatever the grouping: AdamW's
-    settings of each (its group's, the learning rate included) and its learning rate at
-    SCHEDULE_POINTS steps spread over the run, read from the optimizer and scheduler the module
-    configures (the scheduler stepped as Lightning steps it)."""
+    """(settings, schedule) of the parameters in canonical order, whatever the grouping: the
+    distinct AdamW settings (a group's, the learning rate included) and which one each parameter
+    has, and each setting's learning rate at SCHEDULE_POINTS steps spread over the run, read
+    from the optimizer and scheduler the module configures (stepped as Lightning steps it)."""
     configured = module.configure_optimizers()
     if isinstance(configured, dict):
         optimizer = configured["optimizer"]
@@ -227,10 +232,19 @@ def _optimizer(module, model, order: list[str], max_steps: int) -> tuple[list, l
         optimizer, scheduler = configured, None
     group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
     named = dict(model.named_parameters())
-    trained = [name for name in order if name in named and id(named[name]) in group_of]
-    groups = [group_of[id(named[name])] for name in trained]
-    settings = [{**{k: v for k, v in group.items() if k not in ("params", "initial_lr")},
-                 "name": type(optimizer).__name__} for group in groups]
+    groups = [group_of[id(named[name])] for name in order
+              if name in named and id(named[name]) in group_of]
+    # the distinct settings in order of first use, and each parameter's (canonical either way)
+    distinct, which = [], []
+    for group in groups:
+        setting = {**{k: v for k, v in group.items() if k not in ("params", "initial_lr")},
+                   "optimizer": type(optimizer).__name__}
+        if setting not in distinct:
+            distinct.append(setting)
+        which.append(distinct.index(setting))
+    import torch
+    settings = {"settings": distinct, "of_parameter": torch.tensor(which)}
+    firsts = [which.index(i) for i in range(len(distinct))]  # a parameter of each setting
     points = sorted({round(i * (max_steps - 1) / (SCHEDULE_POINTS - 1))
                      for i in range(SCHEDULE_POINTS)})
     schedule, step = [], 0
@@ -240,7 +254,7 @@ def _optimizer(module, model, order: list[str], max_steps: int) -> tuple[list, l
             if scheduler is not None:
                 scheduler.step()
             step += 1
-        schedule.append([group["lr"] for group in groups])
+        schedule.append([groups[i]["lr"] for i in firsts])
     return settings, schedule
 
 
