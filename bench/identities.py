@@ -407,6 +407,8 @@ def report_identities(out_dir: str, check: bool = False) -> int:
               file=sys.stderr, flush=True)
 
     ran = fill(index, wanted, commits, torch.__version__, today, log)
+    for code in set(index.codes) - set(wanted):  # no record's code, nor today's: not kept
+        del index.codes[code]
     path = save_index(index, command)
     from bench.evaluate import plural
     print(f"{path}: {plural(len(records), 'record')}, {plural(ran, 'probe')} run in "

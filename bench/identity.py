@@ -94,9 +94,12 @@ def summarize(value, path: str = "", out: dict | None = None) -> dict:
         for key in value:
             summarize(value[key], f"{path}/{key}", out)
     elif isinstance(value, (list, tuple)):
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        # a curve (None where a position is not scored: NaN, whose places count exactly)
+        numbers = all(v is None or isinstance(v, (int, float)) and not isinstance(v, bool)
+                      for v in value)
         if numbers and any(isinstance(v, float) for v in value) and len(value) > 4:
-            summarize(torch.tensor(value, dtype=torch.float64), path, out)
+            summarize(torch.tensor([math.nan if v is None else v for v in value],
+                                   dtype=torch.float64), path, out)
         else:
             out[path] = f"[{len(value)}]"
             for i, item in enumerate(value):
