@@ -1,5 +1,5 @@
 """From run records to verdicts: each quantity of a claim read from the records that match its
-selector (pooled as on the leaderboard: one environment, one code version, each seed once; all
+selector (pooled as on the leaderboard: one environment, one version (behavioural identity, else code version), each seed once; all
 quantities of a claim from one machine), then the claim's control and rule evaluated on the
 quantities' intervals (bench/claims/rules.py).
 
@@ -143,7 +143,7 @@ class Measured:
 
 
 def pick(quantity: Quantity, rows: list[list[dict]]) -> list[dict] | None:
-    """The records of quantity among rows: of the rows (each one code version in one
+    """The records of quantity among rows: of the rows (each one version: identity or code, in one
     environment) matching its selector (and suite), the current one (leaderboard
     current_version: the newest, unless an older one has more seeds: a partial re-run never
     downgrades a verdict); None when no record matches. A row that pools records of several
@@ -186,7 +186,7 @@ def on_one_machine(quantities: dict[str, Quantity], rows: list[list[dict]]
 
 
 def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
-    """The quantity pooled over the seeds of row (one code version in one environment)."""
+    """The quantity pooled over the seeds of row (one version in one environment)."""
     read = [read_metric(record, quantity) for record in row]  # MetricMissing: decide's
     values = [v for v, _ in read]
     mean, half = across_seeds(values)
