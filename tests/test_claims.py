@@ -2,6 +2,7 @@
 check each verdict, the pooling of seeds, metric paths and intervals, the safe rule evaluator,
 bad rules files and arguments (one line, exit 2, nothing written), and the shipped
 conf/papers/<paper>/claims.yaml against the committed records."""
+import dataclasses
 import itertools
 import json
 import math
@@ -633,3 +634,20 @@ def test_the_paper_suites_produce_the_records_their_claims_select(shipped):
                 if not any(claims_mod.producing(c, quantity) for c in claim.commands):
                     unmatched.append(f"{claim.id}.{name} (paper scale)")
     assert unmatched == []
+
+
+def test_a_quantity_reads_the_records_that_carry_its_metric(tmp_path):
+    """A row pooled by identity can hold an older record without a metric added since: the
+    quantity reads the seeds whose records have it, and says what is missing when none has."""
+    out = tmp_path / "r"
+    old = record(MAMBA, seed=0, gap=0.001, stamp="20260101-100000")
+    del old["metrics"]["task"]["excess"]
+    put(out, old, record(MAMBA, seed=1, gap=0.002), record(NOCONV, gap=0.06))
+    rows = [runs for s in select_runs(str(out)).sections for runs in s.rows.values()]
+    from bench.claims.verdicts import pick
+    (claim,) = load_claims(rules_file(tmp_path))
+    quantity = claim.quantities["mamba"]
+    assert len(pick(quantity, rows)) == 2  # the gap: both seeds
+    excess = dataclasses.replace(quantity, metric="metrics.task.excess.model[0]",
+                                 path=["metrics", "task", "excess", "model"], index="0")
+    assert [r["seed"] for r in pick(excess, rows)] == [1]

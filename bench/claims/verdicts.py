@@ -1,7 +1,7 @@
 """From run records to verdicts: each quantity of a claim read from the records that match its
-selector (pooled as on the leaderboard: one environment, one version (behavioural identity, else code version), each seed once; all
-quantities of a claim from one machine), then the claim's control and rule evaluated on the
-quantities' intervals (bench/claims/rules.py).
+selector (pooled as on the leaderboard: one environment, one version — behavioural identity,
+else code version — each seed once; all quantities of a claim from one machine), then the
+claim's control and rule evaluated on the quantities' intervals (bench/claims/rules.py).
 
 Verdicts, in the order a claim is decided:
 - **not measured**: a quantity has no record (or the claim needs a protocol the code lacks);
