@@ -651,3 +651,27 @@ def test_a_quantity_reads_the_records_that_carry_its_metric(tmp_path):
     excess = dataclasses.replace(quantity, metric="metrics.task.excess.model[0]",
                                  path=["metrics", "task", "excess", "model"], index="0")
     assert [r["seed"] for r in pick(excess, rows)] == [1]
+
+
+def test_claims_decided_on_the_same_records_say_so(tmp_path):
+    """Two claims whose quantities read exactly the same records are one measurement read
+    twice: each row names the other; a claim on other records names none."""
+    rules = tmp_path / "rules.yaml"
+    text = RULES.format(rule="mamba <= 0.01 and noconv >= 5 * mamba", scale="paper", extra="",
+                        control="mamba <= 0.05")
+    twin = text.split("claims:\n", 1)[1].replace("id: t-conv", "id: t-twin")
+    alone = (twin.replace("id: t-twin", "id: t-alone")
+             .replace("noconv: {where: [model=mamba, model.conv=false]}",
+                      "noconv: {where: [model=mamba, model.conv=false, model.d_model=32]}"))
+    rules.write_text(text + twin + alone)
+    out = tmp_path / "r"
+    put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.06),
+        record([*NOCONV, "model.d_model=32"], gap=0.06))
+    claims_md = tmp_path / "claims.md"
+    from bench.claims import write_claims
+    write_claims(select_runs(str(out)), str(claims_md), rules)
+    rows = {line.split("|")[1].strip(): line for line in claims_md.read_text().splitlines()
+            if line.startswith("| t-")}
+    assert "the same records as t-twin" in rows["t-conv"]
+    assert "the same records as t-conv" in rows["t-twin"]
+    assert "the same records" not in rows["t-alone"]

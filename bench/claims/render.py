@@ -72,9 +72,24 @@ def why_not(decision: Decision) -> str:
             + (f" — {decision.note}" if decision.note else ""))
 
 
-def ours_cell(decision: Decision) -> str:
-    """Our numbers, the scale and code version they come from, and where they ran (machine and
-    SSD kernel) unless on the CPU."""
+def records_of(decision: Decision) -> frozenset[str]:
+    return frozenset(run for m in decision.values.values() for run in m.runs)
+
+
+def shared_records(decisions: list[Decision]) -> dict[str, list[str]]:
+    """{claim id: the other claims decided on exactly the same records}: such rows are one
+    measurement read twice, not two pieces of evidence, and say so."""
+    by_records: dict[frozenset, list[str]] = {}
+    for d in decisions:
+        if d.verdict != "not measured" and records_of(d):
+            by_records.setdefault(records_of(d), []).append(d.claim.id)
+    return {claim: [other for other in ids if other != claim]
+            for ids in by_records.values() if len(ids) > 1 for claim in ids}
+
+
+def ours_cell(decision: Decision, shared: list[str] | None = None) -> str:
+    """Our numbers, the scale and code version they come from, where they ran (machine and
+    SSD kernel) unless on the CPU, and the other claims decided on the same records."""
     parts = [measured_text(name, decision.values[name]) for name in decision.claim.quantities
              if name in decision.values]
     machine, ran = decision.machine, []
@@ -88,7 +103,8 @@ def ours_cell(decision: Decision) -> str:
     codes = sorted({m.code for m in decision.values.values()})
     scale = "paper scale" if decision.scale == "paper" else "reduced (CPU) scale"
     tail = f"*{', '.join([scale, 'code ' + ', '.join(codes), *ran])}*" + (
-        f"; {decision.note}" if decision.note else "")
+        f"; {decision.note}" if decision.note else "") + (
+        f"; the same records as {', '.join(shared)}" if shared else "")
     return "<br>".join([*parts, tail])
 
 
@@ -225,7 +241,7 @@ def to_measure(decisions: list[Decision]) -> list[str]:
     return lines + [""]
 
 
-def table_row(d: Decision) -> str:
+def table_row(d: Decision, shared: list[str] | None = None) -> str:
     c = d.claim
     verdict = f"**{d.verdict}**" if d.verdict in ("fails",) else d.verdict
     commands = "<br>".join(f"`{x}`" for x in c.commands)
@@ -236,13 +252,14 @@ def table_row(d: Decision) -> str:
     else:
         logic = f"{c.kind}: `{c.rule.text}`" if c.kind != "trained" else f"`{c.rule.text}`"
     return "| " + " | ".join(cell(x) for x in (
-        c.id, c.section, c.text, paper, ours_cell(d), verdict, logic, commands)) + " |"
+        c.id, c.section, c.text, paper, ours_cell(d, shared), verdict, logic, commands)) + " |"
 
 
 def render(selection: Selection, rules: Path, claims: list[Claim],
            decisions: list[Decision]) -> str:
     lines = header(selection, rules, claims, decisions)
     titles = paper_titles(rules)
+    shared = shared_records(decisions)
     for paper in PAPERS:
         ds = [d for d in decisions if d.claim.paper == paper]
         if not ds:
@@ -260,7 +277,7 @@ def render(selection: Selection, rules: Path, claims: list[Claim],
                 lines += [f"### {title}", ""]
             lines += ["| id | section | claim | paper | ours | verdict | control · rule | "
                       "reproduce |", "|---|---|---|---|---|---|---|---|"]
-            lines += [table_row(d) for d in part]
+            lines += [table_row(d, shared.get(d.claim.id)) for d in part]
             lines.append("")
         # the evidence stands beside a claim the records contradict, or one not measured yet
         # (its note then says where its numbers come from); a claim that now holds drops it

@@ -134,6 +134,7 @@ class Measured:
     across_seeds: bool
     kernel: str | None  # the SSD kernel its runs used
     per_seed: list[float] = field(default_factory=list)  # in the order of seeds
+    runs: list[str] = field(default_factory=list)  # the run ids of its records
 
     def as_interval(self) -> Interval:
         """What the rule compares: the 95% interval, or the value where there is none."""
@@ -201,7 +202,7 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
     order = sorted(range(len(row)), key=lambda i: row[i]["seed"])
     return Measured(mean, interval, [row[i]["seed"] for i in order],
                     version_label(row[-1]), half is not None, environment(row[0]).kernel,
-                    [values[i] for i in order])
+                    [values[i] for i in order], sorted(str(r.get("run_id")) for r in row))
 
 
 @dataclass
