@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -206,28 +207,37 @@ def run_probes(tree: Path, specs: list[dict], log=None) -> dict[str, dict]:
         shutil.copyfile(probe_module.__file__, script)
         env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0",
                "OMP_NUM_THREADS": "1"}
+        # stderr to a file: a pipe nobody reads until the end would stall a chatty probe
+        stderr = open(Path(folder) / "stderr.txt", "w+")
         process = subprocess.Popen([sys.executable, str(script)], cwd=str(tree), env=env,
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-        process.stdin.write(json.dumps(specs))
-        process.stdin.close()
+                                   stderr=stderr, text=True)
+        # a probe that hangs is killed: its configs, and those after it, are named not computed
+        watchdog = threading.Timer(PROBE_TIMEOUT_S, process.kill)
+        watchdog.start()
         results = {}
-        deadline = time.monotonic() + PROBE_TIMEOUT_S
-        for line in process.stdout:
-            try:
-                result = json.loads(line)
-            except ValueError:
-                continue
-            key = result.pop("key", None)
-            if key is not None:
-                results[key] = result
-                if log is not None:
-                    log(key, result)
-            if time.monotonic() > deadline:
-                break
-        process.kill() if process.poll() is None else None
-        error = process.stderr.read().strip().splitlines()
-        process.wait()
+        try:
+            process.stdin.write(json.dumps(specs))
+            process.stdin.close()
+            for line in process.stdout:
+                try:
+                    result = json.loads(line)
+                except ValueError:
+                    continue
+                key = result.pop("key", None)
+                if key is not None:
+                    results[key] = result
+                    if log is not None:
+                        log(key, result)
+            process.wait()
+        finally:
+            watchdog.cancel()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            stderr.seek(0)
+            error = stderr.read().strip().splitlines()
+            stderr.close()
     for spec in specs:  # a probe process that died names the last thing it said
         results.setdefault(spec["key"], {"error": f"the probe process ended early: "
                                                   f"{error[-1] if error else 'no message'}"})

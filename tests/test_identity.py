@@ -320,3 +320,21 @@ def test_the_index_is_not_read_as_a_run_record(tmp_path):
     put(out, made_by("c0de1"))
     records, bad = read_records(out)
     assert len(records) == 1 and bad == []
+
+
+def test_a_probe_that_hangs_is_killed_and_named(tmp_path, monkeypatch):
+    """A checkout whose code never returns (here: its config module sleeps) costs at most
+    PROBE_TIMEOUT_S: the process is killed and its configs are named not computed."""
+    tree = tmp_path / "tree"
+    for path in ("bench/reference_cache.py", "bench/evaluate.py", "bench/train.py",
+                 "bench/__init__.py"):
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text("")
+    (tree / "bench" / "config.py").write_text("import sys, time\nprint('stuck', file=sys.stderr)"
+                                              "\nsys.stderr.flush()\ntime.sleep(600)\n")
+    monkeypatch.setattr(identities, "PROBE_TIMEOUT_S", 20)  # torch imports first
+    import time
+    start = time.monotonic()
+    results = identities.run_probes(tree, [{**spec(CONFIGS["markov-mamba-800"]), "key": "a"}])
+    assert time.monotonic() - start < 60
+    assert results == {"a": {"error": "the probe process ended early: stuck"}}
