@@ -128,21 +128,23 @@ class Index:
             return None  # another torch drew other random streams than the probe's
         return found
 
-    def is_current(self, record: dict) -> bool:
-        """Whether today's code reproduces what the record's code does with its config."""
-        own = self.own(record)
-        now = self.entry(self.today, config_key(record)) if own is not None else None
-        return now is not None and reproduces(own, now)
-
-    def identity(self, record: dict) -> str | None:
-        """What the record pools by: today's identity of its config when today's code reproduces
-        its own, else its own; None where unknown."""
+    def version(self, record: dict) -> tuple[str | None, bool]:
+        """(what the record pools by, whether that is today's): today's identity of its config
+        when today's code reproduces its own, else its own; (None, False) where unknown."""
         own = self.own(record)
         if own is None:
-            return None
-        if self.is_current(record):
-            return self.entry(self.today, config_key(record))["identity"]
-        return own["identity"]
+            return None, False
+        now = self.entry(self.today, config_key(record))
+        if now is not None and reproduces(own, now):
+            return now["identity"], True
+        return own["identity"], False
+
+    def is_current(self, record: dict) -> bool:
+        """Whether today's code reproduces what the record's code does with its config."""
+        return self.version(record)[1]
+
+    def identity(self, record: dict) -> str | None:
+        return self.version(record)[0]
 
 
 def probe_digest() -> str:

@@ -120,10 +120,10 @@ def version_of(record: dict, index: Index) -> tuple[tuple, str]:
     it (bench/identities.py: today's when today's code reproduces what the record's code did),
     labelled `≡<identity>`, with `, current` when it is today's; else its code version
     (code_version), labelled by commit."""
-    found = index.identity(record)
+    found, current = index.version(record)
     if found is None:
         return code_version(record), code_label(*commit_of(record))
-    return ("identity", found), f"≡{found[:8]}" + (", current" if index.is_current(record) else "")
+    return ("identity", found), f"≡{found[:8]}" + (", current" if current else "")
 
 
 def version_label(record: dict) -> str:

@@ -81,8 +81,9 @@ def shared_records(decisions: list[Decision]) -> dict[str, list[str]]:
     measurement read twice, not two pieces of evidence, and say so."""
     by_records: dict[frozenset, list[str]] = {}
     for d in decisions:
-        if d.verdict != "not measured" and records_of(d):
-            by_records.setdefault(records_of(d), []).append(d.claim.id)
+        runs = records_of(d)
+        if d.verdict != "not measured" and runs:
+            by_records.setdefault(runs, []).append(d.claim.id)
     return {claim: [other for other in ids if other != claim]
             for ids in by_records.values() if len(ids) > 1 for claim in ids}
 
