@@ -155,10 +155,11 @@ def score_positions(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor
             {"positions": band, "sequences": int(scored.sum()),
              "gap": float(gaps[scored].mean()) if scored.any() else None}
             for band, (gaps, scored) in zip(bands, gap_bands)]
-        # what `python -m bench compare` pairs with another run on the same held-out set
+        # what `python -m bench compare` pairs with another run on the same held-out set, and
+        # claims pair within a record (the model against a reference on the same sequences)
         result["per_sequence"] = {
             "bands": bands,
-            "loss": {"model": rounded(per_sequence["model"])},
+            "loss": {name: rounded(values) for name, values in per_sequence.items()},
             "band_loss": {"model": [rounded(means, scored) for means, scored in model_bands]}}
     metrics["task"] = task.summarize(batch, {n: l.detach() for n, l in losses.items()}, scores)
     return result

@@ -152,7 +152,8 @@ def test_overlapping_intervals_are_undecided(tmp_path):
     out = tmp_path / "r"
     put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.0051))
     [d] = decide(out, rules_file(tmp_path))
-    assert d.verdict == "undecided" and d.note == "the intervals overlap"
+    assert d.verdict == "undecided"
+    assert d.note == "the interval of a difference holds 0 (`noconv >= 5 * mamba`)"
     # apart, the same comparison decides
     put(tmp_path / "apart", record(MAMBA, gap=0.001), record(NOCONV, gap=0.0081))
     [d] = decide(tmp_path / "apart", rules_file(tmp_path))
@@ -412,8 +413,12 @@ def test_claims_md_is_written_with_rows_rules_and_evidence(tmp_path, capsys):
     assert "## 000 — A test paper" in text
     row = next(line for line in text.splitlines() if line.startswith("| t-conv"))
     cells = [c.strip() for c in row.strip("|").split(" | ")]
-    assert cells[5] == "**fails**" and cells[6] == (
-        "control ✓: `mamba <= 0.05`<br>rule: `mamba <= 0.01 and noconv >= 5 * mamba`")
+    assert cells[5] == "**fails**" and cells[6].split("<br>") == [
+        "control ✓: `mamba <= 0.05`", "rule: `mamba <= 0.01 and noconv >= 5 * mamba`",
+        # each comparison: its difference and interval (one seed, no per-sequence values)
+        "✓ `mamba <= 0.05`: difference -0.04900 [-0.04920, -0.04880] (unpaired)",
+        "✓ `mamba <= 0.01`: difference -0.009000 [-0.009200, -0.008800] (unpaired)",
+        "✗ `noconv >= 5 * mamba`: difference -0.003000 [-0.004400, -0.001600] (unpaired)"]
     assert "`mamba` = 0.001000 [0.000800, 0.001200] (seed 0)" in cells[4]
     assert cells[7] == "`python -m bench suite name=leaderboard`"
     assert "- **t-conv** (Fig. 3a): Without convolution it learns. Measured (fails" in text

@@ -138,8 +138,21 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "machine where most quantities have records, then the most seeds, then the newest; "
             "named in the row unless the CPU); several seeds "
             "show the mean and a 95% t-interval across seeds, one seed its record's bootstrap "
-            "interval (or ±1.96 standard errors; per-position slices have none). Rules use the "
-            "means.", "",
+            "interval (or ±1.96 standard errors; per-position slices have none).", "",
+            "Comparisons are paired: each comparison of a rule (`a < b`, `t1 >= 0.5 * unigram`) "
+            "is decided on its difference (left − right), taken seed by seed where the "
+            "quantities share seeds — the models of one seed saw the same training batches, and "
+            "every model is scored on the same held-out sequences — with the 95% t-interval of "
+            "the per-seed differences; on one shared seed, a bootstrap over the held-out "
+            "sequences of the records' per-sequence losses, resampled together; only where "
+            "neither exists (different seeds, older records without per-sequence losses of the "
+            "references) are the quantities' own intervals combined, and the row says "
+            "*unpaired*. Each comparison is listed under the rule with its difference, interval "
+            "and pairing. `abs(a - b) <= margin` is an equivalence test with the margin the rule "
+            "states (two one-sided tests: a − b − margin and b − a − margin both below 0). A "
+            "claim about each trained model (`per_seed`) is judged seed by seed and says k of "
+            "n seeds: it holds when every seed holds, and seeds that disagree leave it "
+            "undecided.", "",
             "Verdicts — a claim is decided only when the evidence could have gone the other way: "
             "its **control** (a positive control trained under the same protocol, e.g. the "
             "2-layer transformer learns when the 1-layer one is said to fail, or the model beats "
@@ -242,6 +255,17 @@ def to_measure(decisions: list[Decision]) -> list[str]:
     return lines + [""]
 
 
+def test_text(test) -> str:
+    """A comparison as it was decided: its difference left − right with the 95% interval, and
+    how it was paired."""
+    like = max((abs(x) for x in (test.difference, *test.interval) if math.isfinite(x)),
+               default=None)
+    mark = {True: "✓", False: "✗", None: "?"}[test.outcome]
+    how = f"paired, {test.paired}" if test.paired else "unpaired"
+    return (f"{mark} `{test.text}`: difference {num(test.difference, like)} "
+            f"[{num(test.interval[0], like)}, {num(test.interval[1], like)}] ({how})")
+
+
 def table_row(d: Decision, shared: list[str] | None = None) -> str:
     c = d.claim
     verdict = f"**{d.verdict}**" if d.verdict in ("fails",) else d.verdict
@@ -252,6 +276,8 @@ def table_row(d: Decision, shared: list[str] | None = None) -> str:
         logic = f"control{(' ' + mark) if mark else ''}: `{c.control.text}`<br>rule: `{c.rule.text}`"
     else:
         logic = f"{c.kind}: `{c.rule.text}`" if c.kind != "trained" else f"`{c.rule.text}`"
+    if d.tests:
+        logic += "<br>" + "<br>".join(test_text(t) for t in d.tests)
     return "| " + " | ".join(cell(x) for x in (
         c.id, c.section, c.text, paper, ours_cell(d, shared), verdict, logic, commands)) + " |"
 

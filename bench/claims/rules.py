@@ -8,14 +8,29 @@ intervals are apart: `a < b` is True when a lies wholly below b, False when whol
 it, and None — undecided — when they overlap. and/or/not are Kleene's (False and None is False,
 True or None is True). So a comparison of two means that their noise could reverse never
 decides a claim, and a quantity that is not a number (NaN) makes what depends on it undecided,
-never false."""
+never false.
+
+A comparison is decided on its *difference*: `left op right` on the interval of left − right
+against 0. Where the quantities it names were measured on the same seeds, the difference is
+taken seed by seed (the models of one seed saw the same training batches, and every model is
+scored on the same held-out sequences) and its 95% t-interval across those seeds decides: the
+paired comparison, with no worst-case interval arithmetic. On one common seed, the records'
+per-sequence values, where they carry them, give a paired bootstrap over the held-out
+sequences. Only where neither exists are the quantities' own intervals combined (unpaired), and
+the test says so. `abs(E) <= F` is an equivalence test (two one-sided tests, TOST): it holds
+when E - F and -E - F are both below 0, i.e. the interval of E lies within ±F."""
 from __future__ import annotations
 
 import ast
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import reduce
+
+import torch
+from torch import Tensor
 
 from bench.config import ConfigError
+from tasks.stats import across_seeds
 
 FUNCTIONS = {"abs": (1, 1), "min": (2, None), "max": (2, None)}
 ALLOWED = ("quantity names, numbers, comparisons (< <= > >= == !=), and/or/not, + - * /, "
@@ -107,6 +122,38 @@ def _or(values) -> bool | None:
     if any(v is True for v in values):
         return True
     return False if all(v is False for v in values) else None
+
+@dataclass(frozen=True)
+class Sample:
+    """A quantity as a comparison sees it: its value on each seed; where the records carry them,
+    the per-sequence values behind a seed's value (the held-out set's digest and one value per
+    sequence: their mean is the seed's value); and its 95% interval, for an unpaired comparison."""
+
+    per_seed: dict[int, float]
+    interval: Interval
+    sequences: dict[int, tuple[str, Tensor]] = field(default_factory=dict)
+
+    @property
+    def defined(self) -> bool:
+        return self.interval.defined and all(not math.isnan(v) for v in self.per_seed.values())
+
+
+@dataclass(frozen=True)
+class Test:
+    """One comparison as it was decided: `text` (left op right), the difference left − right and
+    its 95% interval, how it was paired ("5 seeds", "512 sequences of seed 0", or "" where the
+    quantities' own intervals were combined), and the outcome (None: undecided, `why`)."""
+
+    text: str
+    difference: float
+    interval: tuple[float, float]
+    paired: str
+    outcome: bool | None
+    why: str = ""
+
+
+BOOTSTRAP_RESAMPLES = 2000  # of the held-out sequences, for a comparison on one seed
+
 
 class RuleUndefined(ArithmeticError):
     """A rule that cannot be evaluated on these numbers (a division by zero)."""
@@ -200,10 +247,70 @@ class Rule:
                          f"got '{ast.unparse(node)}'")
 
     def evaluate(self, values: dict) -> bool | None:
-        """True, False, or None when the intervals do not decide (or a value is not a number)."""
-        points = {name: value if isinstance(value, Interval) else Interval.point(float(value))
-                  for name, value in values.items()}
-        return self._eval(self.tree.body, points)
+        """True, False, or None when the intervals do not decide (or a value is not a number),
+        on values that are Intervals or plain numbers: every comparison unpaired."""
+        samples = {name: Sample({}, value if isinstance(value, Interval)
+                                else Interval.point(float(value)))
+                   for name, value in values.items()}
+        return self.decide(samples)[0]
+
+    def decide(self, samples: dict[str, Sample]) -> tuple[bool | None, list[Test]]:
+        """The outcome on the quantities' samples, each comparison decided on its paired
+        difference where it can be (the module's docstring), and the tests that decided it."""
+        tests: list[Test] = []
+        return self._decide(self.tree.body, samples, tests), tests
+
+    def _decide(self, node, samples, tests) -> bool | None:
+        if isinstance(node, ast.BoolOp):
+            parts = [self._decide(v, samples, tests) for v in node.values]
+            return _and(parts) if isinstance(node.op, ast.And) else _or(parts)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return _not(self._decide(node.operand, samples, tests))
+        assert isinstance(node, ast.Compare)  # _kind: a bool is and/or/not or a comparison
+        results, left = [], node.left
+        for op, right in zip(node.ops, node.comparators):
+            every, pieces = _pieces(left, op, right)
+            outcomes = [self._test(piece, samples, tests) for piece in pieces]
+            results.append(_and(outcomes) if every else _or(outcomes))
+            left = right
+        return _and(results)
+
+    def _test(self, piece, samples: dict[str, Sample], tests: list[Test]) -> bool | None:
+        """One `left op right` decided on the interval of left − right."""
+        left, op, right = piece
+        text = f"{ast.unparse(left)} {_SYMBOL[type(op)]} {ast.unparse(right)}"
+        names = sorted({n.id for side in (left, right) for n in ast.walk(side)
+                        if isinstance(n, ast.Name) and n.id not in FUNCTIONS})
+        common = sorted(set.intersection(*(set(samples[n].per_seed) for n in names))) \
+            if names else []
+        paired, why = "", ""
+        if len(common) >= 2:
+            differences = [_value(left, env) - _value(right, env) for env in
+                           ({n: samples[n].per_seed[seed] for n in names} for seed in common)]
+            if all(math.isfinite(d) for d in differences):
+                mean, half = across_seeds(differences)
+                difference, interval = mean, (mean - half, mean + half)
+            else:
+                difference, interval = math.nan, (math.nan, math.nan)
+            paired = f"{len(common)} seeds"
+        elif common and (sequences := _sequences(names, samples, common[0])) is not None:
+            difference, interval = _bootstrap(left, right, sequences)
+            paired = f"{len(next(iter(sequences.values())))} sequences of seed {common[0]}"
+        else:
+            values = {n: samples[n].interval for n in names}
+            try:
+                d = self._eval(left, values) - self._eval(right, values)
+            except RuleUndefined as error:
+                tests.append(Test(text, math.nan, (math.nan, math.nan), "", None,
+                                  f"undefined: {error}"))
+                return None
+            difference, interval = (d.lo + d.hi) / 2, (d.lo, d.hi)
+        outcome = _sign_decides(type(op), Interval(*interval))
+        if outcome is None:
+            why = "not a number" if math.isnan(interval[0] + interval[1]) else \
+                "the interval of the difference holds 0"
+        tests.append(Test(text, difference, interval, paired, outcome, why))
+        return outcome
 
     def _eval(self, node, values):
         if isinstance(node, ast.BoolOp):
@@ -237,3 +344,88 @@ class Rule:
             pick = min if node.func.id == "min" else max
             return Interval(pick(a.lo for a in args), pick(a.hi for a in args))
         raise AssertionError(f"unchecked node {type(node).__name__}")  # _kind refused it
+
+
+_SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+_FLIP = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE}
+
+
+def _is_abs(node) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+        and node.func.id == "abs"
+
+
+def _pieces(left, op, right) -> tuple[bool, list[tuple]]:
+    """A comparison as one-sided pieces (left, op, right), and whether every piece must hold
+    (True) or one (False). `abs(E) <= F` is E <= F and -E <= F — the two one-sided tests of an
+    equivalence within ±F — and `abs(E) >= F` is E >= F or -E >= F; `F >= abs(E)` reads as
+    `abs(E) <= F`."""
+    kind = type(op)
+    if _is_abs(right) and not _is_abs(left) and kind in _FLIP:
+        left, right, kind = right, left, _FLIP[kind]
+    if _is_abs(left) and kind in _FLIP:
+        inner = left.args[0]
+        negated = ast.UnaryOp(op=ast.USub(), operand=inner)
+        return kind in (ast.Lt, ast.LtE), [(inner, kind(), right), (negated, kind(), right)]
+    return True, [(left, op, right)]
+
+
+def _sign_decides(kind, d: Interval) -> bool | None:
+    """left op right from the interval d of left − right: decided only when d is clear of 0."""
+    if not d.defined:
+        return None
+    zero = Interval.point(0.0)
+    if kind in (ast.Eq, ast.NotEq):
+        equal = _equal(d, zero)
+        return equal if kind is ast.Eq else _not(equal)
+    return _COMPARE[kind](d, zero)
+
+
+def _value(node, env: dict):
+    """A number expression on floats (one seed's values) or tensors (bootstrap resamples); a
+    division by zero is NaN (undecided)."""
+    if isinstance(node, ast.BinOp):
+        left, right = _value(node.left, env), _value(node.right, env)
+        if isinstance(node.op, ast.Div) and not isinstance(right, Tensor) and right == 0:
+            return math.nan
+        return _ARITH[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp):
+        operand = _value(node.operand, env)
+        return -operand if isinstance(node.op, ast.USub) else operand
+    if isinstance(node, ast.Constant):
+        return float(node.value)
+    if isinstance(node, ast.Name):
+        return env[node.id]
+    args = [_value(a, env) for a in node.args]
+    if node.func.id == "abs":
+        return abs(args[0])
+    if any(isinstance(a, Tensor) for a in args):
+        pick = torch.minimum if node.func.id == "min" else torch.maximum
+        return reduce(pick, [torch.as_tensor(a, dtype=torch.float64) for a in args])
+    return (min if node.func.id == "min" else max)(args)
+
+
+def _sequences(names: list[str], samples: dict[str, Sample], seed: int
+               ) -> dict[str, Tensor] | None:
+    """Each quantity's per-sequence values on seed, when all of them have them on one held-out
+    set (one digest, one length); None otherwise."""
+    found = [samples[n].sequences.get(seed) for n in names]
+    if any(f is None for f in found) or len({(d, len(v)) for d, v in found}) != 1:
+        return None
+    return {n: v for n, (_, v) in zip(names, found)}
+
+
+def _bootstrap(left, right, sequences: dict[str, Tensor]) -> tuple[float, tuple[float, float]]:
+    """left − right on the sequences' means, and its 95% percentile interval resampling the
+    held-out sequences (one resample for every quantity: paired)."""
+    count = len(next(iter(sequences.values())))
+    generator = torch.Generator().manual_seed(0)
+    index = torch.randint(count, (BOOTSTRAP_RESAMPLES, count), generator=generator)
+    means = {n: float(v.mean()) for n, v in sequences.items()}
+    estimate = _value(left, means) - _value(right, means)
+    d = _value(left, {n: v[index].mean(1) for n, v in sequences.items()}) \
+        - _value(right, {n: v[index].mean(1) for n, v in sequences.items()})
+    if not torch.isfinite(d).all():
+        return math.nan, (math.nan, math.nan)
+    lo, hi = torch.quantile(d, torch.tensor([0.025, 0.975], dtype=d.dtype))
+    return estimate, (float(lo), float(hi))

@@ -15,7 +15,8 @@ model is its own control), `reference` (a property of the task's references: no 
 `scale` (paper | cpu: our runs are reduced versions of a claim made at GPU scale), `paper_scale`
 (overrides selecting paper-scale records instead, once they exist), `command` (what makes the
 records), `gpu`, `needs` (a protocol the code lacks), `contradicts_paper` (the evidence, said
-plainly) and `extension: true` for a claim the paper does not make (the suite's own, shown apart).
+plainly), `extension: true` for a claim the paper does not make (the suite's own, shown apart)
+and `per_seed: true` for a claim about each trained model (judged seed by seed: "k of n seeds").
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ PAPERS = ("000", "002", "004")
 METRIC_ROOTS = ("metrics", "per_position", "params", "state_size", "train", "eval")
 CLAIM_KEYS = {"id", "section", "claim", "quote", "paper_number", "measure", "where", "rule",
               "control", "kind", "scale", "paper_scale", "command", "gpu", "needs",
-              "contradicts_paper", "extension"}
+              "contradicts_paper", "extension", "per_seed"}
 REQUIRED = ("id", "section", "claim", "paper_number", "measure", "rule", "scale", "command")
 QUANTITY_KEYS = {"where", "metric", "suite", "range"}
 DEFAULT_METRIC = "metrics.bayes_gap"
@@ -93,6 +94,7 @@ class Claim:
     needs: str | None = None
     contradicts: str | None = None
     source: str = ""
+    per_seed: bool = False  # a claim about each trained model: judged seed by seed
 
 
 def merge(base: list[str], layer: list[str], drop_groups: bool = False) -> list[str]:
@@ -288,7 +290,7 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
         if spec.get("control") is not None else None
     commands = spec["command"] if isinstance(spec["command"], list) else [spec["command"]]
     commands = [check_command(c, where) for c in commands]
-    for key in ("gpu", "extension"):
+    for key in ("gpu", "extension", "per_seed"):
         if key in spec and not isinstance(spec[key], bool):
             raise ConfigError(f"{where}: {key} must be true or false")
     for key in ("needs", "contradicts_paper"):
@@ -301,6 +303,7 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
                  scale=spec["scale"], commands=commands, control=control, kind=kind,
                  quote=" ".join(str(spec.get("quote", "")).split()),
                  extension=bool(spec.get("extension", False)), gpu=bool(spec.get("gpu", False)),
+                 per_seed=bool(spec.get("per_seed", False)),
                  needs=" ".join(spec["needs"].split()) if spec.get("needs") else None,
                  contradicts=(" ".join(spec["contradicts_paper"].split())
                               if spec.get("contradicts_paper") else None))

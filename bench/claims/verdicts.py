@@ -18,7 +18,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from bench.claims.rules import Interval, RuleUndefined
+import torch
+
+from bench.claims.rules import Interval, Sample, Test
 from bench.claims.spec import Claim, Quantity
 from bench.leaderboard import Selection, current_version, version_label
 from bench.records import Environment, environment, record_matches
@@ -135,12 +137,27 @@ class Measured:
     kernel: str | None  # the SSD kernel its runs used
     per_seed: list[float] = field(default_factory=list)  # in the order of seeds
     runs: list[str] = field(default_factory=list)  # the run ids of its records
+    # seed -> (held-out digest, per-sequence values), where the records carry them
+    sequences: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
+    seed_intervals: list[tuple[float, float] | None] = field(default_factory=list)  # own, by seed
 
     def as_interval(self) -> Interval:
-        """What the rule compares: the 95% interval, or the value where there is none."""
+        """What an unpaired comparison uses: the 95% interval, or the value where there is
+        none."""
         if self.interval is None or not math.isfinite(self.value):
             return Interval.point(self.value)
         return Interval(*self.interval)
+
+    def as_sample(self) -> Sample:
+        return Sample(dict(zip(self.seeds, self.per_seed)), self.as_interval(), self.sequences)
+
+    def seed_sample(self, seed: int) -> Sample:
+        """The quantity on one seed: its record's value and own interval."""
+        i = self.seeds.index(seed)
+        value, interval = self.per_seed[i], self.seed_intervals[i]
+        return Sample({seed: value}, Interval(*interval) if interval is not None and
+                      math.isfinite(value) else Interval.point(value),
+                      {seed: self.sequences[seed]} if seed in self.sequences else {})
 
 
 def pick(quantity: Quantity, rows: list[list[dict]]) -> list[dict] | None:
@@ -186,6 +203,37 @@ def on_one_machine(quantities: dict[str, Quantity], rows: list[list[dict]]
     return best
 
 
+def read_sequences(record: dict, quantity: Quantity) -> tuple[str, torch.Tensor] | None:
+    """(held-out digest, per-sequence values) of quantity's metric in record, where it is a mean
+    over held-out sequences that the record keeps per sequence: a predictor's loss
+    (metrics.loss.<name>), its gap to the gap reference (metrics.gap.<name>) or the model's
+    (metrics.bayes_gap); None otherwise (an older record keeps only the model's losses)."""
+    metrics, per_sequence = record.get("metrics"), record.get("per_sequence")
+    if quantity.index is not None or not isinstance(metrics, dict) \
+            or not isinstance(per_sequence, dict) or not isinstance(per_sequence.get("loss"), dict):
+        return None
+    path, losses = quantity.path, per_sequence["loss"]
+    reference = metrics.get("gap_reference")
+    if path == ["metrics", "bayes_gap"]:
+        name, minus = "model", reference
+    elif len(path) == 3 and path[:2] in (["metrics", "loss"], ["metrics", "gap"]):
+        name, minus = path[2], reference if path[1] == "gap" else None
+    else:
+        return None
+    wanted = [name] + ([minus] if minus is not None else [])
+    vectors = [losses.get(n) for n in wanted]
+    digest = metrics.get("held_out_digest")
+    if not isinstance(digest, str) or not all(
+            isinstance(v, list) and v and len(v) == len(vectors[0])
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+            for v in vectors):
+        return None
+    values = torch.tensor(vectors[0], dtype=torch.float64)
+    if minus is not None:
+        values = values - torch.tensor(vectors[1], dtype=torch.float64)
+    return digest, values
+
+
 def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
     """The quantity pooled over the seeds of row (one version in one environment)."""
     read = [read_metric(record, quantity) for record in row]  # MetricMissing: decide's
@@ -200,9 +248,12 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
         low, high = quantity.range
         interval = (max(interval[0], low), min(interval[1], high))
     order = sorted(range(len(row)), key=lambda i: row[i]["seed"])
+    sequences = {record["seed"]: found for record in row
+                 if (found := read_sequences(record, quantity)) is not None}
     return Measured(mean, interval, [row[i]["seed"] for i in order],
                     version_label(row[-1]), half is not None, environment(row[0]).kernel,
-                    [values[i] for i in order], sorted(str(r.get("run_id")) for r in row))
+                    [values[i] for i in order], sorted(str(r.get("run_id")) for r in row),
+                    sequences, [read[i][1] for i in order])
 
 
 @dataclass
@@ -215,6 +266,7 @@ class Decision:
     missing: list[str] = field(default_factory=list)
     note: str = ""
     control: bool | None = None  # whether the control held (None: undecided; no control: True)
+    tests: list[Test] = field(default_factory=list)  # the comparisons of control, then rule
 
 
 def rows_of(selection: Selection) -> list[list[dict]]:
@@ -223,16 +275,71 @@ def rows_of(selection: Selection) -> list[list[dict]]:
             for runs in [*section.rows.values(), *section.superseded.values()]]
 
 
-def _evaluate(rule, values: dict[str, Measured]) -> tuple[bool | None, str]:
-    """A rule's outcome on the quantities' intervals, and why it is undecided when it is."""
-    undefined = [name for name in rule.used if not math.isfinite(values[name].value)]
+def _evaluate(rule, samples: dict[str, Sample], tests: list[Test]
+              ) -> tuple[bool | None, str]:
+    """A rule's outcome, each comparison on its paired difference where it can be
+    (bench/claims/rules.py), and why it is undecided when it is; its tests join `tests`."""
+    undefined = [name for name in rule.used if not samples[name].defined]
     if undefined:
         return None, f"not a number: {', '.join(undefined)}"
-    try:
-        outcome = rule.evaluate({name: m.as_interval() for name, m in values.items()})
-    except RuleUndefined as error:
-        return None, f"undefined: {error}"
-    return outcome, "" if outcome is not None else "the intervals overlap"
+    outcome, done = rule.decide(samples)
+    tests.extend(done)
+    if outcome is not None:
+        return outcome, ""
+    undefined = sorted({t.why for t in done if t.why.startswith("undefined")})
+    open_ = [f"`{t.text}`" for t in done if t.outcome is None and not t.why.startswith("undefined")]
+    return None, "; ".join(undefined) or (
+        f"the interval of a difference holds 0 ({', '.join(open_)})")
+
+
+def judge(claim: Claim, reduced: bool, samples: dict[str, Sample]
+          ) -> tuple[str, str, bool | None, list[Test]]:
+    """(verdict, note, whether the control held, the tests) of claim on samples: the control
+    first (not reached at reduced scale when it failed, else undecided), then the rule."""
+    tests: list[Test] = []
+    if claim.control is not None:
+        control, why = _evaluate(claim.control, samples, tests)
+        if control is not True:
+            held = "did not hold" if control is False else f"is undecided ({why})"
+            verdict = "not reached at reduced scale" if reduced and control is False \
+                else "undecided"
+            return verdict, f"control {held}", control, tests
+    outcome, why = _evaluate(claim.rule, samples, tests)
+    if outcome is None:
+        verdict = "undecided"
+    elif outcome:
+        verdict = "holds at reduced scale" if reduced else "holds"
+    elif claim.kind == "attainment" and reduced:
+        verdict, why = "not reached at reduced scale", "the model did not reach it at our budget"
+    else:
+        verdict = "fails"
+    return verdict, why, True, tests
+
+
+def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
+                    ) -> tuple[str, str, bool | None, list[Test]]:
+    """A claim about each trained model (`per_seed: true`), judged seed by seed on that seed's
+    record (its own interval, or a paired bootstrap over its sequences): it holds when it holds
+    on every seed, fails (or is not reached) when it does on every seed, and is undecided when
+    the seeds disagree — the row then says k of n."""
+    seeds = sorted(set.intersection(*(set(m.seeds) for m in values.values())))
+    verdicts = {}
+    for seed in seeds:
+        one = {name: m.seed_sample(seed) for name, m in values.items()}
+        verdicts[seed] = judge(claim, reduced, one)[0]
+    kinds = set(verdicts.values())
+    counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS if v in kinds}
+    each = ", ".join(f"{n} of {len(seeds)} seeds {v}" for v, n in counts.items())
+    marks = " / ".join(f"{seed} {_MARK[v]}" for seed, v in verdicts.items())
+    note = f"per seed: {each} ({marks})"
+    if len(kinds) == 1:
+        verdict = kinds.pop()
+        return verdict, note, verdict not in ("not reached at reduced scale",), []
+    return "undecided", note, None, []
+
+
+_MARK = {"holds": "✓", "holds at reduced scale": "✓", "fails": "✗",
+         "not reached at reduced scale": "not reached", "undecided": "?"}
 
 
 def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
@@ -261,24 +368,13 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
         return Decision(claim, "not measured", missing=missing + [m.split(":")[0] for m in lacking],
                         note=note, values=values, machine=machine)
     reduced = scale == "cpu"
-    if claim.control is not None:
-        control, why = _evaluate(claim.control, values)
-        if control is not True:
-            held = "did not hold" if control is False else f"is undecided ({why})"
-            verdict = "not reached at reduced scale" if reduced and control is False \
-                else "undecided"
-            return Decision(claim, verdict, scale, values, machine, control=control,
-                            note=f"control {held}")
-    outcome, why = _evaluate(claim.rule, values)
-    if outcome is None:
-        verdict = "undecided"
-    elif outcome:
-        verdict = "holds at reduced scale" if reduced else "holds"
-    elif claim.kind == "attainment" and reduced:
-        verdict, why = "not reached at reduced scale", "the model did not reach it at our budget"
+    if claim.per_seed:
+        verdict, note, control, tests = judge_each_seed(claim, reduced, values)
     else:
-        verdict = "fails"
-    return Decision(claim, verdict, scale, values, machine, note=why, control=True)
+        verdict, note, control, tests = judge(
+            claim, reduced, {name: m.as_sample() for name, m in values.items()})
+    return Decision(claim, verdict, scale, values, machine, note=note, control=control,
+                    tests=tests)
 
 
 def decide_all(claims: list[Claim], selection: Selection) -> list[Decision]:

@@ -1,0 +1,202 @@
+"""Paired statistics in claims: a comparison is decided on its difference, seed by seed (a
+t-interval across seeds) or, on one seed, over the held-out sequences (a paired bootstrap);
+`abs(E) <= F` is an equivalence test (TOST); `per_seed` claims are judged seed by seed. Each
+test plants records on which the paired rule decides where the unpaired one could not, and a
+second set on which it goes the other way."""
+import math
+
+import pytest
+import torch
+
+from bench.claims import Interval, Rule, load_claims
+from bench.claims.rules import Sample
+from bench.claims.verdicts import read_sequences
+from test_claims import MAMBA, NOCONV, decide, put, record, rules_file
+
+SWITCH = """\
+paper: "000"
+claims:
+  - id: t-switch
+    section: "§5.1"
+    claim: Mamba resets at switch tokens.
+    paper_number: a_t = 0 at switches
+    where: [task=markov, trainer.max_steps=1000, trainer.lr=0.01, model=mamba]
+    measure:
+      a_switch: {metric: metrics.probe.a_switch, range: [0, 1]}
+    kind: attainment
+    rule: "a_switch <= 0.1"
+    scale: cpu
+    per_seed: true
+    command: python -m bench suite name=leaderboard
+"""
+
+
+def seeds(selector, gaps, **extra):
+    return [record(selector, seed=s, gap=g, **extra) for s, g in enumerate(gaps)]
+
+
+def test_seeds_pair_where_the_intervals_of_the_means_overlap(tmp_path):
+    """mamba varies 3x across seeds, and noconv with it: the two t-intervals overlap (unpaired:
+    undecided), but the per-seed difference noconv - 5 mamba is +0.0005 on every seed."""
+    mamba = [0.001, 0.002, 0.003, 0.0015, 0.0025]
+    ahead = [5 * m + 0.0005 + 1e-5 * i for i, m in enumerate(mamba)]
+    put(tmp_path / "up", *seeds(MAMBA, mamba), *seeds(NOCONV, ahead))
+    rules = rules_file(tmp_path, rule="noconv >= 5 * mamba", control="mamba <= 0.05")
+    [d] = decide(tmp_path / "up", rules)
+    assert d.verdict == "holds"
+    [control, test] = d.tests
+    assert test.paired == "5 seeds" and test.outcome is True
+    assert test.difference == pytest.approx(0.0005 + 2e-5)
+    # the worst-case interval arithmetic of the same means could not decide
+    intervals = {n: Interval(*d.values[n].interval) for n in ("mamba", "noconv")}
+    assert Rule("noconv >= 5 * mamba", intervals, "t").evaluate(intervals) is None
+    # the other way: noconv 0.0005 below 5 x mamba on every seed
+    behind = [5 * m - 0.0005 + 1e-5 * i for i, m in enumerate(mamba)]
+    put(tmp_path / "down", *seeds(MAMBA, mamba), *seeds(NOCONV, behind))
+    [d] = decide(tmp_path / "down", rules)
+    assert d.verdict == "fails" and d.tests[-1].outcome is False
+
+
+def test_seeds_not_shared_are_compared_unpaired_and_say_so(tmp_path):
+    put(tmp_path / "r", *seeds(MAMBA, [0.001, 0.0012]),
+        *(record(NOCONV, seed=s, gap=0.06) for s in (5, 6)))
+    [d] = decide(tmp_path / "r", rules_file(tmp_path, rule="noconv >= 5 * mamba"))
+    assert d.verdict == "holds" and d.tests[-1].paired == ""
+
+
+def with_sequences(selector, model, references, seed=0, digest="d" * 64):
+    """A record whose per-sequence losses are model's and each reference's (the metrics
+    their means, with a percentile interval of the mean)."""
+    losses = {"model": model, **references}
+    rec = record(selector, seed=seed, gap=float((model - references["bayes"]).mean()))
+    rec["metrics"]["loss"] = {n: float(v.mean()) for n, v in losses.items()}
+    rec["metrics"]["loss_ci"] = {n: [float(v.mean() - 2 * v.std() / len(v) ** 0.5),
+                                     float(v.mean() + 2 * v.std() / len(v) ** 0.5)]
+                                 for n, v in losses.items()}
+    rec["metrics"]["held_out_digest"] = digest
+    rec["per_sequence"] = {"bands": [], "loss": {n: v.tolist() for n, v in losses.items()}}
+    return rec
+
+
+EQUIVALENCE = """\
+paper: "002"
+claims:
+  - id: t-gd
+    section: "§4.1"
+    claim: The model reaches the loss of the unigram reference.
+    paper_number: equal
+    where: [task=markov, trainer.max_steps=1000, trainer.lr=0.01, model=mamba]
+    measure:
+      model: {metric: metrics.loss.model}
+      unigram: {metric: metrics.loss.unigram}
+    kind: attainment
+    rule: "abs(model - unigram) <= 0.05 * unigram"
+    scale: cpu
+    command: python -m bench suite name=leaderboard
+"""
+
+
+def test_one_seed_pairs_over_the_held_out_sequences(tmp_path):
+    """Sequences differ 10x in difficulty, so each loss's own interval is wide (±~0.1); the
+    model tracks the reference sequence by sequence, 2% above it: paired, the equivalence
+    within 5% holds; 12% above, it fails (not reached, at reduced scale)."""
+    generator = torch.Generator().manual_seed(0)
+    hardness = torch.rand(256, generator=generator, dtype=torch.float64) * 2 + 0.2
+    bayes = hardness * 0.9
+    noise = torch.randn(256, generator=generator, dtype=torch.float64) * 0.002
+    rules = tmp_path / "equal.yaml"
+    rules.write_text(EQUIVALENCE)
+    put(tmp_path / "near", with_sequences(MAMBA, hardness * 1.02 + noise,
+                                          {"bayes": bayes, "unigram": hardness}))
+    [d] = decide(tmp_path / "near", rules)
+    assert d.verdict == "holds at reduced scale"
+    assert [t.paired for t in d.tests] == ["256 sequences of seed 0"] * 2
+    assert [t.text for t in d.tests] == ["model - unigram <= 0.05 * unigram",
+                                         "-(model - unigram) <= 0.05 * unigram"]
+    # the two losses' own intervals overlap the margin: unpaired, no decision
+    intervals = {n: Interval(*d.values[n].interval) for n in ("model", "unigram")}
+    assert Rule("abs(model - unigram) <= 0.05 * unigram", intervals, "t").evaluate(
+        intervals) is None
+    put(tmp_path / "far", with_sequences(MAMBA, hardness * 1.12 + noise,
+                                         {"bayes": bayes, "unigram": hardness}))
+    [d] = decide(tmp_path / "far", rules)
+    assert d.verdict == "not reached at reduced scale" and d.tests[0].outcome is False
+
+
+def test_held_out_sets_that_differ_are_not_paired(tmp_path):
+    """Two records on different held-out sets (digests) are compared unpaired."""
+    generator = torch.Generator().manual_seed(1)
+    hard = torch.rand(64, generator=generator, dtype=torch.float64) + 0.5
+    refs = {"bayes": hard * 0.9, "unigram": hard}
+    put(tmp_path / "r", with_sequences(MAMBA, hard * 0.91, refs, digest="a" * 64),
+        with_sequences(NOCONV, hard * 0.99, refs, digest="b" * 64))
+    [d] = decide(tmp_path / "r", rules_file(tmp_path, rule="noconv >= mamba"))
+    assert d.tests[-1].paired == ""
+
+
+def test_the_bayes_gap_per_sequence_is_the_model_minus_the_gap_reference(tmp_path):
+    rec = with_sequences(MAMBA, torch.tensor([1.0, 2.0]),
+                         {"bayes": torch.tensor([0.5, 1.5]), "unigram": torch.tensor([3.0, 3.0])})
+    [claim] = load_claims(rules_file(tmp_path))
+    gap = claim.quantities["mamba"]  # metrics.bayes_gap
+    digest, values = read_sequences(rec, gap)
+    assert digest == "d" * 64 and values.tolist() == [0.5, 0.5]
+    del rec["per_sequence"]["loss"]["bayes"]  # an older record: the model's losses only
+    assert read_sequences(rec, gap) is None
+
+
+@pytest.mark.parametrize("inner, margin, expected", [
+    ((-0.01, 0.02), (0.05, 0.05), True),  # within ±0.05: equivalent
+    ((0.06, 0.08), (0.05, 0.05), False),  # wholly beyond the margin
+    ((-0.08, -0.06), (0.05, 0.05), False),  # wholly below -margin
+    ((0.03, 0.07), (0.05, 0.05), None),  # straddles the margin
+])
+def test_abs_below_a_margin_is_two_one_sided_tests(inner, margin, expected):
+    rule = Rule("abs(e) <= m", ["e", "m"], "t")
+    outcome, tests = rule.decide({"e": Sample({}, Interval(*inner)),
+                                  "m": Sample({}, Interval(*margin))})
+    assert outcome is expected and [t.text for t in tests] == ["e <= m", "-e <= m"]
+    # written the other way round it is the same test
+    assert Rule("m >= abs(e)", ["e", "m"], "t").evaluate(
+        {"e": Interval(*inner), "m": Interval(*margin)}) is expected
+    # and `abs(e) > m`, its negation, is the or of the two
+    assert Rule("abs(e) > m", ["e", "m"], "t").evaluate(
+        {"e": Interval(*inner), "m": Interval(*margin)}) is (
+        None if expected is None else not expected)
+
+
+def test_a_ratio_is_paired_seed_by_seed_and_a_zero_divisor_is_undecided():
+    rule = Rule("a / b >= 2", ["a", "b"], "t")
+    samples = {"a": Sample({0: 2.2, 1: 4.4, 2: 6.6}, Interval(2.2, 6.6)),
+               "b": Sample({0: 1.0, 1: 2.0, 2: 3.0}, Interval(1.0, 3.0))}
+    outcome, [test] = rule.decide(samples)
+    assert outcome is True and test.difference == pytest.approx(0.2) and test.paired == "3 seeds"
+    samples["b"] = Sample({0: 1.0, 1: 0.0, 2: 3.0}, Interval(0.0, 3.0))
+    outcome, [test] = rule.decide(samples)
+    assert outcome is None and math.isnan(test.difference)
+
+
+def probe_records(values):
+    out = []
+    for seed, a in enumerate(values):
+        rec = record(MAMBA, seed=seed)
+        rec["metrics"]["probe"] = {"a_switch": a}
+        out.append(rec)
+    return out
+
+
+def test_a_claim_about_each_run_counts_seeds(tmp_path):
+    """The mean of bimodal seeds (0.06 / 0.995 / 0.987) says nothing about any run: judged seed
+    by seed, one of three holds — undecided, and the row says so; on every seed it holds, on
+    none it is not reached."""
+    rules = tmp_path / "switch.yaml"
+    rules.write_text(SWITCH)
+    put(tmp_path / "mixed", *probe_records([0.06, 0.995, 0.987]))
+    [d] = decide(tmp_path / "mixed", rules)
+    assert d.verdict == "undecided"
+    assert d.note == ("per seed: 1 of 3 seeds holds at reduced scale, 2 of 3 seeds not reached "
+                      "at reduced scale (0 ✓ / 1 not reached / 2 not reached)")
+    put(tmp_path / "all", *probe_records([0.06, 0.01, 0.02]))
+    assert decide(tmp_path / "all", rules)[0].verdict == "holds at reduced scale"
+    put(tmp_path / "none", *probe_records([0.9, 0.95, 0.99]))
+    assert decide(tmp_path / "none", rules)[0].verdict == "not reached at reduced scale"
