@@ -280,8 +280,9 @@ def cmd_claims(argv: list[str]) -> int:
                           "check=true|false")
     if check not in ("true", "false"):
         raise ConfigError(f"check must be true or false, got '{check}'")
-    from bench.claims import VERDICTS, decide_all, load_claims, write_claims
+    from bench.claims import decide_all, load_claims, write_claims
     from bench.claims.check import problems
+    from bench.claims.render import verdict_counts
     from bench.leaderboard import plural, select_runs
     claims = load_claims(rules or None)  # bad rules are reported before the records are read
     selection = select_runs(out_dir, include)
@@ -296,8 +297,7 @@ def cmd_claims(argv: list[str]) -> int:
         return 1 if found else 0
     before = previous_text(out)
     path, decisions = write_claims(selection, out, rules or None, claims)
-    counts = ", ".join(f"{sum(d.verdict == v for d in decisions)} {v}" for v in VERDICTS)
-    print(f"{path}: {plural(len(decisions), 'claim')} ({counts}) from {selection.summary()}")
+    print(f"{path}: {verdict_counts(decisions)} from {selection.summary()}")
     tracked_note(Path(path), before)
     return 0
 

@@ -408,8 +408,8 @@ def test_claims_md_is_written_with_rows_rules_and_evidence(tmp_path, capsys):
     target = tmp_path / "claims.md"
     assert main(["claims", f"out_dir={out}", f"out={target}", f"rules={rules}"]) == 0
     text = target.read_text()
-    assert ("1 claim** — 0 holds, 0 holds at reduced scale, 1 fails, 0 not reached at reduced "
-            "scale, 0 undecided, 0 not measured") in text
+    assert ("**1 paper claim** (0 holds, 0 holds at reduced scale, 1 fails, 0 not reached at "
+            "reduced scale, 0 undecided, 0 not measured).") in text
     assert "## 000 — A test paper" in text
     row = next(line for line in text.splitlines() if line.startswith("| t-conv"))
     cells = [c.strip() for c in row.strip("|").split(" | ")]
@@ -422,7 +422,7 @@ def test_claims_md_is_written_with_rows_rules_and_evidence(tmp_path, capsys):
     assert "`mamba` = 0.001000 [0.000800, 0.001200] (seed 0)" in cells[4]
     assert cells[7] == "`python -m bench suite name=leaderboard`"
     assert "- **t-conv** (Fig. 3a): Without convolution it learns. Measured (fails" in text
-    assert "1 claim (0 holds, 0 holds at reduced scale, 1 fails" in capsys.readouterr().out
+    assert "1 paper claim (0 holds, 0 holds at reduced scale, 1 fails" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["claims.md", "r", "rules.yaml"]
 
 

@@ -323,19 +323,19 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     on every seed, fails (or is not reached) when it does on every seed, and is undecided when
     the seeds disagree — the row then says k of n."""
     seeds = sorted(set.intersection(*(set(m.seeds) for m in values.values())))
-    verdicts = {}
+    verdicts, controls = {}, set()
     for seed in seeds:
         one = {name: m.seed_sample(seed) for name, m in values.items()}
-        verdicts[seed] = judge(claim, reduced, one)[0]
+        verdict, _, control, _ = judge(claim, reduced, one)
+        verdicts[seed] = verdict
+        controls.add(control)
+    control = controls.pop() if len(controls) == 1 else None  # held on every seed, or on none
     kinds = set(verdicts.values())
     counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS if v in kinds}
     each = ", ".join(f"{n} of {len(seeds)} seeds {v}" for v, n in counts.items())
     marks = " / ".join(f"{seed} {_MARK[v]}" for seed, v in verdicts.items())
     note = f"per seed: {each} ({marks})"
-    if len(kinds) == 1:
-        verdict = kinds.pop()
-        return verdict, note, verdict not in ("not reached at reduced scale",), []
-    return "undecided", note, None, []
+    return (kinds.pop() if len(kinds) == 1 else "undecided"), note, control, []
 
 
 _MARK = {"holds": "✓", "holds at reduced scale": "✓", "fails": "✗",
