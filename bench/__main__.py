@@ -54,7 +54,13 @@ USAGE = {
               "out_dir and write claims.md: holds, holds at reduced scale, fails, not reached at "
               "reduced scale, undecided or not measured. check=true: the research checks of the "
               "records instead (a CPU claim left unmeasured, a verdict on a control that did not "
-              "hold); exit 1 on a problem.",
+              "hold); exit 1 on a problem.\n"
+              "python -m bench claims plan [out_dir=results] [out=<suite.yaml>] [budget_h=<hours>] "
+              "[include=suite|all] [rules=conf/papers]\n  The power plan: each undecided claim "
+              "with the seeds a power estimate says would decide it (its paired differences' "
+              "mean and spread across seeds) and their CPU time from its records; out= writes "
+              "the runs as a suite file (those within budget_h, cheapest claims first) for "
+              "python -m bench suite name=<suite.yaml> out_dir=<out_dir>.",
     "speed": "python -m bench speed [steps=20] [kernels=all|<kernel>] [precisions=all|<precision>] "
              "[compile=all|on|off] [out=<file.json>] [key=value ...]\n  Training-step time of the "
              "configured model for every SSD kernel, precision and compile setting that applies "
@@ -268,7 +274,60 @@ def cmd_leaderboard(argv: list[str]) -> int:
     return 0
 
 
+def cmd_claims_plan(argv: list[str]) -> int:
+    argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, out = take_option(argv, "out", "")
+    argv, include = take_option(argv, "include", "suite")
+    argv, rules = take_option(argv, "rules", "")
+    argv, budget = take_option(argv, "budget_h", "")
+    if argv:
+        raise ConfigError(f"unknown argument '{argv[0]}'; claims plan takes out_dir=<dir>, "
+                          "out=<suite.yaml>, budget_h=<hours>, include=suite|all, "
+                          "rules=<file or folder>")
+    import math
+    from bench.records import output_path
+    from tasks.files import write_atomic
+    budget_s = None
+    if budget:
+        try:
+            budget_s = float(budget) * 3600
+        except ValueError:
+            budget_s = math.nan
+        if not (math.isfinite(budget_s) and budget_s > 0):
+            raise ConfigError(f"budget_h: invalid value '{budget}'; expected a positive number "
+                              "of hours")
+    if out and not out.endswith((".yaml", ".yml")):
+        raise ConfigError(f"out '{out}' must be a suite file ending in .yaml")
+    out_path = output_path(out) if out else None
+    from bench.claims import decide_all, load_claims
+    from bench.claims.plan import duration, make_plan, plan_table, suite_yaml
+    from bench.leaderboard import plural, select_runs
+    claims = load_claims(rules or None)
+    selection = select_runs(out_dir, include)
+    for path, reason in selection.bad:
+        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    needs = make_plan(decide_all(claims, selection))
+    lines, chosen, spent = plan_table(needs, budget_s)
+    runs = {run for need in chosen for run in need.runs}
+    print("\n".join(lines))
+    decidable = [n for n in needs if n.seeds is not None]
+    print(f"{plural(len(needs), 'undecided claim')}: {len(decidable)} a power estimate says "
+          f"more seeds would decide; {plural(len(chosen), 'claim')} chosen"
+          + (f" within {budget} h" if budget else "") + f": {plural(len(runs), 'run')}, "
+          f"{duration(spent)} of CPU here (from the records' wall times)")
+    if out_path is not None:
+        command = "python -m bench claims plan " + " ".join(
+            a for a in sys.argv[3:] if not a.startswith("out="))
+        text = suite_yaml(chosen, command.strip())
+        write_atomic(out_path, lambda tmp: Path(tmp).write_text(text))
+        print(f"{out_path}: {plural(len(runs), 'run')}; run them with python -m bench suite "
+              f"name={out_path} out_dir={out_dir}")
+    return 0
+
+
 def cmd_claims(argv: list[str]) -> int:
+    if argv[:1] == ["plan"]:
+        return cmd_claims_plan(argv[1:])
     argv, out_dir = take_option(argv, "out_dir", "results")
     argv, out = take_option(argv, "out", default_report(out_dir, "claims.md"))
     argv, include = take_option(argv, "include", "suite")

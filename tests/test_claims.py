@@ -668,7 +668,13 @@ def test_claims_decided_on_the_same_records_say_so(tmp_path):
     alone = (twin.replace("id: t-twin", "id: t-alone")
              .replace("noconv: {where: [model=mamba, model.conv=false]}",
                       "noconv: {where: [model=mamba, model.conv=false, model.d_model=32]}"))
-    rules.write_text(text + twin + alone)
+    # the rule of t-control reads t-conv's records; its control reads one more
+    control = (twin.replace("id: t-twin", "id: t-control")
+               .replace("      noconv: {where: [model=mamba, model.conv=false]}",
+                        "      noconv: {where: [model=mamba, model.conv=false]}\n"
+                        "      wide: {where: [model=mamba, model.conv=false, model.d_model=32]}")
+               .replace('control: "mamba <= 0.05"', 'control: "mamba <= 0.05 and wide > 0"'))
+    rules.write_text(text + twin + alone + control)
     out = tmp_path / "r"
     put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.06),
         record([*NOCONV, "model.d_model=32"], gap=0.06))
@@ -677,6 +683,9 @@ def test_claims_decided_on_the_same_records_say_so(tmp_path):
     write_claims(select_runs(str(out)), str(claims_md), rules)
     rows = {line.split("|")[1].strip(): line for line in claims_md.read_text().splitlines()
             if line.startswith("| t-")}
-    assert "the same records as t-twin" in rows["t-conv"]
-    assert "the same records as t-conv" in rows["t-twin"]
+    assert "the same records as t-twin; its rule reads the same records as t-control" \
+        in rows["t-conv"]
+    assert "the same records as t-conv; its rule reads the same records as t-control" \
+        in rows["t-twin"]
+    assert "; its rule reads the same records as t-conv, t-twin" in rows["t-control"]
     assert "the same records" not in rows["t-alone"]

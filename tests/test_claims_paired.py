@@ -200,3 +200,45 @@ def test_a_claim_about_each_run_counts_seeds(tmp_path):
     assert decide(tmp_path / "all", rules)[0].verdict == "holds at reduced scale"
     put(tmp_path / "none", *probe_records([0.9, 0.95, 0.99]))
     assert decide(tmp_path / "none", rules)[0].verdict == "not reached at reduced scale"
+
+
+def test_references_alone_are_not_paired_across_seeds():
+    """References are the same on every seed: their seed-to-seed spread is 0, which says
+    nothing about their held-out noise, so they compare on their own intervals."""
+    rule = Rule("b < a", ["a", "b"], "t")
+    same = {0: 0.08, 1: 0.08, 2: 0.08}
+    outcome, [test] = rule.decide({
+        "a": Sample(same, Interval(0.07, 0.09)),
+        "b": Sample({s: 0.075 for s in same}, Interval(0.065, 0.085))})
+    assert outcome is None and test.paired == ""
+
+
+def test_the_held_out_noise_of_a_reference_widens_a_seed_paired_difference():
+    """Three seeds at 0.030-0.032 against half a reference of 0.0774: paired across seeds alone
+    it decides, but the reference's own held-out interval (±0.02) is part of the difference's
+    uncertainty, and keeps it open."""
+    rule = Rule("model <= 0.5 * reference", ["model", "reference"], "t")
+    model = Sample({0: 0.030, 1: 0.031, 2: 0.032}, Interval(0.0285, 0.0335))
+    sharp = Sample({s: 0.0774 for s in range(3)}, Interval(0.0774, 0.0774))
+    assert rule.decide({"model": model, "reference": sharp})[0] is True
+    noisy = Sample({s: 0.0774 for s in range(3)}, Interval(0.0574, 0.0974))
+    outcome, [test] = rule.decide({"model": model, "reference": noisy})
+    assert outcome is None
+    assert test.paired == "3 seeds; the held-out noise of reference from its own interval"
+    half = (test.interval[1] - test.interval[0]) / 2
+    seeds_only = 4.303 * 0.001 / 3 ** 0.5
+    assert half == pytest.approx(math.hypot(seeds_only, 0.01), rel=1e-3)
+
+
+def test_seeds_with_per_sequence_losses_pair_on_both(tmp_path):
+    """Records that keep every predictor's per-sequence losses: the difference is paired across
+    seeds and its held-out noise bootstrapped on the same sequences."""
+    generator = torch.Generator().manual_seed(2)
+    hard = torch.rand(128, generator=generator, dtype=torch.float64) + 0.5
+    refs = {"bayes": hard * 0.9, "unigram": hard}
+    put(tmp_path / "r", *(with_sequences(MAMBA, hard * (0.905 + 0.001 * s), refs, seed=s)
+                          for s in range(3)),
+        *(with_sequences(NOCONV, hard * (0.98 + 0.001 * s), refs, seed=s) for s in range(3)))
+    [d] = decide(tmp_path / "r", rules_file(tmp_path, rule="noconv >= 5 * mamba"))
+    assert d.tests[-1].paired == "3 seeds and 128 held-out sequences"
+    assert d.verdict == "holds"

@@ -8,7 +8,7 @@ from bench.evaluate import (ROUNDING_GAP, fmt_loss, fmt_sig, gap_closed, loss_re
                             position_scores, score)
 from tasks.lgssm_colored import LGSSMColoredConfig, LGSSMColoredTask
 from tasks.markov import MarkovConfig, MarkovTask
-from tasks.stats import T_975, across_seeds, bootstrap_ci, position_means
+from tasks.stats import T_975, across_seeds, t_quantile, bootstrap_ci, position_means
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,8 @@ def test_t_interval_across_seeds():
     scipy_stats = pytest.importorskip("scipy.stats")
     for df, q in T_975.items():
         assert q == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=1e-3)
+    for df in (1, 10, 30, 31, 40, 100, 1000):
+        assert t_quantile(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=1e-3)
     mean, half = across_seeds([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(T_975[2] * 1.0 / math.sqrt(3))
     assert across_seeds([0.5]) == (0.5, None)

@@ -72,23 +72,40 @@ def why_not(decision: Decision) -> str:
             + (f" — {decision.note}" if decision.note else ""))
 
 
-def records_of(decision: Decision) -> frozenset[str]:
-    return frozenset(run for m in decision.values.values() for run in m.runs)
+def records_of(decision: Decision, names=None) -> frozenset[str]:
+    """The run ids of the records behind decision's quantities (of names only, when given)."""
+    return frozenset(run for name, m in decision.values.items()
+                     if names is None or name in names for run in m.runs)
 
 
-def shared_records(decisions: list[Decision]) -> dict[str, list[str]]:
-    """{claim id: the other claims decided on exactly the same records}: such rows are one
-    measurement read twice, not two pieces of evidence, and say so."""
-    by_records: dict[frozenset, list[str]] = {}
-    for d in decisions:
-        runs = records_of(d)
-        if d.verdict != "not measured" and runs:
-            by_records.setdefault(runs, []).append(d.claim.id)
-    return {claim: [other for other in ids if other != claim]
-            for ids in by_records.values() if len(ids) > 1 for claim in ids}
+def shared_records(decisions: list[Decision]) -> dict[str, str]:
+    """{claim id: a note naming the other claims decided on the same records}: such rows are
+    one measurement read twice, not two pieces of evidence, and say so — those on exactly the
+    same records, else those whose rules read the same records (their controls may differ)."""
+    def groups(key) -> dict[frozenset, list[str]]:
+        found: dict[frozenset, list[str]] = {}
+        for d in decisions:
+            runs = key(d)
+            if d.verdict != "not measured" and runs:
+                found.setdefault(runs, []).append(d.claim.id)
+        return found
+    notes: dict[str, str] = {}
+    for ids in groups(records_of).values():
+        for claim in ids:
+            if len(ids) > 1:
+                notes[claim] = "the same records as " + ", ".join(i for i in ids if i != claim)
+    for ids in groups(lambda d: records_of(d, d.claim.rule.used)).values():
+        for claim in ids:
+            named = notes.get(claim, "")
+            others = [i for i in ids if i != claim and i not in named.split(", ")
+                      and f"as {i}" not in named]
+            if others:
+                notes[claim] = "; ".join(filter(None, [
+                    named, "its rule reads the same records as " + ", ".join(others)]))
+    return notes
 
 
-def ours_cell(decision: Decision, shared: list[str] | None = None) -> str:
+def ours_cell(decision: Decision, shared: str | None = None) -> str:
     """Our numbers, the scale and code version they come from, where they ran (machine and
     SSD kernel) unless on the CPU, and the other claims decided on the same records."""
     parts = [measured_text(name, decision.values[name]) for name in decision.claim.quantities
@@ -105,7 +122,7 @@ def ours_cell(decision: Decision, shared: list[str] | None = None) -> str:
     scale = "paper scale" if decision.scale == "paper" else "reduced (CPU) scale"
     tail = f"*{', '.join([scale, 'code ' + ', '.join(codes), *ran])}*" + (
         f"; {decision.note}" if decision.note else "") + (
-        f"; the same records as {', '.join(shared)}" if shared else "")
+        f"; {shared}" if shared else "")
     return "<br>".join([*parts, tail])
 
 
@@ -277,7 +294,7 @@ def test_text(test) -> str:
             f"[{num(test.interval[0], like)}, {num(test.interval[1], like)}] ({how})")
 
 
-def table_row(d: Decision, shared: list[str] | None = None) -> str:
+def table_row(d: Decision, shared: str | None = None) -> str:
     c = d.claim
     verdict = f"**{d.verdict}**" if d.verdict in ("fails",) else d.verdict
     commands = "<br>".join(f"`{x}`" for x in c.commands)

@@ -150,6 +150,7 @@ class Test:
     paired: str
     outcome: bool | None
     why: str = ""
+    names: tuple[str, ...] = ()  # the quantities it compares
 
 
 BOOTSTRAP_RESAMPLES = 2000  # of the held-out sequences, for a comparison on one seed
@@ -284,66 +285,38 @@ class Rule:
         common = sorted(set.intersection(*(set(samples[n].per_seed) for n in names))) \
             if names else []
         paired, why = "", ""
-        if len(common) >= 2:
+        # quantities that differ between seeds: a comparison of references alone (the same on
+        # every seed) has no seed-to-seed spread, only the held-out set's
+        varying = [n for n in names if len({samples[n].per_seed[seed] for seed in common}) > 1]
+        if len(common) >= 2 and varying:
             differences = [_value(left, env) - _value(right, env) for env in
                            ({n: samples[n].per_seed[seed] for n in names} for seed in common)]
             if all(math.isfinite(d) for d in differences):
                 mean, half = across_seeds(differences)
+                held_out, how = _held_out_half(left, right, names, varying, samples, common)
+                half = math.hypot(half, held_out)
                 difference, interval = mean, (mean - half, mean + half)
             else:
-                difference, interval = math.nan, (math.nan, math.nan)
-            paired = f"{len(common)} seeds"
+                difference, interval, how = math.nan, (math.nan, math.nan), ""
+            paired = f"{len(common)} seeds{how}"
         elif common and (sequences := _sequences(names, samples, common[0])) is not None:
             difference, interval = _bootstrap(left, right, sequences)
             paired = f"{len(next(iter(sequences.values())))} sequences of seed {common[0]}"
         else:
             values = {n: samples[n].interval for n in names}
             try:
-                d = self._eval(left, values) - self._eval(right, values)
+                d = _interval_value(left, values) - _interval_value(right, values)
             except RuleUndefined as error:
                 tests.append(Test(text, math.nan, (math.nan, math.nan), "", None,
-                                  f"undefined: {error}"))
+                                  f"undefined: {error}", tuple(names)))
                 return None
             difference, interval = (d.lo + d.hi) / 2, (d.lo, d.hi)
         outcome = _sign_decides(type(op), Interval(*interval))
         if outcome is None:
             why = "not a number" if math.isnan(interval[0] + interval[1]) else \
                 "the interval of the difference holds 0"
-        tests.append(Test(text, difference, interval, paired, outcome, why))
+        tests.append(Test(text, difference, interval, paired, outcome, why, tuple(names)))
         return outcome
-
-    def _eval(self, node, values):
-        if isinstance(node, ast.BoolOp):
-            parts = (self._eval(v, values) for v in node.values)
-            return _and(parts) if isinstance(node.op, ast.And) else _or(parts)
-        if isinstance(node, ast.UnaryOp):
-            operand = self._eval(node.operand, values)
-            return (_not(operand) if isinstance(node.op, ast.Not)
-                    else -operand if isinstance(node.op, ast.USub) else operand)
-        if isinstance(node, ast.Compare):
-            left, results = self._eval(node.left, values), []
-            for op, right_node in zip(node.ops, node.comparators):
-                right = self._eval(right_node, values)
-                results.append(_COMPARE[type(op)](left, right))
-                left = right
-            return _and(results)
-        if isinstance(node, ast.BinOp):
-            left, right = self._eval(node.left, values), self._eval(node.right, values)
-            try:
-                return _ARITH[type(node.op)](left, right)
-            except RuleUndefined as error:
-                raise RuleUndefined(f"{error} in '{ast.unparse(node)}'") from None
-        if isinstance(node, ast.Constant):
-            return Interval.point(float(node.value))
-        if isinstance(node, ast.Name):
-            return values[node.id]
-        if isinstance(node, ast.Call):
-            args = [self._eval(a, values) for a in node.args]
-            if node.func.id == "abs":
-                return abs(args[0])
-            pick = min if node.func.id == "min" else max
-            return Interval(pick(a.lo for a in args), pick(a.hi for a in args))
-        raise AssertionError(f"unchecked node {type(node).__name__}")  # _kind refused it
 
 
 _SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
@@ -413,6 +386,56 @@ def _sequences(names: list[str], samples: dict[str, Sample], seed: int
     if any(f is None for f in found) or len({(d, len(v)) for d, v in found}) != 1:
         return None
     return {n: v for n, (_, v) in zip(names, found)}
+
+
+def _held_out_half(left, right, names, varying, samples, seeds) -> tuple[float, str]:
+    """The half-width that the held-out set's sampling adds to a difference paired across
+    seeds (the seeds' t-interval is conditional on the one held-out set every model is scored
+    on), and how it was found: a bootstrap over the sequences of the seed-averaged per-sequence
+    values, where the records carry them; else the references' own intervals (the quantities
+    that are the same on every seed; the models' held-out noise, common to both sides of a
+    model-to-model comparison, is then left out); NaN where undefined."""
+    per_seed = [_sequences(names, samples, seed) for seed in seeds]
+    if all(found is not None for found in per_seed) and len(
+            {(samples[names[0]].sequences[seed][0], len(found[names[0]]))
+             for seed, found in zip(seeds, per_seed)}) == 1:
+        averaged = {n: torch.stack([found[n] for found in per_seed]).mean(0) for n in names}
+        _, (lo, hi) = _bootstrap(left, right, averaged)
+        return (hi - lo) / 2, f" and {len(averaged[names[0]])} held-out sequences"
+    constant = [n for n in names if n not in varying]
+    if not constant:
+        return 0.0, ""
+    means = {n: sum(samples[n].per_seed[s] for s in seeds) / len(seeds) for n in varying}
+    values = {n: samples[n].interval if n in constant else Interval.point(means[n])
+              for n in names}
+    try:
+        d = _interval_value(left, values) - _interval_value(right, values)
+    except RuleUndefined:
+        return math.nan, ""
+    return (d.hi - d.lo) / 2, "; the held-out noise of " + ", ".join(constant) + \
+        " from its own interval"
+
+
+def _interval_value(node, values: dict[str, Interval]) -> Interval:
+    """A number expression in interval arithmetic."""
+    if isinstance(node, ast.BinOp):
+        left, right = _interval_value(node.left, values), _interval_value(node.right, values)
+        try:
+            return _ARITH[type(node.op)](left, right)
+        except RuleUndefined as error:
+            raise RuleUndefined(f"{error} in '{ast.unparse(node)}'") from None
+    if isinstance(node, ast.UnaryOp):
+        operand = _interval_value(node.operand, values)
+        return -operand if isinstance(node.op, ast.USub) else operand
+    if isinstance(node, ast.Constant):
+        return Interval.point(float(node.value))
+    if isinstance(node, ast.Name):
+        return values[node.id]
+    args = [_interval_value(a, values) for a in node.args]
+    if node.func.id == "abs":
+        return abs(args[0])
+    pick = min if node.func.id == "min" else max
+    return Interval(pick(a.lo for a in args), pick(a.hi for a in args))
 
 
 def _bootstrap(left, right, sequences: dict[str, Tensor]) -> tuple[float, tuple[float, float]]:

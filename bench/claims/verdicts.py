@@ -140,6 +140,7 @@ class Measured:
     # seed -> (held-out digest, per-sequence values), where the records carry them
     sequences: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
     seed_intervals: list[tuple[float, float] | None] = field(default_factory=list)  # own, by seed
+    wall_time_s: float | None = None  # a record's mean wall time (what one more seed costs)
 
     def as_interval(self) -> Interval:
         """What an unpaired comparison uses: the 95% interval, or the value where there is
@@ -234,6 +235,12 @@ def read_sequences(record: dict, quantity: Quantity) -> tuple[str, torch.Tensor]
     return digest, values
 
 
+def wall_time(row: list[dict]) -> float | None:
+    times = [number(r.get("wall_time_s")) for r in row]
+    times = [t for t in times if t is not None and math.isfinite(t) and t >= 0]
+    return sum(times) / len(times) if times else None
+
+
 def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
     """The quantity pooled over the seeds of row (one version in one environment)."""
     read = [read_metric(record, quantity) for record in row]  # MetricMissing: decide's
@@ -253,7 +260,7 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
     return Measured(mean, interval, [row[i]["seed"] for i in order],
                     version_label(row[-1]), half is not None, environment(row[0]).kernel,
                     [values[i] for i in order], sorted(str(r.get("run_id")) for r in row),
-                    sequences, [read[i][1] for i in order])
+                    sequences, [read[i][1] for i in order], wall_time(row))
 
 
 @dataclass
