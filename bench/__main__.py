@@ -275,6 +275,7 @@ def cmd_leaderboard(argv: list[str]) -> int:
 
 
 def cmd_claims_plan(argv: list[str]) -> int:
+    given = [a for a in argv if not a.startswith("out=")]  # named in the suite file it writes
     argv, out_dir = take_option(argv, "out_dir", "results")
     argv, out = take_option(argv, "out", "")
     argv, include = take_option(argv, "include", "suite")
@@ -286,7 +287,6 @@ def cmd_claims_plan(argv: list[str]) -> int:
                           "rules=<file or folder>")
     import math
     from bench.records import output_path
-    from tasks.files import write_atomic
     budget_s = None
     if budget:
         try:
@@ -300,28 +300,14 @@ def cmd_claims_plan(argv: list[str]) -> int:
         raise ConfigError(f"out '{out}' must be a suite file ending in .yaml")
     out_path = output_path(out) if out else None
     from bench.claims import decide_all, load_claims
-    from bench.claims.plan import duration, make_plan, plan_table, suite_yaml
-    from bench.leaderboard import plural, select_runs
+    from bench.claims.plan import power_plan
+    from bench.leaderboard import select_runs
     claims = load_claims(rules or None)
     selection = select_runs(out_dir, include)
     for path, reason in selection.bad:
         print(f"warning: skipped {path}: {reason}", file=sys.stderr)
-    needs = make_plan(decide_all(claims, selection))
-    lines, chosen, spent = plan_table(needs, budget_s)
-    runs = {run for need in chosen for run in need.runs}
-    print("\n".join(lines))
-    decidable = [n for n in needs if n.seeds is not None]
-    print(f"{plural(len(needs), 'undecided claim')}: {len(decidable)} a power estimate says "
-          f"more seeds would decide; {plural(len(chosen), 'claim')} chosen"
-          + (f" within {budget} h" if budget else "") + f": {plural(len(runs), 'run')}, "
-          f"{duration(spent)} of CPU here (from the records' wall times)")
-    if out_path is not None:
-        command = "python -m bench claims plan " + " ".join(
-            a for a in sys.argv[3:] if not a.startswith("out="))
-        text = suite_yaml(chosen, command.strip())
-        write_atomic(out_path, lambda tmp: Path(tmp).write_text(text))
-        print(f"{out_path}: {plural(len(runs), 'run')}; run them with python -m bench suite "
-              f"name={out_path} out_dir={out_dir}")
+    command = " ".join(["python -m bench claims plan", *given])
+    print(power_plan(decide_all(claims, selection), budget_s, out_path, command, out_dir))
     return 0
 
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bench.claims.verdicts import Decision
+from bench.leaderboard import plural
+from tasks.files import write_atomic
 from tasks.stats import t_quantile
 
 MAX_SEEDS = 30
@@ -150,3 +153,23 @@ def suite_yaml(needs: list[Need], command: str) -> str:
              f"{claims or 'nothing'}.", "runs:"]
     lines += [f"  - [{', '.join([*selector, f'seed={seed}'])}]" for selector, seed in runs]
     return "\n".join(lines) + "\n" if runs else "\n".join(lines) + " []\n"
+
+
+def power_plan(decisions: list[Decision], budget_s: float | None, out: Path | None,
+               command: str, out_dir: str) -> str:
+    """The plan's report: its table, a summary line, and (out) the suite file it wrote."""
+    needs = make_plan(decisions)
+    lines, chosen, spent = plan_table(needs, budget_s)
+    runs = {run for need in chosen for run in need.runs}
+    decidable = [n for n in needs if n.seeds is not None]
+    budget = f" within {budget_s / 3600:g} h" if budget_s is not None else ""
+    lines.append(f"{plural(len(needs), 'undecided claim')}: {len(decidable)} a power estimate "
+                 f"says more seeds would decide; {plural(len(chosen), 'claim')} chosen{budget}: "
+                 f"{plural(len(runs), 'run')}, {duration(spent)} of CPU here (from the records' "
+                 "wall times)")
+    if out is not None:
+        text = suite_yaml(chosen, command)
+        write_atomic(out, lambda tmp: Path(tmp).write_text(text))
+        lines.append(f"{out}: {plural(len(runs), 'run')}; run them with python -m bench suite "
+                     f"name={out} out_dir={out_dir}")
+    return "\n".join(lines)
