@@ -180,7 +180,8 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "states (two one-sided tests: a − b − margin and b − a − margin both below 0). A "
             "claim about each trained model (`per_seed`) is judged seed by seed and says k of "
             "n seeds: it holds when every seed holds, and seeds that disagree leave it "
-            "undecided.", "",
+            "undecided. Seeds added by the power plan (`python -m bench claims plan`) come from "
+            "`python -m bench suite name=claims_power`.", "",
             "Verdicts — a claim is decided only when the evidence could have gone the other way: "
             "its **control** (a positive control trained under the same protocol, e.g. the "
             "2-layer transformer learns when the 1-layer one is said to fail, or the model beats "
