@@ -13,7 +13,10 @@ and we tested it on sequences from its complement [0.5, 1]"). A binary kernel ro
 row, and Table 2 reports P(x_t = 1 | x_1^{t-1})); so with s > 0 every training row is drawn from
 Dir(β·1) conditioned on p ≤ s, every held-out row conditioned on p > s (for S > 2, p is still
 the probability of symbol 1). Both by rejection, row by row; each region must hold at least
-MIN_REGION_MASS of the prior (checked when the config is built). The held-out set then leaves
+MIN_REGION_MASS of the prior (checked when the config is built). `simplex_eval=training` scores
+the same run on held-out kernels of the training region instead: the in-distribution control
+of the experiment (a model that learned add-β where it trained, and whose distance to it
+does not fall on the complement, did not generalise; one that learned nothing shows neither). The held-out set then leaves
 the training prior, `held_out_from_prior` is False, and `bayes` (add-β, the posterior predictive
 of the unrestricted prior, the paper's "optimal Laplacian smoothing") is exact for neither the
 training nor the held-out distribution; it is asymptotically minimax, which is what the paper
@@ -39,6 +42,7 @@ from tasks.distributions import (batch_chunks, chain_states, dirichlet, gamma,
 from tasks.stats import binned_means
 
 MIN_REGION_MASS = 0.01  # prior mass each side of simplex_split must hold (rejection sampling)
+SIMPLEX_EVAL = ("complement", "training")  # where the held-out kernels of a split come from
 MAX_REJECTION_ROUNDS = 10_000  # a row still rejected after this many rounds is a bug (p < 1e-43)
 
 
@@ -50,6 +54,7 @@ class MarkovConfig:
     seq_len: int = 256  # scored positions T (T + 1 tokens are sampled)
     num_tasks: int = 0  # training kernels: a pool of this many drawn once; 0: fresh per sequence
     simplex_split: float = 0.0  # > 0: train on rows with P(1 | ctx) <= it, evaluate on > it (E.5)
+    simplex_eval: str = "complement"  # with a split, held-out kernels: complement | training
 
     def __post_init__(self):
         if self.order < 1 or self.vocab_size < 2 or self.beta <= 0 or self.seq_len < 1:
@@ -60,6 +65,12 @@ class MarkovConfig:
         if self.num_tasks < 0:
             raise ValueError(f"markov needs num_tasks >= 0 (0: a fresh kernel per training "
                              f"sequence), got {self.num_tasks}")
+        if self.simplex_eval not in SIMPLEX_EVAL:
+            raise ValueError(f"markov simplex_eval must be one of {', '.join(SIMPLEX_EVAL)}, "
+                             f"got '{self.simplex_eval}'")
+        if self.simplex_eval != "complement" and not self.simplex_split:
+            raise ValueError("markov simplex_eval=training needs a simplex_split (without one "
+                             "the held-out set is the training prior's already)")
         if self.simplex_split != 0 and not 0 < self.simplex_split < 1:
             raise ValueError(f"markov simplex_split must be 0 (off) or in (0, 1), got "
                              f"{self.simplex_split}")
@@ -286,9 +297,11 @@ class MarkovTask(Task):
         return {"kernel": dirichlet(alpha, generator)}
 
     def held_out(self, n: int, split: int = TEST_STREAM) -> Batch:
-        """The fixed evaluation set; with simplex_split, kernels from the held-out region."""
+        """The fixed evaluation set; with simplex_split, kernels from the held-out region (the
+        training region's with simplex_eval=training)."""
         generator = make_generator(split, 0)
-        return self.sample_given(self.draw_latent(n, generator, held_out=True), generator)
+        complement = self.config.simplex_eval == "complement"
+        return self.sample_given(self.draw_latent(n, generator, held_out=complement), generator)
 
     @property
     def held_out_from_prior(self) -> bool:

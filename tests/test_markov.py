@@ -171,6 +171,20 @@ def test_hold_out_split_trains_below_and_evaluates_above():
     assert torch.equal(split_task(split=0.0).held_out(50).inputs, plain.inputs)
 
 
+def test_hold_out_split_scored_in_the_training_region_for_its_control():
+    """simplex_eval=training: the same training region, held-out kernels drawn from it (the
+    in-distribution control of Table 2); the training batches are unchanged."""
+    t = split_task(simplex_eval="training")
+    held = t.held_out(500).latent["kernel"].reshape(-1, 2)[:, 1]
+    assert held.max() <= 0.5 and within(held, 0.25)
+    assert torch.equal(t.training_batch(0).inputs, split_task().training_batch(0).inputs)
+    assert not t.held_out_from_prior
+    with pytest.raises(ValueError, match="simplex_eval must be one of complement, training"):
+        MarkovConfig(simplex_split=0.5, simplex_eval="inside")
+    with pytest.raises(ValueError, match="simplex_eval=training needs a simplex_split"):
+        MarkovConfig(simplex_eval="training")
+
+
 def test_hold_out_split_with_three_symbols_conditions_only_p1():
     """S = 3, β = 1: P(1) ~ Beta(1, 2) restricted to [0, 0.5], density 2(1 - p)/0.75, mean
     (1/2 - 1/12)·2/0.75 = 2/9; given P(1), the other two split the rest uniformly."""
