@@ -62,7 +62,9 @@ def cheap(argv: list[str], scratch: Path) -> list[str]:
         settings["trainer.val_every"] = "1"
     if command in ("leaderboard", "claims") and not any(a.startswith("out_dir=") for a in args):
         settings["out_dir"] = str(ROOT / "results")  # the published records: read, never written
-        if "check=true" not in args:
+        if args[:1] == ["plan"]:  # the power plan writes a suite file, and only with out=
+            settings["out"] = str(scratch / "plan.yaml")
+        elif "check=true" not in args:
             settings["out"] = str(scratch / f"{command}.md")
     if command == "identities" and not any(a.startswith("out_dir=") for a in args):
         settings["out_dir"] = "runs"  # the runs the commands above made; results/ never written
