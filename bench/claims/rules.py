@@ -446,8 +446,8 @@ def _bootstrap(left, right, sequences: dict[str, Tensor]) -> tuple[float, tuple[
     index = torch.randint(count, (BOOTSTRAP_RESAMPLES, count), generator=generator)
     means = {n: float(v.mean()) for n, v in sequences.items()}
     estimate = _value(left, means) - _value(right, means)
-    d = _value(left, {n: v[index].mean(1) for n, v in sequences.items()}) \
-        - _value(right, {n: v[index].mean(1) for n, v in sequences.items()})
+    resampled = {n: v[index].mean(1) for n, v in sequences.items()}  # once for both sides
+    d = _value(left, resampled) - _value(right, resampled)
     if not torch.isfinite(d).all():
         return math.nan, (math.nan, math.nan)
     lo, hi = torch.quantile(d, torch.tensor([0.025, 0.975], dtype=d.dtype))
