@@ -335,3 +335,24 @@ def test_forward_backward(kind, overrides):
     for name, param in model.named_parameters():
         assert param.grad is not None and torch.isfinite(param.grad).all(), name
         assert param.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("overrides, blind", [
+    (dict(positions=False), True),                 # paper 004's linear transformer
+    (dict(positions=False, qkv_conv=2), False),    # a width-2 convolution sees the previous token
+    (dict(positions=True), False),                 # learned positions tell the tokens apart
+])
+def test_position_free_linear_attention_sees_its_prefix_as_a_bag(overrides, blind):
+    """Why the linear transformers stay at the zero predictor on interleaved regression prompts
+    (conf/papers/002/claims.yaml): a position-free layer's output at t depends on token t and
+    the *set* of tokens before it, so it cannot pair y_j with the x_j just before it, which is
+    what one GD step needs; a convolution over two tokens or positions break the symmetry."""
+    core = make_core(n_layers=1, attention="linear", **overrides)
+    x = random_inputs(2, 12)
+    shuffled = x.clone()
+    shuffled[:, :-1] = x[:, torch.randperm(11, generator=torch.Generator().manual_seed(3))]
+    last, last_shuffled = core(x)[:, -1], core(shuffled)[:, -1]
+    if blind:
+        torch.testing.assert_close(last_shuffled, last, **TOL)
+    else:
+        assert (last_shuffled - last).abs().max() > 1e-6
