@@ -265,8 +265,8 @@ def cmd_leaderboard(argv: list[str]) -> int:
                           "out=<file>, include=suite|all")
     from bench.leaderboard import select_runs, write_leaderboard
     selection = select_runs(out_dir, include)
-    for path, reason in selection.bad:  # before a possible error: they may be why it is empty
-        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    for line in selection.warnings():  # before a possible error: they may be why it is empty
+        print(line, file=sys.stderr)
     before = previous_text(out)
     path = write_leaderboard(selection, out)
     print(f"{path}: {selection.summary()}")
@@ -304,8 +304,8 @@ def cmd_claims_plan(argv: list[str]) -> int:
     from bench.leaderboard import select_runs
     claims = load_claims(rules or None)
     selection = select_runs(out_dir, include)
-    for path, reason in selection.bad:
-        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    for line in selection.warnings():
+        print(line, file=sys.stderr)
     command = " ".join(["python -m bench claims plan", *given])
     print(power_plan(decide_all(claims, selection), budget_s, out_path, command, out_dir))
     return 0
@@ -331,8 +331,8 @@ def cmd_claims(argv: list[str]) -> int:
     from bench.leaderboard import plural, select_runs
     claims = load_claims(rules or None)  # bad rules are reported before the records are read
     selection = select_runs(out_dir, include)
-    for path, reason in selection.bad:
-        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    for line in selection.warnings():
+        print(line, file=sys.stderr)
     if check == "true":  # the research checks of the records; claims.md is not written
         found = problems(decide_all(claims, selection))
         for problem in found:
@@ -527,7 +527,6 @@ def cmd_plot(argv: list[str]) -> int:
                           "directories and out=<file.png>")
     if not argv:
         raise ConfigError("plot needs a run record (.json) or a directory of them")
-    from bench.leaderboard import unusable
     from bench.plot import plot_runs
     from bench.records import output_path, read_record, read_records
     records, bad = [], []
@@ -544,8 +543,7 @@ def cmd_plot(argv: list[str]) -> int:
             raise ConfigError(f"plot: '{arg}' is neither a record file nor a directory")
     usable = []
     for record in records:
-        why = (f"status {record.get('status')!r}" if record.get("status") != "ok"
-               else unusable(record))
+        why = f"status {record.get('status')!r}" if record.get("status") != "ok" else None
         (bad.append((record["_path"], why)) if why else usable.append(record))
     for path, reason in bad:
         print(f"warning: skipped {path}: {reason}", file=sys.stderr)

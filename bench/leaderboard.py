@@ -27,11 +27,11 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from numbers import Real
 from pathlib import Path
 
 from bench.config import ConfigError
@@ -39,27 +39,13 @@ from bench.evaluate import fmt, fmt_loss, fmt_sig, loss_resolution, plural
 from bench.identities import Index, current_code, load_index, resolved_config
 from bench.plot import plot_gaps
 from bench.records import (RESULT_NEUTRAL, code_digest, environment, not_a_regular_file,
-                           output_path, read_records)
+                           not_written, output_path, read_records)
 from tasks.files import write_atomic
 from tasks.stats import across_seeds
 
 INCLUDE = ("suite", "all")
 IGNORED_IN_LABELS = tuple(f"trainer.{key}" for key in RESULT_NEUTRAL)
 
-# What the leaderboard reads from an `ok` record; one lacking any of it is reported, not used.
-FIELDS = {("task", "name"): str, ("task", "config"): dict, ("model", "name"): str,
-          ("model", "config"): dict, ("trainer", "config"): dict, ("seed",): int,
-          ("params",): int, ("state_size",): int, ("train", "steps"): int,
-          ("train", "wall_time_s"): Real, ("metrics", "sequences"): int,
-          ("metrics", "loss"): dict, ("metrics", "roles"): dict}
-# ... and by the task's scoring: the Bayes gap, or perplexity (text, no Bayes predictor)
-SCORED_FIELDS = {
-    "gap": {("metrics", "gap_reference"): str, ("metrics", "gap_reference_role"): str,
-            ("metrics", "bayes_gap"): Real, ("metrics", "bayes_gap_ci"): list,
-            ("metrics", "relative_gap"): Real, ("metrics", "gap"): dict,
-            ("metrics", "gap_ci"): dict, ("per_position", "gap.model"): list},
-    "perplexity": {("metrics", "perplexity"): dict, ("metrics", "perplexity_ci"): dict,
-                   ("metrics", "bits_per_byte"): dict, ("per_position", "loss.model"): list}}
 SECTION_FIGURE = re.compile(r"[\w.-]+-[0-9a-f]{8}-n\d+\.png")  # write_leaderboard's names
 STAMP = re.compile(r"--(\d{8}-\d{6})-[0-9a-f]+$")  # bench.records.new_run_id's time stamp
 
@@ -129,56 +115,6 @@ def version_of(record: dict, index: Index) -> tuple[tuple, str]:
 def version_label(record: dict) -> str:
     """The label of the version a selected record pools by (version_of), or its commit's."""
     return record.get("_version") or code_label(*commit_of(record))
-
-
-def number_or_null(value) -> bool:
-    """A number as records hold them: finite, or null where it was not (strict JSON)."""
-    return value is None or (isinstance(value, Real) and not isinstance(value, bool)
-                             and math.isfinite(value))
-
-
-def unusable(record: dict) -> str | None:
-    """Why an `ok` record cannot be shown (missing or mistyped fields), or None."""
-    bad = []
-    metrics = record.get("metrics")
-    scoring = metrics.get("scoring", "gap") if isinstance(metrics, dict) else "gap"
-    if scoring not in SCORED_FIELDS:
-        return f"unknown metrics.scoring '{scoring}'"
-    for keys, kind in {**FIELDS, **SCORED_FIELDS[scoring]}.items():
-        value = record
-        for key in keys:
-            value = value.get(key) if isinstance(value, dict) else None
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            bad.append(".".join(keys))  # JSON's true is no seed 1
-        elif kind is Real and not math.isfinite(value):
-            bad.append(f"{'.'.join(keys)} (not a finite number)")
-        elif kind is list and not all(number_or_null(v) for v in value):
-            bad.append(f"{'.'.join(keys)} (not a list of numbers)")
-    overrides = record.get("overrides", [])
-    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        bad.append("overrides")
-    if bad:
-        return f"missing or malformed {', '.join(bad)}"
-    m = record["metrics"]
-    intervals = [m["bayes_gap_ci"]] if scoring == "gap" else []
-    intervals += list((m["gap_ci"] if scoring == "gap" else m["perplexity_ci"]).values())
-    if not all(isinstance(ci, list) and len(ci) == 2 and all(number_or_null(v) for v in ci)
-               for ci in intervals):
-        return "malformed confidence interval (not a pair of numbers)"
-    tables = ("loss", "gap") if scoring == "gap" else ("loss", "perplexity", "bits_per_byte")
-    odd = [f"metrics.{table}.{name}" for table in tables for name, value in m[table].items()
-           if not number_or_null(value)]
-    if odd:
-        return f"not a finite number: {', '.join(odd)}"
-    if scoring == "perplexity":
-        lacking = [name for name in ["model", *m["roles"]]
-                   if not all(name in m[key] for key in ("loss", "perplexity", "perplexity_ci"))]
-    else:
-        lacking = [name for name in [m["gap_reference"], *m["roles"]]
-                   if not all(name in m[key] for key in ("loss", "gap", "gap_ci"))]
-    if lacking:
-        return f"metrics lack the loss, gap or interval of {', '.join(sorted(set(lacking)))}"
-    return None
 
 
 def age(record: dict) -> tuple:
@@ -256,6 +192,18 @@ class Selection:
             notes.append(f"{plural(len(self.bad), 'unreadable record')} skipped")
         return notes
 
+    def warnings(self) -> list[str]:
+        """One line per record left out as unusable and per seed whose records disagree, each
+        naming the files: what a reader of the output should not have to find out alone."""
+        lines = [f"warning: skipped {path}: {reason}" for path, reason in self.bad]
+        for section in self.sections:
+            for _row, older, newer in section.conflicts:
+                lines.append(f"warning: {older['_path']} and {newer['_path']}: two records of "
+                             f"{older['model']['name']} seed {newer['seed']} in one row differ "
+                             f"({fmt_sig(headline(older), 6)} vs {fmt_sig(headline(newer), 6)});"
+                             f" the newer is used")
+        return lines
+
     def summary(self) -> str:
         notes = self.notes()
         return plural(self.runs, "run") + (f" ({'; '.join(notes)})" if notes else "")
@@ -282,10 +230,6 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
     for record in records:
         if record.get("status") != "ok":
             failed += 1
-            continue
-        problem = unusable(record)
-        if problem:
-            bad.append((record["_path"], problem))
             continue
         if record.get("origin") == "eval":  # a re-scoring of a trained run, not a run of its own:
             evaluations += 1  # pooled, it would count that run's seed twice (or replace it)
@@ -328,12 +272,11 @@ def headline(record: dict) -> float:
 
 
 def disagree(first: dict, second: dict) -> bool:
-    """Whether two records of one seed in one row, made by different commits (pooled by their
-    identity), differ in their headline beyond rounding: behaviour the identity's probe cannot
-    see differs — a change after its steps, or float-level differences that training amplifies
-    (a chaotic config: one seed of MambaZero with an L1 head ends 13% apart on 1 and 2 threads)."""
-    if commit_of(first)[0] == commit_of(second)[0]:
-        return False
+    """Whether two records of one seed in one row differ in their headline beyond rounding —
+    reported, never decided silently: of different commits pooled by their identity, behaviour
+    the identity's probe cannot see differs (a change after its steps, or float-level
+    differences that training amplifies: one seed of MambaZero with an L1 head ends 13% apart
+    on 1 and 2 threads); of one commit, the same run gave two answers or a record was edited."""
     a, b = headline(first), headline(second)
     return abs(a - b) > 1e-6 * max(abs(a), abs(b), 1e-12)
 
@@ -456,9 +399,9 @@ def conflict_note(section: Section) -> list[str]:
         items.append(f"{label_of(newer)} seed {newer['seed']}: {fmt_sig(a, 6)} "
                      f"({code_label(*commit_of(older))}) vs {fmt_sig(b, 6)} "
                      f"({code_label(*commit_of(newer))}){ratio}")
-    return [f"Note: records of one seed pooled by one behavioural identity differ — training "
-            f"amplifies float-level differences, or behaviour after the identity's probe "
-            f"changed: {'; '.join(items)}. The newest record of each seed is used.", ""]
+    return [f"Note: records of one seed in one row differ — training amplifies float-level "
+            f"differences, behaviour after the identity's probe changed, or a record was "
+            f"edited: {'; '.join(items)}. The newest record of each seed is used.", ""]
 
 
 def superseded_note(section: Section) -> list[str]:
@@ -596,13 +539,18 @@ def write_leaderboard(selection: Selection, out: str = "leaderboard.md") -> Path
     not_plain = not_a_regular_file(figures, folder=True)
     if not_plain:
         raise ConfigError(f"the figures folder {figures} is {not_plain}; {out} not written")
-    lines, drawn = header(selection), set()
-    for section in selection.sections:
-        figure = figures / f"{section.task}-{section.task_digest}-n{section.sequences}.png"
-        link = Path(os.path.relpath(figure.resolve(), out_path.resolve().parent)).as_posix()
-        lines += task_section(section, figure, link)
-        drawn.add(figure.name)
-    write_atomic(out_path, lambda tmp: Path(tmp).write_text("\n".join(lines)))
+    lines, drawn, made = header(selection), set(), not figures.exists()
+    try:
+        for section in selection.sections:
+            figure = figures / f"{section.task}-{section.task_digest}-n{section.sequences}.png"
+            link = Path(os.path.relpath(figure.resolve(), out_path.resolve().parent)).as_posix()
+            lines += task_section(section, figure, link)
+            drawn.add(figure.name)
+        write_atomic(out_path, lambda tmp: Path(tmp).write_text("\n".join(lines)))
+    except OSError as error:
+        if made:  # nothing left behind: the folder and the figures drawn into it are ours
+            shutil.rmtree(figures, ignore_errors=True)
+        raise not_written(out, error) from None
     remove_stale_figures(figures, drawn)
     return out_path
 

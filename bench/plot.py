@@ -11,6 +11,7 @@ import colorsys
 import math
 from pathlib import Path
 
+from bench.records import not_written
 from tasks.files import write_atomic
 
 OFF_SCALE = 20.0  # references beyond this multiple of the models' largest |gap|: symlog axis
@@ -177,5 +178,8 @@ def runs_figure(records: list[dict]):
 
 
 def plot_runs(records: list[dict], path: Path) -> Path:
-    save_png(runs_figure(records), path)
+    try:
+        save_png(runs_figure(records), path)
+    except OSError as error:
+        raise not_written(path, error) from None
     return path

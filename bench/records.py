@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bench.config import ConfigError
+from bench.schema import problem
 from tasks.files import shared_mode, write_atomic
 
 SCHEMA = "icl-bench/run/1"
@@ -186,15 +187,37 @@ def output_path(out: str) -> Path:
     if not out:
         raise ConfigError("out= needs a file name")
     out_path = Path(out)
-    if out_path.is_dir():
-        raise ConfigError(f"out '{out}' is a directory; give a file name")
-    if not out_path.resolve().parent.is_dir():
-        raise ConfigError(f"out '{out}': directory {out_path.parent} does not exist")
-    not_plain = not_a_regular_file(out_path)
-    if not_plain:
-        raise ConfigError(f"out '{out}' is {not_plain}; reports are written only as regular "
-                          "files: give the path of one, or of none yet")
+    try:
+        if out_path.is_dir():
+            raise ConfigError(f"out '{out}' is a directory; give a file name")
+        if not out_path.resolve().parent.is_dir():
+            raise ConfigError(f"out '{out}': directory {out_path.parent} does not exist")
+        not_plain = not_a_regular_file(out_path)
+        if not_plain:
+            raise ConfigError(f"out '{out}' is {not_plain}; reports are written only as "
+                              "regular files: give the path of one, or of none yet")
+        # a byte written and synced where the report will go: a read-only or full file system
+        # is one line now, not an error after the figures were drawn
+        with tempfile.NamedTemporaryFile(dir=out_path.resolve().parent, prefix=".tmp-probe-") \
+                as probe:
+            probe.write(b"\0")
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as error:
+        raise ConfigError(f"out '{shorten(out)}' cannot be written: "
+                          f"{error.strerror or error}") from None
     return out_path
+
+
+def shorten(path: str, keep: int = 120) -> str:
+    """A path for a one-line message: a 5,000-byte one cut in the middle."""
+    return path if len(path) <= keep else f"{path[:keep // 2]}...{path[-keep // 2:]}"
+
+
+def not_written(out, error: OSError) -> ConfigError:
+    """What a report writer raises when the destination fails after the checks of output_path
+    (the disk filled up meanwhile): one line, and the writer has removed what it made."""
+    return ConfigError(f"{shorten(str(out))} not written: {error.strerror or error}")
 
 
 def not_a_regular_file(path: Path, folder: bool = False) -> str:
@@ -239,7 +262,8 @@ def read_records(out_dir: str | Path) -> tuple[list[dict], list[tuple[str, str]]
 
 
 def read_record(path: Path) -> tuple[dict | None, str]:
-    """The run record at path (with `_path`), or None and why it is not one."""
+    """The run record at path (with `_path`), or None and why it is not one or cannot be right
+    (bench.schema.problem: the field and what is wrong with it)."""
     try:
         record = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -252,6 +276,9 @@ def read_record(path: Path) -> tuple[dict | None, str]:
         return None, "not a JSON object"
     if record.get("schema") != SCHEMA:
         return None, f"schema {record.get('schema')!r}, expected {SCHEMA!r}"
+    why = problem(record)  # one check for every reader: a record that cannot be right is out
+    if why:
+        return None, why
     record["_path"] = str(path)
     return record, ""
 

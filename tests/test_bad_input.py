@@ -634,11 +634,14 @@ def test_a_malformed_record_is_named_and_the_report_still_written(command, chang
 @pytest.mark.parametrize("value", [1e308, -1e308])
 @pytest.mark.parametrize("command", READERS)
 def test_a_huge_finite_gap_is_pooled_without_overflow(command, value, tmp_path, capsys):
-    """bayes_gap: 1e308 is a finite number: pooled with another seed its interval is infinite,
-    not an OverflowError that lost the whole report (exit 1, 'internal error')."""
+    """bayes_gap: 1e308 (with an interval that holds it) is a finite number: pooled with
+    another seed its interval is infinite, not an OverflowError that lost the whole report
+    (exit 1, 'internal error'). Outside its own interval it is refused: tests/
+    test_integrity_records.py."""
     results = tmp_path / "results"
     huge = malformed_record(command, "none")
     huge["metrics"]["bayes_gap"] = value
+    huge["metrics"]["bayes_gap_ci"] = [value, value]
     put_records(results, *good_records(command), huge)
     assert main(reader_args(command, results, tmp_path)) == 0
     assert "error" not in capsys.readouterr().err

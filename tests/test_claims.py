@@ -49,7 +49,7 @@ def record(selector: list[str], seed: int = 0, gap: float = 0.001, stamp="202601
                        "loss_ci": {k: [v - 0.01, v + 0.01] for k, v in loss.items()},
                        "roles": {"bayes": "bayes", "unigram": "baseline"},
                        "accuracy": {"model": 0.7, "bayes": 0.71},
-                       "bayes_gap": gap, "bayes_gap_ci": [gap * 0.8, gap * 1.2],
+                       "bayes_gap": gap, "bayes_gap_ci": sorted([gap * 0.8, gap * 1.2]),
                        "relative_gap": gap / 0.5, "sequences": 64,
                        "task": {"excess": {"model": [0.4, 0.2, 0.1]},
                                 "excess_stderr": {"model": [0.1, 0.05, 0.01]},

@@ -74,6 +74,7 @@ def with_sequences(selector, model, references, seed=0, digest="d" * 64):
                                      float(v.mean() + 2 * v.std() / len(v) ** 0.5)]
                                  for n, v in losses.items()}
     rec["metrics"]["held_out_digest"] = digest
+    rec["metrics"]["sequences"] = len(model)
     rec["per_sequence"] = {"bands": [], "loss": {n: v.tolist() for n, v in losses.items()}}
     return rec
 

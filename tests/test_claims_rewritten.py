@@ -22,12 +22,25 @@ def set_metric(rec: dict, quantity, value: float) -> None:
     last, index = quantity.path[-1], quantity.index
     if index is None:
         node[last] = value
+        keep_interval_around(rec, quantity.path, value)
     elif index == "last":
         node[last] = [value]
     elif ":" in index:
         node[last] = [value] * int(index.split(":")[1])
     else:
         node[last] = [value] * (int(index) + 1)
+
+
+def keep_interval_around(rec: dict, path: list[str], value: float) -> None:
+    """A record's own interval of a planted mean moves with it (bench.schema refuses a record
+    whose value lies far outside its interval)."""
+    metrics, half = rec["metrics"], 0.01 * abs(value) + 1e-6
+    if path == ["metrics", "bayes_gap"]:
+        metrics["bayes_gap_ci"] = [value - half, value + half]
+    elif len(path) == 3 and path[:2] in (["metrics", "loss"], ["metrics", "gap"]):
+        intervals = metrics.get(f"{path[1]}_ci")
+        if isinstance(intervals, dict) and path[2] in intervals:
+            intervals[path[2]] = [value - half, value + half]
 
 
 def plant(tmp_path, name: str, claim, values: dict[str, list[float]]):

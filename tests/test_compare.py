@@ -2,6 +2,7 @@
 against direct computations of its definition, and what it refuses."""
 import copy
 import json
+import math
 
 import numpy as np
 import pytest
@@ -131,7 +132,7 @@ def test_a_worse_model_is_found_worse_overall_and_the_gaps_are_the_records(runs,
     ("old", "re-evaluate its weights with python -m bench eval"),
     ("failed", "only ok runs"),
     ("text", "text record"),
-    ("malformed", "malformed per_sequence"),
+    ("malformed", "per_sequence.loss.model is not 300 numbers"),
     ("missing", "no such record file"),
     ("not_json", "not valid JSON"),
 ])
@@ -146,8 +147,11 @@ def test_records_that_do_not_pair_are_refused_in_one_line_exit_2(runs, tmp_path,
     elif case == "failed":
         b["status"], b["reason"] = "failed", "non-finite loss at step 3"
     elif case == "text":
-        b["metrics"].update(scoring="perplexity", perplexity={}, perplexity_ci={},
-                            bits_per_byte={})
+        names = ["model", *b["metrics"]["roles"]]
+        ppl = {n: math.exp(b["metrics"]["loss"][n]) for n in names}
+        b["metrics"].update(scoring="perplexity", perplexity=ppl,
+                            perplexity_ci={n: [p * 0.99, p * 1.01] for n, p in ppl.items()},
+                            bits_per_byte={n: math.log2(p) for n, p in ppl.items()})
         b["per_position"]["loss.model"] = b["per_position"]["gap.model"]
     elif case == "malformed":
         b["per_sequence"]["loss"]["model"] = b["per_sequence"]["loss"]["model"][:-1]

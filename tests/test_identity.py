@@ -224,8 +224,9 @@ def test_one_seed_disagreeing_under_one_identity_is_named(tmp_path):
             for _, older, newer in section.conflicts] == [(1, 0.2, 0.25)]
     write_leaderboard(selection, str(tmp_path / "lb.md"))
     # the newest of each seed is used: seeds 0.1 and 0.25, standard deviation 0.106
-    assert ("pooled by one behavioural identity differ — training amplifies float-level "
-            "differences, or behaviour after the identity's probe changed: mamba seed 1: 0.2 "
+    assert ("records of one seed in one row differ — training amplifies float-level "
+            "differences, behaviour after the identity's probe changed, or a record was edited: "
+            "mamba seed 1: 0.2 "
             "(c0de1c0) vs 0.25 (c0de2c0), 0.47× the seeds' standard deviation") in \
         (tmp_path / "lb.md").read_text()
 

@@ -15,7 +15,7 @@ from bench.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules,
 from bench.claims.verdicts import VERDICTS, Decision, Measured, decide_all
 from bench.config import ConfigError, RunConfig, conf_file, load_suite
 from bench.leaderboard import Selection, plural
-from bench.records import RESULT_NEUTRAL, output_path
+from bench.records import RESULT_NEUTRAL, not_written, output_path
 from tasks.files import write_atomic
 
 SHOW_SEEDS_BELOW = 5  # seeds are listed one by one below this many (or when they split in two)
@@ -363,5 +363,8 @@ def write_claims(selection: Selection, out: str = "claims.md", rules: str | Path
     except ValueError:
         pass
     text = render(selection, shown, claims, decisions)
-    write_atomic(out_path, lambda tmp: Path(tmp).write_text(text))
+    try:
+        write_atomic(out_path, lambda tmp: Path(tmp).write_text(text))
+    except OSError as error:
+        raise not_written(out, error) from None
     return out_path, decisions
