@@ -360,6 +360,12 @@ def memory_estimate(config, task, device: str, kernel: str | None = None,
         Term("host", "evaluation", "the bootstrap", f"trainer.bootstrap or {size}",
              24 * t.bootstrap * held_out),
     ]
+    if t.val_every > 0:  # bench/validation.py keeps it on rank 0 for the whole of training
+        val = min(t.val_sequences, task.held_out_size(t.val_sequences))
+        terms.append(Term("host", "training", "the live-validation set, its references' scores "
+                          "and their bootstrap", "trainer.val_sequences",
+                          val * (per_sequence + prediction * (1 + 3 * predictors))
+                          + 24 * t.bootstrap * val))
     if device == "cuda":
         terms += [Term("device", phase, "CUDA workspaces", "", CUDA_RUNTIME)
                   for phase in ("training", "evaluation")]
