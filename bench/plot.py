@@ -102,14 +102,12 @@ def plot_gaps(path: Path, title: str, models: dict[str, list], references: dict[
 
 
 # --- python -m bench plot ------------------------------------------------------------------
-def run_label(record: dict, records: list[dict]) -> str:
-    """model s<seed>, with the task and run name where the plotted runs differ in them."""
-    label = f"{record['model']['name']} s{record['seed']}"
-    if len({r["task"]["name"] for r in records}) > 1:
-        label = f"{record['task']['name']} {label}"
-    if record.get("name") and len({r.get("name") for r in records}) > 1:
-        label += f" [{record['name']}]"
-    return label
+NEAR = 3.0  # references within this multiple of the models' largest |gap| share their panel
+SHOWN_KEYS = ("task.", "model.", "trainer.")  # overrides that can tell two runs apart
+HIDDEN_KEYS = ("trainer.progress", "trainer.threads", "trainer.eval_batch_size",
+               "trainer.log_every", "trainer.checkpoint_every", "trainer.logger",
+               "trainer.loader_workers", "trainer.save_weights", "trainer.val_every",
+               "trainer.val_sequences", "trainer.max_steps")  # steps: from train.steps
 
 
 def position_curves(record: dict) -> tuple[dict[str, list], str]:
@@ -130,51 +128,236 @@ def validation_label(record: dict) -> str:
     return f"validation gap to {metrics.get('gap_reference') or 'bayes'}"
 
 
-def runs_figure(records: list[dict]):
-    """Training loss by step (and the validation gap where the record has it) beside the gap
-    (or loss) by position: every run a solid curve; the first run's references dashed."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    validation = any((r.get("train") or {}).get("val_curve") for r in records)
-    columns = 3 if validation else 2
-    fig, axes = plt.subplots(1, columns, figsize=(5.2 * columns, 4.2 + 0.2 * len(records)))
-    labels = [run_label(r, records) for r in records]
-    styles = curve_styles(len(records))
-    for record, label, (colour, _) in zip(records, labels, styles):
-        curve = (record.get("train") or {}).get("loss_curve") or []
-        axes[0].plot([s for s, _ in curve], [v for _, v in curve], color=colour, lw=0.9,
-                     label=label)
-    axes[0].set_xlabel("step")
-    axes[0].set_ylabel("training loss")
-    losses = [v for r in records for _, v in (r.get("train") or {}).get("loss_curve") or []]
-    if losses and min(losses) > 0 and max(losses) > OFF_SCALE * min(losses):
-        axes[0].set_yscale("log")  # an early spike would flatten the rest of the curve
-    if validation:
-        for record, label, (colour, _) in zip(records, labels, styles):
-            curve = (record.get("train") or {}).get("val_curve") or []
-            axes[1].plot([s for s, _ in curve], [v for _, v in curve], color=colour, lw=0.9,
-                         marker="o", ms=2.5, label=label)
-        axes[1].set_xlabel("step")
-        axes[1].set_ylabel(validation_label(records[0]))
-        if (records[0].get("metrics") or {}).get("scoring") != "perplexity":
-            axes[1].axhline(0, color="k", lw=0.6)  # a gap's zero; nats/token are far from it
+def unit_of(record: dict) -> str:
+    """What a record's losses are measured in: token tasks (an accuracy, or text) in nats per
+    token, the regression and state-space tasks in squared error per coordinate."""
+    metrics = record.get("metrics") or {}
+    tokens = metrics.get("scoring") == "perplexity" or "accuracy" in metrics
+    return "nats/token" if tokens else "squared error"
+
+
+def section_of(record: dict) -> tuple:
+    """Runs that share a figure section: one task config scored on one held-out set."""
+    import json
+    return (record["task"]["name"], json.dumps(task_config(record), sort_keys=True),
+            (record.get("metrics") or {}).get("sequences"))
+
+
+def task_config(record: dict) -> dict:
+    """The task config with fields added after the record was written at their defaults: an
+    older record of the same task is in the same section."""
+    from bench.identities import resolved_config
+    try:
+        return resolved_config(record, "task")
+    except (KeyError, TypeError, ValueError):  # a family this code no longer knows
+        return record["task"]["config"]
+
+
+def facets(record: dict) -> dict[str, str]:
+    """What can tell a run apart from another of its section: the model, its command line's
+    model/task/trainer settings, the steps it trained and whether it is an evaluation."""
+    found = {"model": record["model"]["name"], "steps": f"{record['train']['steps']} steps"}
+    for override in record.get("overrides") or []:
+        key, _, value = override.partition("=")
+        if key.startswith(SHOWN_KEYS) and not key.startswith(HIDDEN_KEYS):
+            found[key] = f"{key.split('.', 1)[1]}={value}"
+    if record.get("origin") == "eval":
+        found["origin"] = "eval"
+    if record.get("name"):
+        found["name"] = f"[{record['name']}]"
+    return found
+
+
+def run_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The runs of one section grouped by their facets (the seeds of one config together), each
+    labelled by the model and what differs between the groups, never by what all share."""
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        groups.setdefault(tuple(sorted(facets(record).items())), []).append(record)
+    keys = {key for group in groups for key, _ in group}
+    differing = [key for key in sorted(keys) if key != "model" and
+                 len({dict(group).get(key) for group in groups}) > 1]
+    labelled = []
+    for group, runs in groups.items():
+        values = dict(group)
+        parts = [values[key] for key in differing if key in values]
+        seeds = sorted(r["seed"] for r in runs)
+        seed_text = (f"s{seeds[0]}" if len(seeds) == 1 else f"{len(seeds)} seeds")
+        label = " ".join([values["model"], *parts, f"({seed_text})"])
+        labelled.append((label, sorted(runs, key=lambda r: r["seed"])))
+    return sorted(labelled)
+
+
+def mean_and_band(curves: list[list]) -> tuple[list, list, list]:
+    """Position by position: the mean across seeds and its 95% t-interval (None where fewer
+    than two seeds have a value)."""
+    from tasks.stats import across_seeds
+    length = max((len(c) for c in curves), default=0)
+    means, lows, highs = [], [], []
+    for i in range(length):
+        values = [c[i] for c in curves if i < len(c) and c[i] is not None
+                  and math.isfinite(c[i])]
+        if not values:
+            means.append(None), lows.append(None), highs.append(None)
+            continue
+        mean, half = across_seeds(values)
+        means.append(mean)
+        lows.append(None if half is None else mean - half)
+        highs.append(None if half is None else mean + half)
+    return means, lows, highs
+
+
+def by_step(curves: list[list]) -> tuple[list, list]:
+    """[step, value] curves of several seeds as steps and per-step values (seeds that logged
+    the same steps)."""
+    steps = sorted({s for curve in curves for s, _ in curve})
+    index = {s: i for i, s in enumerate(steps)}
+    table = [[None] * len(steps) for _ in curves]
+    for row, curve in zip(table, curves):
+        for s, v in curve:
+            row[index[s]] = v
+    return steps, table
+
+
+def draw_group(ax, xs: list, curves: list[list], label: str, colour, marker=None) -> bool:
+    """One group's curve (the mean of its seeds) with the band of its interval across seeds;
+    False when it has nothing to draw (no legend entry then)."""
+    means, lows, highs = mean_and_band(curves)
+    points = [(x, m) for x, m in zip(xs, means) if m is not None]
+    if not points:
+        return False
+    ax.plot(*zip(*points), color=colour, lw=1.0, label=label, marker=marker, ms=2.5)
+    band = [(x, lo, hi) for x, lo, hi in zip(xs, lows, highs) if lo is not None]
+    if band:
+        ax.fill_between(*zip(*band), color=colour, alpha=0.18, lw=0)
+    return True
+
+
+def legend_below(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:  # only what is drawn
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+
+
+def section_title(records: list[dict]) -> str:
+    record = records[0]
+    config = ", ".join(f"{k}={v}" for k, v in sorted(task_config(record).items())
+                       if not isinstance(v, (list, dict)))
+    sequences = (record.get("metrics") or {}).get("sequences")
+    return (f"{record['task']['name']} ({config}) — scored on {sequences} held-out sequences"
+            if len(config) < 110 else
+            f"{record['task']['name']} — scored on {sequences} held-out sequences")
+
+
+def section_panels(records: list[dict]) -> list[str]:
+    panels = ["training"]
+    if any((r.get("train") or {}).get("val_curve") for r in records):
+        panels.append("validation")
+    panels.append("position")
+    if far_references(records):
+        panels.append("references")
+    return panels
+
+
+def reference_curves(records: list[dict]) -> tuple[dict[str, list], str, str]:
+    """The section's references by position (from its first run: they are the task's, the same
+    for every run of a section), what the curves are, and their axis label."""
     first, kind = position_curves(records[0])
-    models = {label: position_curves(r)[0].get("model", []) for r, label in zip(records, labels)}
     references = {name: curve for name, curve in first.items() if name != "model"}
+    unit = unit_of(records[0])
     if kind == "gap":
         reference = records[0]["metrics"].get("gap_reference", "bayes")
         references.pop(reference, None)  # its gap to itself is 0: the zero line
-        ylabel = f"gap to {reference} by position"
-    else:
-        ylabel = "loss by position"
-    gap_axes(axes[-1], models, references, ylabel)
-    for ax in axes:
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
-    task = records[0]["task"]["name"]
-    fig.suptitle(task if len({r["task"]["name"] for r in records}) == 1 else "runs", fontsize=10)
+        return references, kind, f"gap to {reference} by position ({unit})"
+    return references, kind, f"loss by position ({unit})"
+
+
+def far_references(records: list[dict]) -> dict[str, list]:
+    """References beyond NEAR times the models' largest |value|: drawn with the models they
+    would flatten every model curve (an `erm` gap of 5 against models at 1e-3)."""
+    references, _, _ = reference_curves(records)
+    inner = largest_magnitude(position_curves(r)[0].get("model", []) for r in records)
+    return {name: curve for name, curve in references.items()
+            if inner > 0 and largest_magnitude([curve]) > NEAR * inner}
+
+
+def runs_figure(records: list[dict]):
+    """One row of panels per section (a task config and its held-out set): training loss by
+    step, the validation gap where recorded, and the gap (or loss) by position of every run,
+    the references dashed, those far off the models' scale in a panel of their own. Runs of one
+    config (seeds) are one curve, their mean, with a band of the 95% interval across seeds;
+    labels say what differs between the curves."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sections: dict[tuple, list[dict]] = {}
+    for record in records:
+        sections.setdefault(section_of(record), []).append(record)
+    layout = [(runs, section_panels(runs)) for runs in sections.values()]
+    columns = max(len(panels) for _, panels in layout)
+    height = sum(4.0 + 0.18 * len(run_groups(runs)) for runs, _ in layout)
+    fig, axes = plt.subplots(len(layout), columns, figsize=(5.0 * columns, height),
+                             squeeze=False)
+    for row, (runs, panels) in zip(axes, layout):
+        draw_section(row, runs, panels)
+        for ax in row[len(panels):]:
+            ax.set_visible(False)
     fig.tight_layout()
     return fig
+
+
+def draw_section(row, runs: list[dict], panels: list[str]) -> None:
+    groups = run_groups(runs)
+    references, kind, ylabel = reference_curves(runs)
+    far = far_references(runs)
+    near = {name: curve for name, curve in references.items() if name not in far}
+    styles = curve_styles(len(groups), len(references))
+    run_colours = [colour for colour, _ in styles[:len(groups)]]
+    reference_colours = dict(zip(references, (colour for colour, _ in styles[len(groups):])))
+    unit = unit_of(runs[0])
+    axes = dict(zip(panels, row))
+    ax = axes["training"]
+    for (label, members), colour in zip(groups, run_colours):
+        steps, table = by_step([(r.get("train") or {}).get("loss_curve") or [] for r in members])
+        draw_group(ax, steps, table, label, colour)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss ({unit})")
+    losses = [v for line in ax.lines for v in line.get_ydata() if v is not None]
+    if losses and min(losses) > 0 and max(losses) > OFF_SCALE * min(losses):
+        ax.set_yscale("log")  # an early spike would flatten the rest of the curve
+    ax.set_title(section_title(runs), fontsize=9, loc="left")
+    legend_below(ax)
+    if "validation" in axes:
+        ax = axes["validation"]
+        for (label, members), colour in zip(groups, run_colours):
+            steps, table = by_step([(r.get("train") or {}).get("val_curve") or []
+                                    for r in members])
+            draw_group(ax, steps, table, label, colour, marker="o")
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"{validation_label(runs[0])}" + ("" if "nats" in
+                                                        validation_label(runs[0]) else f" ({unit})"))
+        if kind == "gap":
+            ax.axhline(0, color="k", lw=0.6)  # a gap's zero; nats/token are far from it
+        legend_below(ax)
+    for panel, shown in (("position", near), ("references", references)):
+        if panel not in axes:
+            continue
+        ax = axes[panel]
+        for (label, members), colour in zip(groups, run_colours):
+            curves = [position_curves(r)[0].get("model", []) for r in members]
+            draw_group(ax, list(range(1, 1 + max(map(len, curves), default=0))), curves, label,
+                       colour)
+        for name, curve in shown.items():
+            xs = [i + 1 for i, v in enumerate(curve) if v is not None]
+            ax.plot(xs, [v for v in curve if v is not None], color=reference_colours[name],
+                    linestyle="--", lw=1.0, label=name)
+        if kind == "gap":
+            ax.axhline(0, color="k", lw=0.6)
+        if panel == "references":
+            ax.set_yscale("symlog", linthresh=max(largest_magnitude(
+                position_curves(r)[0].get("model", []) for r in runs), 1e-12))
+        ax.set_xlabel("position (context length)")
+        ax.set_ylabel(ylabel if panel == "position" else f"{ylabel}, all references (symlog)")
+        legend_below(ax)
 
 
 def plot_runs(records: list[dict], path: Path) -> Path:

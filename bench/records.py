@@ -26,8 +26,9 @@ CHECKPOINT_FORMAT = "icl-bench/checkpoint/1"  # marks checkpoints this runner wr
 CHECKPOINT_KEY = "icl_bench"  # where the run's metadata sits in the Lightning checkpoint
 IDENTITY_INDEX = "identities.json"  # beside the records: their identities (bench/identities.py)
 # Trainer keys that change neither training nor evaluation: runs differing only in them pool.
+# Live validation runs under its own random state (tests/test_validation.py: bit for bit).
 RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every",
-                  "logger", "loader_workers", "save_weights")
+                  "logger", "loader_workers", "save_weights", "val_every", "val_sequences")
 # Lightning's spellings of a precision (trainer.precision=32 trains as, and records, "32-true").
 PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 

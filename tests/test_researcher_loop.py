@@ -1,0 +1,71 @@
+"""The researcher's loop (issue 33): what a user running a sweep, a board or a comparison
+expects of the suite beyond the numbers."""
+from __future__ import annotations
+
+import pytest
+
+from bench.__main__ import main
+from test_claims import MAMBA, put, record
+
+
+@pytest.mark.parametrize("key, value", [("val_every", 100), ("val_sequences", 16)])
+def test_a_key_that_changes_nothing_of_the_result_does_not_split_a_row(tmp_path, key, value):
+    """Live validation is bit for bit neutral (tests/test_validation.py): a run watched every
+    100 steps and one not watched are one row of two seeds."""
+    watched = record([*MAMBA, f"trainer.{key}={value}"], seed=1, gap=0.0012)
+    put(tmp_path / "results", record(MAMBA, seed=0), watched)
+    board = tmp_path / "lb.md"
+    assert main(["leaderboard", f"out_dir={tmp_path / 'results'}", f"out={board}"]) == 0
+    rows = [line for line in board.read_text().splitlines() if line.startswith("| mamba")]
+    assert len(rows) == 1 and "| 2 |" in rows[0] and key not in rows[0]
+
+
+def plotted(tmp_path, *records) -> "object":
+    from bench.plot import runs_figure
+    return runs_figure(list(records))
+
+
+def test_the_plot_gives_each_task_its_section_with_units_and_groups_seeds(tmp_path):
+    """Markov (nats/token) and LG-SSM (squared error) never share axes; seeds of one config are
+    one curve with a band; labels say what differs (steps), not what all runs share."""
+    import matplotlib.pyplot as plt
+    from test_leaderboard import record as board_record
+    curve = {"steps": 800, "wall_time_s": 1.0, "loss_curve": [[0, 0.7], [10, 0.6]]}
+    markov = [board_record(seed=s, gap=0.1 + 0.01 * s, train=dict(curve)) for s in (0, 1, 2)]
+    short = board_record(seed=0, gap=0.2, train={**curve, "steps": 100})
+    lgssm = board_record(task="lgssm", model="transformer", train=dict(curve))
+    lgssm["metrics"].pop("accuracy")  # a regression-type task: squared error
+    lgssm["per_position"]["gap.erm"] = [500.0] * 8  # far off the models' scale
+    fig = plotted(tmp_path, *markov, short, lgssm)
+    try:
+        rows = [[ax for ax in fig.axes if ax.get_visible() and ax.get_position().y0 == y]
+                for y in sorted({ax.get_position().y0 for ax in fig.axes}, reverse=True)]
+        labels = {ax.get_ylabel() for ax in fig.axes if ax.get_visible()}
+        assert "training loss (nats/token)" in labels and "training loss (squared error)" in labels
+        titles = [ax.get_title(loc="left") for ax in fig.axes if ax.get_title(loc="left")]
+        assert sorted(t.split(" ")[0] for t in titles) == ["lgssm", "markov"]
+        markov_axes = next(row for row in rows if row[0].get_title(loc="left").startswith("markov"))
+        legend = [t.get_text() for t in markov_axes[0].get_legend().get_texts()]
+        assert legend == ["mamba 100 steps (s0)", "mamba 800 steps (3 seeds)"]
+        assert len(markov_axes[0].collections) == 1  # the band of the three seeds
+        lgssm_axes = next(row for row in rows if row[0].get_title(loc="left").startswith("lgssm"))
+        position, references = lgssm_axes[1], lgssm_axes[2]
+        assert "erm" not in [t.get_text() for t in position.get_legend().get_texts()]
+        assert "erm" in [t.get_text() for t in references.get_legend().get_texts()]
+        assert references.get_yscale() == "symlog"
+    finally:
+        plt.close(fig)
+
+
+def test_a_legend_lists_only_what_its_panel_draws(tmp_path):
+    import matplotlib.pyplot as plt
+    from test_leaderboard import record as board_record
+    train = {"steps": 10, "wall_time_s": 1.0, "loss_curve": [[0, 0.7]]}
+    watched = board_record(seed=0, model="mamba", train={**train, "val_curve": [[5, 0.1]]})
+    unwatched = board_record(seed=0, model="transformer", train=dict(train))
+    fig = plotted(tmp_path, watched, unwatched)
+    try:
+        validation = next(ax for ax in fig.axes if ax.get_ylabel().startswith("validation"))
+        assert [t.get_text() for t in validation.get_legend().get_texts()] == ["mamba (s0)"]
+    finally:
+        plt.close(fig)
