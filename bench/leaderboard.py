@@ -65,6 +65,9 @@ def label_of(record: dict) -> str:
     it ran unless on the CPU (`[cuda: NVIDIA H100 80GB HBM3, mamba_ssm]`)."""
     shown = [o for o in record.get("overrides", [])
              if o.startswith(("model.", "trainer.")) and not o.startswith(IGNORED_IN_LABELS)]
+    preset = record["trainer"].get("name")
+    if isinstance(preset, str) and preset not in ("", "default"):  # trainer=paper: 10k steps...
+        shown.insert(0, f"trainer={preset}")
     env = environment(record)
     return (record["model"]["name"] + (f" ({', '.join(shown)})" if shown else "")
             + ("" if env.default else f" [{env.name}]"))

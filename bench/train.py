@@ -212,7 +212,8 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
     if weights is not None:
         from bench.weights import check_weights_fit
         check_weights_fit(config, weights, task)
-    elif t.warmup_steps > t.max_steps:  # legal (a study of warm-up), but rarely what is meant
+    elif t.warmup_steps > t.max_steps and _global_zero(None):  # legal (a study of warm-up),
+        # but rarely what is meant; said once, not once per rank of a DDP run
         print(f"warning: trainer.warmup_steps={t.warmup_steps} > trainer.max_steps="
               f"{t.max_steps}: the learning rate stays in its warm-up and never reaches "
               f"trainer.lr={t.lr}", file=sys.stderr)

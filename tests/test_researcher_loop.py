@@ -69,3 +69,24 @@ def test_a_legend_lists_only_what_its_panel_draws(tmp_path):
         assert [t.get_text() for t in validation.get_legend().get_texts()] == ["mamba (s0)"]
     finally:
         plt.close(fig)
+
+
+def test_trainer_ddp_switches_parallelism_and_nothing_else():
+    from dataclasses import asdict
+    from bench.config import compose
+    default, ddp = (asdict(compose(args).trainer) for args in ([], ["trainer=ddp"]))
+    changed = {key for key in default if default[key] != ddp[key]}
+    assert changed == {"accelerator", "devices", "strategy"}
+    assert (ddp["accelerator"], ddp["devices"], ddp["strategy"]) == ("gpu", -1, "ddp")
+
+
+def test_a_board_row_names_the_trainer_preset_that_made_it(tmp_path):
+    from test_leaderboard import record as board_record
+    paper = board_record(seed=0)
+    paper["trainer"]["name"] = "paper"
+    put(tmp_path / "results", paper, board_record(seed=0, model="transformer"))
+    board = tmp_path / "lb.md"
+    assert main(["leaderboard", f"out_dir={tmp_path / 'results'}", f"out={board}"]) == 0
+    rows = [line.split("|")[1].strip() for line in board.read_text().splitlines()
+            if line.startswith(("| mamba", "| transformer"))]
+    assert sorted(rows) == ["mamba (trainer=paper)", "transformer"]
