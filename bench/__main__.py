@@ -410,12 +410,17 @@ def cmd_eval(argv: list[str]) -> int:
 
 
 def cmd_compare(argv: list[str]) -> int:
+    from bench.compare import compare, print_comparison, select_pair
     options = [arg for arg in argv if "=" in arg and not os.path.exists(arg)]
+    if options and len(options) == len(argv):  # by selection: model=mamba,transformer ...
+        print_comparison(compare(*select_pair(argv)))
+        return 0
     if options:
-        raise ConfigError(f"unknown argument '{options[0]}'; compare takes two record files")
+        raise ConfigError(f"unknown argument '{options[0]}'; compare takes two record files, "
+                          "or settings that select them (model=mamba,transformer ...)")
     if len(argv) != 2:
-        raise ConfigError(f"compare needs two run records (A.json B.json), got {len(argv)}")
-    from bench.compare import compare, print_comparison
+        raise ConfigError(f"compare needs two run records (A.json B.json), got {len(argv)}; or "
+                          "settings that select them: compare task=<task> model=<a>,<b> [seed=N]")
     print_comparison(compare(*argv))
     return 0
 

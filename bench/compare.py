@@ -140,3 +140,51 @@ def print_comparison(result: dict) -> None:
     equals_gaps = ", = gap B − gap A" if same_reference else ""
     print(f"(B − A: difference of the models' mean losses{equals_gaps}; the interval is a "
           "bootstrap over the paired sequences)")
+
+
+def select_pair(argv: list[str]) -> tuple[str, str]:
+    """The two records `compare task=lgssm_colored model=mamba,transformer [seed=N]
+    [out_dir=runs] ...` names: one override holds the two values compared (a comma between
+    them), the others are shared; each side is the newest `ok` training record of its config
+    (evaluations aside) in out_dir, on the given seed, else on the newest seed both have."""
+    from bench.config import compose
+    from bench.records import read_records, record_matches
+    options = dict(arg.split("=", 1) for arg in argv)
+    out_dir = options.pop("out_dir", "runs")
+    seed = options.pop("seed", None)
+    if seed is not None and not seed.isdigit():
+        raise ConfigError(f"compare: seed must be a number, got '{seed}'")
+    varied = [key for key, value in options.items() if "," in value]
+    if len(varied) != 1 or len(options[varied[0]].split(",")) != 2:
+        raise ConfigError("compare by selection needs one setting with the two values compared, "
+                          "e.g. model=mamba,transformer (the others shared); got "
+                          f"{' '.join(argv) or 'none'}")
+    key = varied[0]
+    shared = [f"{k}={v}" for k, v in options.items() if k != key]
+    configs = [compose([*shared, f"{key}={value}"]) for value in options[key].split(",")]
+    if not Path(out_dir).is_dir():
+        raise ConfigError(f"compare: out_dir '{out_dir}' is not a directory")
+    records, _ = read_records(out_dir)
+    found = [[r for r in records if r["status"] == "ok" and r.get("origin") != "eval"
+              and record_matches(r, config)] for config in configs]
+    for side, config in zip(found, options[key].split(",")):
+        if not side:
+            raise ConfigError(f"compare: no ok run record of {key}={config} "
+                              f"{' '.join(shared)} in {out_dir}".rstrip())
+    seeds = [{r["seed"] for r in side} for side in found]
+    if seed is not None:
+        chosen = int(seed)
+        if not all(chosen in s for s in seeds):
+            raise ConfigError(f"compare: seed {chosen} has no record on both sides (seeds "
+                              f"{sorted(seeds[0])} and {sorted(seeds[1])})")
+    else:
+        common = seeds[0] & seeds[1]
+        if not common:
+            raise ConfigError(f"compare: the two sides share no seed (seeds {sorted(seeds[0])} "
+                              f"and {sorted(seeds[1])}): runs of one seed pair")
+        chosen = max(common, key=lambda s: max(r["run_id"][-22:] for side in found
+                                               for r in side if r["seed"] == s))
+    newest = [max((r for r in side if r["seed"] == chosen), key=lambda r: r["run_id"][-22:])
+              for side in found]
+    return newest[0]["_path"], newest[1]["_path"]
+

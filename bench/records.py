@@ -131,9 +131,12 @@ def code_of_this_process() -> dict:
     return provenance()
 
 
-def new_run_id(task: str, model: str, seed: int) -> str:
+def new_run_id(task: str, model: str, seed: int, evaluation: bool = False) -> str:
+    """<task>--<model>--s<seed>--[eval--]<time stamp>-<6 hex>: an evaluation of saved weights
+    (python -m bench eval) says so in its name, so no glob of training runs picks it up."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{task}--{model}--s{seed}--{stamp}-{secrets.token_hex(3)}"
+    kind = "eval--" if evaluation else ""
+    return f"{task}--{model}--s{seed}--{kind}{stamp}-{secrets.token_hex(3)}"
 
 
 def json_safe(value):

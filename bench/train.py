@@ -218,7 +218,8 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
               f"{t.max_steps}: the learning rate stays in its warm-up and never reaches "
               f"trainer.lr={t.lr}", file=sys.stderr)
     resumed = check_resume(config) if config.resume else None
-    run_id = new_run_id(config.task_name, config.model_name, config.seed)
+    run_id = new_run_id(config.task_name, config.model_name, config.seed,
+                        evaluation=weights is not None)
     described = config.describe()
     record: dict = {"schema": SCHEMA, "run_id": run_id, **described,
                     "provenance": code_of_this_process(), "status": "running"}

@@ -90,3 +90,52 @@ def test_a_board_row_names_the_trainer_preset_that_made_it(tmp_path):
     rows = [line.split("|")[1].strip() for line in board.read_text().splitlines()
             if line.startswith(("| mamba", "| transformer"))]
     assert sorted(rows) == ["mamba (trainer=paper)", "transformer"]
+
+
+SMALL = ["task=markov", "task.seq_len=16", "trainer.max_steps=2",
+         "trainer.eval_sequences=16", "trainer.bootstrap=50", "trainer.progress=false",
+         "trainer.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory):
+    """Seeds 0 and 1 of a tiny Mamba, seed 0 of a tiny transformer, and an evaluation of the
+    Mamba's seed-0 weights (newer than everything: the glob of README picked it up)."""
+    import json
+    out = tmp_path_factory.mktemp("two")
+    for args in (["model=mamba", "seed=0"], ["model=mamba", "seed=1"],
+                 ["model=transformer", "seed=0"]):
+        assert main(["run", f"out_dir={out}", *SMALL, *args]) == 0
+    weights = json.loads(next(out.glob("markov--mamba--s0--*.json")).read_text())["weights"]
+    assert main(["eval", f"weights={out / weights}", f"out_dir={out}",
+                 "trainer.eval_sequences=16", "trainer.bootstrap=50"]) == 0
+    return out
+
+
+def test_an_evaluation_is_named_as_one(two_models):
+    evals = sorted(p.name for p in two_models.glob("*--eval--*.json"))
+    assert len(evals) == 1 and evals[0].startswith("markov--mamba--s0--eval--")
+
+
+def test_compare_by_selection_pairs_the_newest_training_runs_of_a_shared_seed(two_models,
+                                                                             capsys):
+    assert main(["compare", "task=markov", "task.seq_len=16", "model=mamba,transformer",
+                 "trainer.max_steps=2", "trainer.eval_sequences=16",
+                 "trainer.bootstrap=50", "trainer.threads=1", f"out_dir={two_models}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("A: mamba, seed 0") and "--eval--" not in out[0]
+    assert out[1].startswith("B: transformer, seed 0")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["model=mamba"], "needs one setting with the two values compared"),
+    (["model=mamba,transformer,lstm"], "needs one setting with the two values compared"),
+    (["model=mamba,transformer", "seed=1"], "seed 1 has no record on both sides"),
+    (["model=mamba,lstm"], "no ok run record of model=lstm"),
+])
+def test_compare_by_selection_says_what_it_cannot_find(two_models, capsys, args, message):
+    shared = ["task=markov", "task.seq_len=16", "trainer.max_steps=2", "trainer.threads=1",
+              "trainer.eval_sequences=16", "trainer.bootstrap=50", f"out_dir={two_models}"]
+    assert main(["compare", *shared, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
