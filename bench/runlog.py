@@ -45,8 +45,11 @@ def make_logger(config: RunConfig, log_dir: str, resume_step: int = 0):
         os.environ.setdefault("WANDB_MODE", "offline")  # a user's WANDB_MODE=online wins
         from lightning.pytorch.loggers import WandbLogger
         # id: the log's run id, so a resumed run continues the same wandb run
+        # group: the sweep or suite the run belongs to, so W&B shows its runs together
+        kind = str(config.origin or "adhoc").split(":", 1)[0]
         return WandbLogger(name=os.path.basename(path), id=os.path.basename(path),
-                           save_dir=path, project="icl-bench")
+                           save_dir=path, project="icl-bench", group=config.origin or None,
+                           tags=[config.task_name, config.model_name, kind])
     return None
 
 
@@ -121,7 +124,19 @@ class RunLog(L.Callback):
     def log_final(self, metrics: dict, step: int) -> None:
         """The final evaluation's headline (`test/...`) at the last step, then the log closed
         again (on_train_end closed it; a TensorBoard writer reopens for the row)."""
-        self.write(headline(metrics, "test"), step)
+        final = headline(metrics, "test")
+        self.write(final, step)
+        if type(self.logger).__name__ == "TensorBoardLogger":
+            # its HParams dashboard needs the config and the metrics it tabulates declared
+            # together (hparams.yaml alone leaves it empty); the metrics' values are the
+            # test/* scalars just written (log_hyperparams would log them again at step 0)
+            from torch.utils.tensorboard.summary import hparams as hparams_summaries
+            plain = {key: value if isinstance(value, (bool, int, float, str)) else str(value)
+                     for key, value in self.hyperparameters.items()}
+            writer = self.logger.experiment.file_writer  # open: the row above went through it
+            for summary in hparams_summaries(plain, final):
+                writer.add_summary(summary)
+            writer.flush()
         self.logger.finalize("success")
 
 

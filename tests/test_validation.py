@@ -170,6 +170,16 @@ def test_tensorboard_gets_the_val_and_final_tags_and_the_hparams(tmp_path):
     assert [e.value for e in logged] == pytest.approx([v for _, v in curve], rel=1e-6)  # float32
     hparams = yaml.safe_load((tmp_path / record["log_dir"] / "hparams.yaml").read_text())
     assert hparams["task.name"] == "markov" and hparams["model.name"] == "mamba"
+    # the HParams dashboard: the config and the final metrics declared together
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    content = events.PluginTagToContent("hparams")
+    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(content)
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(
+        content["_hparams_/experiment"]).experiment
+    assert "test/bayes_gap" in {m.name.tag for m in experiment.metric_infos}
+    start = plugin_data_pb2.HParamsPluginData.FromString(
+        content["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["model.name"].string_value == "mamba"
 
 
 def test_a_ddp_run_validates_on_rank_0_without_stalling_the_other(tmp_path):
