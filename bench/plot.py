@@ -179,6 +179,10 @@ def run_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
                  len({dict(group).get(key) for group in groups}) > 1]
     labelled = []
     for group, runs in groups.items():
+        newest = {}  # a seed once: its newest record (a re-run or resumed copy replaces it)
+        for record in sorted(runs, key=lambda r: r["run_id"][-22:]):
+            newest[record["seed"]] = record
+        runs = list(newest.values())
         values = dict(group)
         parts = [values[key] for key in differing if key in values]
         seeds = sorted(r["seed"] for r in runs)

@@ -116,7 +116,15 @@ def print_run(record: dict, path: str) -> None:
     if m.get("scoring") == "perplexity":
         print(f"{headline(m)} on {m['scored_positions']:,} tokens; total wall "
               f"{record['wall_time_s']:.1f} s")
-        print(f"record: {path}")
+        beats = [name for name, role in m["roles"].items() if role == "baseline"
+                 and m["perplexity_ci"]["model"][1] < m["perplexity_ci"][name][0]]
+        best = min((n for n, r in m["roles"].items() if r == "baseline"),
+                   key=lambda n: m["perplexity"][n], default=None)
+        if best is not None:  # what a text run has to beat: its best baseline, intervals apart
+            print(f"the best baseline, {best}: " + (
+                "beaten (the intervals are apart)" if best in beats else
+                "not beaten at this budget (the intervals overlap or the model is worse)"))
+        print_weights_and_record(record, path)
         return
     print(f"Bayes {headline(m)}  (relative {fmt_sig(100 * m['relative_gap'])}%); "
           f"total wall {record['wall_time_s']:.1f} s")
@@ -130,6 +138,49 @@ def print_run(record: dict, path: str) -> None:
     if is_suspicious(m):
         print("warning: the model beats the exact Bayes predictor beyond its interval — a bug "
               "signal (leaking future tokens?), not a result")
+    print_weights_and_record(record, path)
+
+
+def print_weights_and_record(record: dict, path: str) -> None:
     if record.get("weights"):
         print(f"weights: {record['weights']} (in out_dir)")
     print(f"record: {path}")
+
+
+def config_table(records: list[dict]) -> list[str]:
+    """What a sweep is for, per config (its seeds pooled): the mean headline — the Bayes gap, or
+    perplexity for text — its 95% t-interval across seeds (one seed: its bootstrap interval),
+    the seeds, and the mean share of the best baseline's gap closed; a block per task config,
+    configs labelled by what differs between them (bench.plot.run_groups)."""
+    from bench.plot import run_groups, section_of, section_title
+    from tasks.stats import across_seeds
+    sections: dict[tuple, list[dict]] = {}
+    for record in records:
+        sections.setdefault(section_of(record), []).append(record)
+    lines = []
+    for runs in sections.values():
+        text = runs[0]["metrics"].get("scoring") == "perplexity"
+        headline = "perplexity" if text else f"gap to {runs[0]['metrics']['gap_reference']}"
+        rows = []
+        for label, group in run_groups(runs):
+            values = [r["metrics"]["perplexity"]["model"] if text else r["metrics"]["bayes_gap"]
+                      for r in group]
+            mean, half = across_seeds(values)
+            if half is not None:
+                lo, hi = mean - half, mean + half
+            else:
+                lo, hi = (group[0]["metrics"]["perplexity_ci"]["model"] if text
+                          else group[0]["metrics"]["bayes_gap_ci"])
+            closed = [c["fraction"] for r in group
+                      if isinstance(c := r["metrics"].get("gap_closed"), dict)
+                      and isinstance(c.get("fraction"), (int, float))]
+            rows.append([label, str(len(group)), fmt_sig(mean),
+                         f"[{fmt_sig(lo)}, {fmt_sig(hi)}]" + (" across seeds" if half else ""),
+                         f"{100 * sum(closed) / len(closed):.1f}%" if closed else "-"])
+        header = ["config", "seeds", headline, "95% interval", "gap closed"]
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(5)]
+        lines.append(section_title(runs))
+        for row in [header, *rows]:
+            lines.append("  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                                          for i, (cell, w) in enumerate(zip(row, widths))))
+    return lines

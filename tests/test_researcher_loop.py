@@ -139,3 +139,28 @@ def test_compare_by_selection_says_what_it_cannot_find(two_models, capsys, args,
     assert main(["compare", *shared, *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("model_ppl, says", [(40.0, "beaten (the intervals are apart)"),
+                                             (50.0, "not beaten at this budget")])
+def test_a_text_run_prints_its_weights_and_whether_it_beat_its_best_baseline(capsys, model_ppl,
+                                                                           says):
+    import math
+    from bench.report import print_run
+    from test_leaderboard import record as board_record
+    rec = board_record(task="pydoc", weights="weights/x.pt", wall_time_s=1.0,
+                       train={"steps": 10, "wall_time_s": 1.0, "device": "cpu"})
+    ppl = {"model": model_ppl, "bigram": 52.0, "unigram": 368.0}
+    rec["metrics"] = {"scoring": "perplexity", "sequences": 64, "scored_positions": 1000,
+                      "roles": {"bigram": "baseline", "unigram": "baseline"},
+                      "loss": {n: math.log(p) for n, p in ppl.items()},
+                      "perplexity": ppl,
+                      "perplexity_ci": {n: [p * 0.95, p * 1.05] for n, p in ppl.items()},
+                      "loss_ci": {n: [math.log(p * 0.95), math.log(p * 1.05)]
+                                  for n, p in ppl.items()},
+                      "bits_per_byte": {n: 1.0 for n in ppl}, "accuracy": {}}
+    print_run(rec, "r.json")
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3] == f"the best baseline, bigram: {says}" or out[-3].startswith(
+        f"the best baseline, bigram: {says}")
+    assert out[-2:] == ["weights: weights/x.pt (in out_dir)", "record: r.json"]
