@@ -623,6 +623,20 @@ def test_the_research_check_finds_a_cpu_claim_left_unmeasured(tmp_path, capsys):
                  "check=true"]) == 0
 
 
+def test_the_research_check_finds_stale_evidence_against_a_paper(tmp_path, capsys):
+    """A claim the records now say holds must not keep its `contradicts_paper` text; a claim
+    that fails may."""
+    out = tmp_path / "r"
+    extra = "    contradicts_paper: \"our records say otherwise\"\n"
+    rules = rules_file(tmp_path, extra=extra)
+    put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.06))  # holds
+    assert main(["claims", f"out_dir={out}", f"rules={rules}", "check=true"]) == 1
+    assert "t-conv: holds, yet its rules name evidence against the paper" in \
+        capsys.readouterr().err
+    put(tmp_path / "f", record(MAMBA, gap=0.001), record(NOCONV, gap=0.002))  # fails
+    assert main(["claims", f"out_dir={tmp_path / 'f'}", f"rules={rules}", "check=true"]) == 0
+
+
 def test_the_paper_suites_produce_the_records_their_claims_select(shipped):
     """Every quantity of a claim whose command is a paper suite is made by an entry of one of
     its suites (or already by the leaderboard's): running the suites decides the claims."""
