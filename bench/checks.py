@@ -18,6 +18,7 @@ from bench.devices import local_rank, rank_task, training_device, world_size
 from bench.memory import GIB, free_memory, memory_estimate
 from bench.records import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, Environment, make_environment,
                            code_of_this_process)
+from tasks.files import DamagedFile, check_digest, digest_path
 
 # The packages a logger needs (any one of them), and what to install; csv needs nothing.
 LOGGER_PACKAGES = {"tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
@@ -290,13 +291,25 @@ RESUME_MAY_CHANGE = frozenset({"eval_sequences", "eval_batch_size", "bootstrap",
 
 
 def check_resume(config: RunConfig) -> dict:
-    """Validate `resume=<checkpoint>` before anything runs or is written: the file exists and is
-    readable, this runner wrote it, and it was made with the same task and model (name and
-    config). Returns the checkpoint's run metadata, with `resume_step` (the step the run goes
-    on from); raises ConfigError (one line) otherwise."""
+    """Validate `resume=<checkpoint>` before anything runs or is written: the file exists, is
+    a regular file whose bytes match the digest written beside it (<file>.sha256, checked before
+    it is unpickled; a checkpoint without one, e.g. from before digests existed, is refused,
+    naming the command that writes one for a file the user trusts), this runner wrote it, and it
+    was made with the same task and model (name and config). Returns the checkpoint's run
+    metadata, with `resume_step` (the step the run goes on from); raises ConfigError (one line)
+    otherwise."""
     path = config.resume
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise ConfigError(f"resume: no checkpoint file '{path}'")
+    try:  # before unpickling: a flipped byte in a tensor would load, and train on, silently
+        check_digest(path)
+    except DamagedFile as error:
+        if not os.path.isfile(path):  # a directory, a FIFO (which would block the read)
+            raise ConfigError(f"resume: no checkpoint file '{path}': it {error}") from None
+        raise ConfigError(f"resume: checkpoint '{path}' {error}; " + (
+            f"checkpoints written before digests existed have none: if you trust the file, "
+            f"write one (sha256sum {path} > {digest_path(path)})" if error.missing else
+            "resume from another checkpoint")) from None
     try:
         # weights_only=False: Lightning checkpoints hold more than tensors (loop states, our
         # metadata); only load checkpoints you trust, as with any pickle.

@@ -14,9 +14,11 @@ import signal
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from bench.config import RunConfig, first_line
@@ -34,6 +36,7 @@ from models import build_model
 from models.backbone import Backbone, IOSpec
 from models.ssd import kernel_fallback
 from tasks.base import Task
+from tasks.files import DIGEST_SUFFIX, DamagedFile, check_digest, write_with_digest
 
 
 class ReferenceNotFinite(ArithmeticError):
@@ -118,6 +121,37 @@ class StderrProgressBar(L.pytorch.callbacks.TQDMProgressBar):
             return super().init_predict_tqdm()
 
 
+class DigestCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch checkpoints written whole (a temporary file, then a rename) with the
+    sha256 of their bytes beside them (<file>.sha256: tasks.files.write_with_digest), and checked
+    against it again when Lightning loads one: a byte that changed on disk would otherwise
+    resume into an `ok` record. check_resume checks it before the run starts; this catches a
+    file replaced since."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:  # Lightning's own refusal (TypeError)
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def write(temporary: str) -> None:
+            with open(temporary, "wb") as file:  # a file object: the archive is named "archive",
+                torch.save(checkpoint, file)      # not after the temporary file
+        write_with_digest(path, write)
+
+    def load_checkpoint(self, path, *args, **kwargs) -> dict:
+        try:
+            check_digest(path)
+        except DamagedFile as error:
+            raise DamagedFile(f"checkpoint {path} {error}", error.missing) from None
+        return super().load_checkpoint(path, *args, **kwargs)
+
+    def remove_checkpoint(self, path) -> None:
+        super().remove_checkpoint(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{path}{DIGEST_SUFFIX}")
+
+
 def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
                  signals: SignalGuard | None = None, resume_step: int = 0) -> L.Trainer:
     """The Trainer of a run; its training log goes to out_dir/<log_dir> (default
@@ -153,7 +187,8 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
                      enable_checkpointing=t.checkpoint_every > 0, callbacks=callbacks,
                      enable_progress_bar=t.progress, enable_model_summary=False,
                      num_sanity_val_steps=0, limit_val_batches=0, log_every_n_steps=t.log_every,
-                     use_distributed_sampler=False, deterministic=False)
+                     use_distributed_sampler=False, deterministic=False,
+                     plugins=[DigestCheckpointIO()])
 
 
 def quiet_lightning() -> None:
@@ -217,6 +252,7 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
         print(f"warning: trainer.warmup_steps={t.warmup_steps} > trainer.max_steps="
               f"{t.max_steps}: the learning rate stays in its warm-up and never reaches "
               f"trainer.lr={t.lr}", file=sys.stderr)
+    warn_unused_eval_size(config)
     resumed = check_resume(config) if config.resume else None
     run_id = new_run_id(config.task_name, config.model_name, config.seed,
                         evaluation=weights is not None)
@@ -331,6 +367,20 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
         if failure is not None:
             raise failure
         return record, path
+
+
+def warn_unused_eval_size(config: RunConfig) -> None:
+    """A trainer.eval_sequences given to a task whose data sizes its held-out set (text: the
+    evaluation split in windows, task.eval_windows caps them) is said to do nothing, once (rank
+    0): the user asked for a number of sequences the record will not have."""
+    from tasks import task_families
+    option = task_families()[config.task_family].eval_size_option
+    given = any(o.split("=", 1)[0].lstrip("+") == "trainer.eval_sequences"
+                for o in config.overrides)
+    if given and option != "trainer.eval_sequences" and _global_zero(None):
+        print(f"warning: trainer.eval_sequences does not size the held-out set of a "
+              f"{config.task_family} task (its evaluation split does; {option} caps it); the "
+              "record's metrics.sequences says how many it scored", file=sys.stderr)
 
 
 def apply_tf32_policy(enabled: bool) -> None:

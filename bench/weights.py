@@ -2,8 +2,9 @@
 
 A run that trains and scores well saves its model to <out_dir>/weights/<run_id>.pt (unless
 trainer.save_weights=false): the model's state_dict (the eager model's parameter names) with what
-made it (task, model, trainer, seed, the run's overrides and its `train` summary). A file that
-cannot be written costs a warning, never the run's record.
+made it (task, model, trainer, seed, the run's overrides and its `train` summary), and the
+sha256 of the file beside it (<run_id>.pt.sha256), which eval checks before reading the file. A
+file that cannot be written costs a warning, never the run's record.
 
 `python -m bench eval weights=<file> [task.<field>=v ...]` scores such a model again on another
 task configuration (seq_len, eval_rho, ...) through the same run path (bench.train.run with the
@@ -22,7 +23,7 @@ import torch
 
 from bench.checks import checked_run, checked_task
 from bench.config import ConfigError, RunConfig, first_line
-from tasks.files import write_atomic
+from tasks.files import DamagedFile, check_digest, digest_path, write_with_digest
 
 WEIGHTS_FORMAT = "icl-bench/weights/1"
 WEIGHTS_DIR = "weights"  # under out_dir
@@ -35,9 +36,10 @@ EVAL_TOP_KEYS = ("out_dir", "name")
 
 
 def save_weights(out_dir: str, record: dict, model: torch.nn.Module) -> str | None:
-    """Write the model's weights to out_dir/weights/<run_id>.pt (write_atomic: whole or not at
-    all). Returns the path relative to out_dir, or None after a one-line warning
-    when it cannot be written (a read-only folder, a full disk): the run goes on."""
+    """Write the model's weights to out_dir/weights/<run_id>.pt with the sha256 of its bytes
+    beside it (<run_id>.pt.sha256; write_with_digest: whole or not at all). Returns the path
+    relative to out_dir, or None after a one-line warning when it cannot be written (a read-only
+    folder, a full disk): the run goes on."""
     relative = os.path.join(WEIGHTS_DIR, f"{record['run_id']}.pt")
     path = os.path.join(out_dir, relative)
     payload = {"format": WEIGHTS_FORMAT, "run_id": record["run_id"],
@@ -47,7 +49,7 @@ def save_weights(out_dir: str, record: dict, model: torch.nn.Module) -> str | No
                               for name, tensor in model.state_dict().items()}}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(Path(path), lambda tmp: torch.save(payload, tmp))
+        write_with_digest(Path(path), lambda tmp: _save(payload, tmp))
     except Exception as error:
         print(f"warning: the weights could not be saved to {path}: {type(error).__name__}: "
               f"{first_line(error)}; the record says weights null", file=sys.stderr)
@@ -55,10 +57,28 @@ def save_weights(out_dir: str, record: dict, model: torch.nn.Module) -> str | No
     return relative
 
 
+def _save(payload: dict, path: str) -> None:
+    with open(path, "wb") as file:  # a file object: the archive inside is named "archive", not
+        torch.save(payload, file)   # after the temporary file, so equal weights give equal bytes
+
+
 def load_weights(path: str) -> dict:
-    """The contents of a weights file this runner wrote; ConfigError (one line) otherwise."""
-    if not os.path.isfile(path):
+    """The contents of a weights file this runner wrote, its bytes those it was written with
+    (the digest beside it, checked before it is read: a flipped byte in a tensor would be scored
+    in an `ok` record); ConfigError (one line) otherwise. A file without a digest (saved before
+    digests existed, or copied without it) is refused, naming the command that writes one for a
+    file the user trusts."""
+    if not os.path.lexists(path):
         raise ConfigError(f"eval: no weights file '{path}'")
+    try:
+        check_digest(path)
+    except DamagedFile as error:
+        if not os.path.isfile(path):  # a directory, a FIFO (which would block the read)
+            raise ConfigError(f"eval: no weights file '{path}': it {error}") from None
+        raise ConfigError(f"eval: weights '{path}' {error}; " + (
+            f"weights saved before digests existed have none: if you trust the file, write one "
+            f"(sha256sum {path} > {digest_path(path)})" if error.missing else
+            "evaluate another copy of them")) from None
     try:
         # weights_only: tensors, dicts, lists and plain values only; no code runs on loading
         payload = torch.load(path, map_location="cpu", weights_only=True)

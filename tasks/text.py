@@ -99,28 +99,52 @@ class TextTask(Task):
 
     def _check_enough_tokens(self, exact_below: int = 16) -> None:
         """A split too short to use is a configuration error before the start, not a failed
-        record after it: training needs one window of seq_len + 1 tokens, evaluation one token
-        to predict after another. Counted exactly when the tokenizer is loaded and the split is
-        within `exact_below` times that (tokenized now, into the cache the run reuses); else
-        bounded by the split's bytes (split_tokens_bound), which only a bpe tokenizer still to
-        be trained, on a split barely longer than a window, can leave to the run to find."""
+        record after it, nor an `ok` record whose perplexity rests on a few tokens (check_split).
+        Counted exactly when the tokenizer is loaded and the split is within `exact_below`
+        windows of the limit, or task.eval_windows asks for a number of windows (tokenized now,
+        into the cache the run reuses); else bounded by the split's bytes (split_tokens_bound).
+        Only a bpe tokenizer still to be trained leaves the exact count to the run: `setup`
+        checks it, on every rank, before the first step."""
         c = self.config
-        for split, least, what in (
-                ("train", c.seq_len + 1, f"one training window of task.seq_len + 1 = "
-                                         f"{c.seq_len + 1} tokens"),
-                (c.eval_split, 2, "a token to predict after another (2 tokens)")):
-            count = bound = text_corpus.split_tokens_bound(self.corpus, split)
-            if self._tokenizer is not None and bound < exact_below * least:
+        for split in ("train", c.eval_split):
+            bound = text_corpus.split_tokens_bound(self.corpus, split)
+            count, exact = bound, False
+            if self._tokenizer is not None and (
+                    bound < exact_below * (c.seq_len + 1) or (split == c.eval_split
+                                                              and c.eval_windows > 0)):
                 try:
                     count = len(text_corpus.cached_tokens(self.corpus, split, self._tokenizer,
                                                           self.cache_dir(), progress=False).tokens)
+                    exact = True
                 except OSError:  # a cache that cannot be written: the run will say so
                     pass
-            if count < least:
+            self.check_split(split, count, exact)
+
+    def check_split(self, split: str, n_tokens: int, exact: bool = True) -> None:
+        """CorpusError unless a split of n_tokens tokens (at most that many when not `exact`)
+        is enough: training needs one window of seq_len + 1 tokens; evaluation one whole window
+        too (a shorter split scored, padded, as an `ok` record: a headline perplexity of 2
+        tokens), and at least the task.eval_windows windows asked for (fewer would be scored
+        without a word). trainer.eval_sequences does not size a text task's held-out set: the
+        split does (capped by task.eval_windows)."""
+        c = self.config
+        has = f"the {split} split of {self.corpus.description} has " \
+              f"{'' if exact else 'at most '}{n_tokens:,} tokens"
+        window = c.seq_len + 1
+        if n_tokens < window:
+            what = "training" if split == "train" else "evaluation"
+            raise text_corpus.CorpusError(
+                f"{has}, fewer than one {what} window of task.seq_len + 1 = {window} tokens; "
+                "lower task.seq_len or give it more text")
+        if split == c.eval_split and c.eval_windows > 0:
+            windows = text_corpus.evaluation_window_count(n_tokens, c.seq_len,
+                                                          c.eval_stride or None)
+            if windows < c.eval_windows:
+                stride = f", stride {c.eval_stride}" if c.eval_stride else ""
                 raise text_corpus.CorpusError(
-                    f"the {split} split of {self.corpus.description} has "
-                    f"{'at most ' if count == bound else ''}{count} tokens, fewer than {what}; "
-                    f"{'lower task.seq_len or ' if split == 'train' else ''}give it more text")
+                    f"{has}: {windows} evaluation window(s) of task.seq_len={c.seq_len}{stride}, "
+                    f"fewer than task.eval_windows={c.eval_windows}; lower task.eval_windows "
+                    "(0 scores the whole split) or give it more text")
 
     # --- sizes ---------------------------------------------------------------------------
     @property
@@ -169,6 +193,13 @@ class TextTask(Task):
         splits a run needs there, once, instead of on every rank at the same time."""
         for split in ("train", self.config.eval_split):
             self.split_tokens(split)
+
+    def setup(self, stage: str) -> None:
+        """Lightning calls this on every rank after prepare_data, before the first step: the
+        exact sizes of the splits, which the checks could only bound when the bpe tokenizer was
+        still to be trained (a failed record then, never a short split scored as `ok`)."""
+        for split in ("train", self.config.eval_split):
+            self.check_split(split, len(self.split_tokens(split).tokens))
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
         windows = text_corpus.training_windows(self.split_tokens("train").tokens, n,

@@ -535,7 +535,8 @@ TEXT_CASES = {  # name: (how the data differs, extra overrides, expected fragmen
     "whitespace-only validation": (dict(validation=b"   \n\t\n"), [],
                                    "validation split of local folder"),
     "one-token validation": (dict(validation=b"a"), [],
-                             "has 1 tokens, fewer than a token to predict after another"),
+                             "has 1 tokens, fewer than one evaluation window of task.seq_len + 1 "
+                             "= 17 tokens"),
     "train shorter than a window": (dict(train=b"abcd"), [],
                                     "has 4 tokens, fewer than one training window of "
                                     "task.seq_len + 1 = 17 tokens"),

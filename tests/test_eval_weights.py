@@ -2,6 +2,7 @@
 out_dir/weights/<run_id>.pt; eval scores it again on another task config of the same family,
 deterministically, in a record that boards and claims never pool with trained runs; bad inputs
 are refused in one line (exit 2) before anything is written."""
+import hashlib
 import json
 from pathlib import Path
 
@@ -19,6 +20,13 @@ TINY = ["task=markov", "model=mamba", "task.seq_len=32", "trainer.max_steps=3",
 
 def records(out_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
+
+
+def signed(path: Path) -> Path:
+    """`path` with a digest of its bytes beside it, as `sha256sum path > path.sha256` writes it."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    Path(f"{path}.sha256").write_text(f"{digest}  {path.name}\n")
+    return path
 
 
 def one_error_line(err: str) -> str:
@@ -116,6 +124,8 @@ def test_bad_weights_files(trained, tmp_path, capsys):
     garbage.write_bytes(b"not a torch file")
     other = tmp_path / "other.pt"
     torch.save({"state_dict": {}}, other)
+    for planted in (garbage, other):  # vouched for: the checks after the digest's are reached
+        signed(planted)
     results = tmp_path / "results"
     for path, says in ((tmp_path / "missing.pt", "no weights file"),
                        (garbage, "cannot read weights"),
@@ -128,6 +138,7 @@ def test_bad_weights_files(trained, tmp_path, capsys):
     saved = torch.load(out / record["weights"], map_location="cpu", weights_only=True)
     saved["state_dict"].pop(next(iter(saved["state_dict"])))
     torch.save(saved, other)
+    signed(other)
     assert main(["eval", f"weights={other}", f"out_dir={results}"]) == 2
     assert "do not fit the model" in one_error_line(capsys.readouterr().err)
     assert not results.exists()

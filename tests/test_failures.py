@@ -3,6 +3,7 @@ any exception) leaves exactly one `failed` record that says why, a one-line erro
 exit status; a bad resume checkpoint is refused before anything is written; a resumed run's
 record covers the whole run."""
 import functools
+import hashlib
 import json
 import math
 import os
@@ -220,14 +221,25 @@ def test_a_checkpoint_carries_the_run_metadata(first_run):
     assert 0 < meta["train_wall_time_s"] < record["train"]["wall_time_s"]
 
 
+def signed(path: Path) -> Path:
+    """`path` with a digest of its bytes beside it, as `sha256sum path > path.sha256` writes it:
+    a file the user vouches for, so that the checks after the digest's are reached."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    Path(f"{path}.sha256").write_text(f"{digest}  {path.name}\n")
+    return path
+
+
 def bad_checkpoints(tmp_path: Path, good: Path) -> list[tuple[list[str], str]]:
-    """(overrides, expected message) for every way a resume can be refused."""
+    """(overrides, expected message) for every way a resume can be refused after its digest
+    (tests/test_integrity_checkpoints_text.py: the digest's own refusals)."""
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(b"not a checkpoint at all")
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {}, "global_step": 4}, foreign)
+    for planted in (garbage, truncated, foreign):
+        signed(planted)
     return [
         ([f"resume={tmp_path / 'missing.ckpt'}"], "resume: no checkpoint file"),
         ([f"resume={tmp_path}"], "resume: no checkpoint file"),  # a directory
@@ -268,7 +280,7 @@ def edited(checkpoint: Path, tmp_path: Path, key: str, inner: str | None, value)
         state["icl_bench"][key][inner] = value
     path = tmp_path / f"edited-{key}.ckpt"
     torch.save(state, path)
-    return path
+    return signed(path)
 
 
 def test_resume_is_refused_before_anything_is_written(first_run, tmp_path, capsys):
@@ -289,6 +301,7 @@ def test_a_resumed_record_covers_the_whole_run(first_run, tmp_path, capsys):
     state["icl_bench"]["train_wall_time_s"] = 1000.0
     edited = tmp_path / "step4.ckpt"
     torch.save(state, edited)
+    signed(edited)
     out = tmp_path / "results"
     assert main(["run", f"out_dir={out}", f"resume={edited}",
                  *tiny("trainer.max_steps=8", "trainer.log_every=1")]) == 0

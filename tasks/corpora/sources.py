@@ -300,9 +300,12 @@ def _load_files(source: str, files: dict[str, list[Path]], text_field: str, samp
     # per content digest cannot be stale.
     content_cache = os.path.join(cache_dir or datasets.config.HF_DATASETS_CACHE, "icl-bench",
                                  identity[:20])
-    checked = Path(content_cache) / "files-checked"  # this content was read through once
+    # this content was read through once, the text field of every .jsonl row and parquet
+    # schema included (a marker of a reader that did not check them, "files-checked", is not
+    # this one: their check must not be skipped)
+    checked = Path(content_cache) / "files-checked-text-fields"
     if not checked.is_file():
-        problem = next(filter(None, map(_unreadable, all_files)), None)
+        problem = next(filter(None, (_unreadable(p, text_field) for p in all_files)), None)
         if problem:
             raise CorpusError(problem)
     for split, paths in files.items():
@@ -317,12 +320,16 @@ def _load_files(source: str, files: dict[str, list[Path]], text_field: str, samp
                                                     cache_dir=content_cache, **options))
         except Exception as error:  # datasets names no file: find the one it could not read
             paths = [Path(p) for split_paths in data_files.values() for p in split_paths]
-            raise CorpusError(next(filter(None, map(_unreadable, paths)), None) or
+            raise CorpusError(next(filter(None, (_unreadable(p, text_field) for p in paths)),
+                                   None) or
                               f"{builder} files {', '.join(map(str, paths))} could not be read: "
                               f"{type(error).__name__}: {error}".splitlines()[0]) from None
     corpus = Corpus(source, {s: loaded[s] for s in files}, sample_by, description, identity)
     for split in files:
         dataset = corpus[split]
+        problem = _not_a_text_column(dataset, text_field)
+        if problem:  # a parquet or .json column of numbers: an Arrow error, or read as text
+            raise CorpusError(f"{', '.join(map(str, files[split]))}: {problem}")
         if text_field in dataset.column_names and not any(  # lazily: stops at the first text
                 str(text).strip() for rows in dataset.select_columns([text_field]).iter(1024)
                 for text in rows[text_field]):
@@ -332,11 +339,13 @@ def _load_files(source: str, files: dict[str, list[Path]], text_field: str, samp
     return corpus
 
 
-def _unreadable(path: Path) -> str | None:
+def _unreadable(path: Path, text_field: str | None = None) -> str | None:
     """Why a local data file cannot be read as its type says, naming it and where; None when
-    it reads (text: UTF-8 without NUL bytes; .jsonl: a JSON object a line)."""
-    if _suffix(path) == ".parquet":  # binary by design: datasets reads and checks it
-        return None
+    it reads (text: UTF-8 without NUL bytes; .jsonl: a JSON object a line, with a string at
+    `text_field` when given: datasets read {"text": 123} as the text "123", or failed with an
+    Arrow error naming no file)."""
+    if _suffix(path) == ".parquet":  # binary by design: datasets reads the rest and checks it
+        return _not_a_text_parquet(path, text_field) if text_field is not None else None
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, line_number, pending = 0, 0, ""
     with open(path, "rb") as file:
@@ -355,24 +364,73 @@ def _unreadable(path: Path) -> str | None:
                 pending = lines.pop()
                 for line in lines:
                     line_number += 1
-                    problem = _not_a_json_object(line)
+                    problem = _not_a_json_object(line, text_field)
                     if problem:
                         return f"{path}:{line_number}: {problem}"
     if _suffix(path) == ".jsonl" and pending.strip():
-        problem = _not_a_json_object(pending)
+        problem = _not_a_json_object(pending, text_field)
         if problem:
             return f"{path}:{line_number + 1}: {problem}"
     return None
 
 
-def _not_a_json_object(line: str) -> str | None:
+def _not_a_json_object(line: str, text_field: str | None = None) -> str | None:
     if not line.strip():
         return None
     try:
         value = json.loads(line)
     except json.JSONDecodeError as error:
         return f"not JSON ({error.msg} at column {error.colno})"
-    return None if isinstance(value, dict) else f"a JSON {type(value).__name__}, not an object"
+    if not isinstance(value, dict):
+        return f"a JSON {type(value).__name__}, not an object"
+    if text_field is None:
+        return None
+    if text_field not in value:
+        fields = ", ".join(repr(key) for key in list(value)[:8]) or "none"
+        return (f"no field {text_field!r} (its fields: {fields}); every row needs its text "
+                "there (set text_field)")
+    text = value[text_field]
+    if not isinstance(text, str):
+        shown = json.dumps(text)
+        shown = "" if text is None else f" ({shown if len(shown) <= 40 else shown[:37] + '...'})"
+        return (f"the field {text_field!r} is {_JSON_KINDS.get(type(text), 'not a string')}"
+                f"{shown}, not a string")
+    return None
+
+
+def _not_a_text_parquet(path: Path, text_field: str) -> str | None:
+    """Why a parquet file has no text column `text_field` (its schema, read without the data);
+    datasets would cast a column of numbers to the other files' strings without a word."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        schema = pq.read_schema(path)
+    except Exception as error:  # pyarrow's errors name no file
+        return f"{path}: not a parquet file ({type(error).__name__}: {str(error)[:200]})" \
+            .splitlines()[0]
+    if text_field not in schema.names:
+        columns = ", ".join(repr(name) for name in schema.names[:8]) or "none"
+        return f"{path}: no column {text_field!r} (its columns: {columns}); set text_field"
+    kind = schema.field(text_field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        return f"{path}: the column {text_field!r} holds {kind}, not text (strings)"
+    return None
+
+
+_JSON_KINDS = {bool: "a boolean", int: "a number", float: "a number", list: "an array",
+               dict: "an object", type(None): "null"}
+
+
+def _not_a_text_column(dataset, text_field: str) -> str | None:
+    """Why a loaded split's text column is not text (None when it is, or absent: load_splits
+    names a missing column)."""
+    import datasets
+    feature = dataset.features.get(text_field)
+    if feature is None or (isinstance(feature, datasets.Value)
+                           and feature.dtype in ("string", "large_string")):
+        return None
+    kind = feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
+    return f"the column {text_field!r} holds {kind}, not text (strings)"
 
 
 def no_text(split: str, description: str) -> str:
@@ -405,6 +463,9 @@ def _text_column(dataset, text_field: str, title: str, split: str):
     if text_field not in columns:
         raise CorpusError(f"the {split} split of {title} has no column {text_field!r} "
                           f"(columns: {', '.join(columns)}); set text_field")
+    problem = _not_a_text_column(dataset, text_field)
+    if problem:  # the hub's or a save_to_disk folder's (local files are named when loaded)
+        raise CorpusError(f"the {split} split of {title}: {problem}")
     if columns != ["text"]:
         dataset = dataset.select_columns([text_field])
         if text_field != "text":
