@@ -58,6 +58,8 @@ def cheap(argv: list[str], scratch: Path) -> list[str]:
     settings = dict(CHEAPER.get(command, {}))
     if command == "run" and "print_config=true" in args:
         settings = {}
+    if command == "compare" and args and all("=" in a for a in args):
+        settings = dict(FEW_STEPS)  # by selection: the settings the runs above were made with
     if any(a.startswith("trainer.val_every=") for a in args):
         settings["trainer.val_every"] = "1"
     if command in ("leaderboard", "claims") and not any(a.startswith("out_dir=") for a in args):
