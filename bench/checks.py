@@ -18,7 +18,6 @@ from bench.devices import local_rank, rank_task, training_device, world_size
 from bench.memory import GIB, free_memory, memory_estimate
 from bench.records import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, Environment, make_environment,
                            code_of_this_process)
-from tasks.files import DamagedFile, check_digest, digest_path
 
 # The packages a logger needs (any one of them), and what to install; csv needs nothing.
 LOGGER_PACKAGES = {"tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
@@ -299,17 +298,9 @@ def check_resume(config: RunConfig) -> dict:
     metadata, with `resume_step` (the step the run goes on from); raises ConfigError (one line)
     otherwise."""
     path = config.resume
-    if not os.path.lexists(path):
-        raise ConfigError(f"resume: no checkpoint file '{path}'")
-    try:  # before unpickling: a flipped byte in a tensor would load, and train on, silently
-        check_digest(path)
-    except DamagedFile as error:
-        if not os.path.isfile(path):  # a directory, a FIFO (which would block the read)
-            raise ConfigError(f"resume: no checkpoint file '{path}': it {error}") from None
-        raise ConfigError(f"resume: checkpoint '{path}' {error}; " + (
-            f"checkpoints written before digests existed have none: if you trust the file, "
-            f"write one (sha256sum {path} > {digest_path(path)})" if error.missing else
-            "resume from another checkpoint")) from None
+    from bench.weights import require_digest
+    require_digest(path, "resume", "checkpoint", "checkpoints written",
+                   "resume from another checkpoint")
     try:
         # weights_only=False: Lightning checkpoints hold more than tensors (loop states, our
         # metadata); only load checkpoints you trust, as with any pickle.

@@ -62,23 +62,32 @@ def _save(payload: dict, path: str) -> None:
         torch.save(payload, file)   # after the temporary file, so equal weights give equal bytes
 
 
+def require_digest(path: str, command: str, what: str, written: str, otherwise: str) -> None:
+    """path exists, is a regular file and its bytes match the digest beside it, checked before
+    it is unpickled (a flipped byte in a tensor would load, and be trained on or scored,
+    silently); ConfigError (one line) otherwise. A file without a digest (from before digests
+    existed, or copied without it) is refused, naming the command that writes one for a file
+    the user trusts."""
+    if not os.path.lexists(path):
+        raise ConfigError(f"{command}: no {what} file '{path}'")
+    try:
+        check_digest(path)
+    except DamagedFile as error:
+        if not os.path.isfile(path):  # a directory, a FIFO (which would block the read)
+            raise ConfigError(f"{command}: no {what} file '{path}': it {error}") from None
+        raise ConfigError(f"{command}: {what} '{path}' {error}; " + (
+            f"{written} before digests existed have none: if you trust the file, write one "
+            f"(sha256sum {path} > {digest_path(path)})" if error.missing else otherwise)
+        ) from None
+
+
 def load_weights(path: str) -> dict:
     """The contents of a weights file this runner wrote, its bytes those it was written with
     (the digest beside it, checked before it is read: a flipped byte in a tensor would be scored
     in an `ok` record); ConfigError (one line) otherwise. A file without a digest (saved before
     digests existed, or copied without it) is refused, naming the command that writes one for a
     file the user trusts."""
-    if not os.path.lexists(path):
-        raise ConfigError(f"eval: no weights file '{path}'")
-    try:
-        check_digest(path)
-    except DamagedFile as error:
-        if not os.path.isfile(path):  # a directory, a FIFO (which would block the read)
-            raise ConfigError(f"eval: no weights file '{path}': it {error}") from None
-        raise ConfigError(f"eval: weights '{path}' {error}; " + (
-            f"weights saved before digests existed have none: if you trust the file, write one "
-            f"(sha256sum {path} > {digest_path(path)})" if error.missing else
-            "evaluate another copy of them")) from None
+    require_digest(path, "eval", "weights", "weights saved", "evaluate another copy of them")
     try:
         # weights_only: tensors, dicts, lists and plain values only; no code runs on loading
         payload = torch.load(path, map_location="cpu", weights_only=True)
