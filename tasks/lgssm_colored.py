@@ -10,6 +10,11 @@ lag-1 autocorrelation of v is ρ at every t. Training sequences draw ρ ~ U(rho_
 U(0.9, 0.99); the held-out set (`held_out`) uses ρ = eval_rho (0.95, as in the paper), or the
 training prior when eval_rho = -1. Inputs x_1..x_T, targets x_2..x_{T+1}.
 
+With signal_decay_max set (not -1) the signal's coefficient is unknown too: a ~ U(signal_decay,
+signal_decay_max), drawn per sequence, in training and held-out sets alike (conf/task/
+lgssm_colored_room.yaml: a task with room between the references, where the paper's leaves
+5e-5). Unset, nothing is drawn for a and every number is the paper task's.
+
 Given ρ the process is an LG-SSM on the augmented state ξ = [z, v] (appendix A.3):
 ξ_t = diag(a, ρ) ξ_{t-1} + N(0, diag(1, 1-ρ²)), x_t = [1 1] ξ_t (no observation noise).
 
@@ -17,12 +22,16 @@ References (all float64, batched over sequences, a loop over time only):
 - `bayes`: the posterior predictive under the *training* prior, E[x_{t+1} | x_1..x_t] =
   ∫ E[x_{t+1} | x_1..x_t, ρ] p(ρ | x_1..x_t) dρ, by Gauss-Legendre quadrature over
   [rho_min, rho_max] (grid_size nodes): one Kalman filter per node, weighted by its likelihood.
+  With a unknown, over (a, ρ): the product of signal_grid_size nodes on [signal_decay,
+  signal_decay_max] and grid_size on [rho_min, rho_max], one filter per pair, all batched.
   It is what a model meta-trained on this task converges to (paper 004 Theorem 1), and exactly
   Bayes-optimal when the held-out ρ is drawn from the prior (eval_rho = -1). At a fixed eval_rho
   the optimal predictor for those sequences is the clairvoyant one; `bayes` stays the trained-
   prior predictor, so the Bayes gap measures distance from what meta-training can reach.
-- `clairvoyant` (bound): the Kalman filter with the true ρ.
-- `misspecified_kalman` (baseline): the Kalman filter that treats v as white N(0, 1) noise.
+- `clairvoyant` (bound): the Kalman filter with the true ρ (and the true a).
+- `misspecified_kalman` (baseline): the Kalman filter that treats v as white N(0, 1) noise, with
+  a known, or at the prior mean of a when it is not: a fixed filter that uses no latent (one
+  with the true a would be part bound, and need not lose to `bayes`).
 - `erm` (baseline): the pooled ridge mean Σ_i x_i / (t + λ), the paper's ERM predictor.
 """
 from __future__ import annotations
@@ -39,6 +48,8 @@ from tasks.base import (TEST_STREAM, Batch, Reference, Task, context_bins, doubl
 from tasks.lgssm import kalman_filter, linear_recurrence, pooled_ridge_mean
 
 USE_TRAINING_PRIOR = -1.0  # eval_rho value: evaluate on ρ drawn from the training prior
+KNOWN_SIGNAL_DECAY = -1.0  # signal_decay_max value: a = signal_decay, not drawn
+MAX_NODES = 4096  # quadrature nodes: per axis, and of the (a, ρ) product
 SLOPE_MIN_CONTEXT = 32  # the paper fits log(MSE) = β log k + c on k >= 32 (B.2)
 
 
@@ -51,12 +62,16 @@ class LGSSMColoredConfig:
     eval_rho: float = 0.95  # ρ of the held-out set; -1: draw it from the training prior
     grid_size: int = 64  # Gauss-Legendre nodes of the Bayes quadrature over ρ
     erm_ridge: float = 0.0  # λ of the erm baseline (0: pooled mean)
+    # a ~ U(signal_decay, signal_decay_max) per sequence; -1: a = signal_decay, known (paper)
+    signal_decay_max: float = -1.0
+    signal_grid_size: int = 16  # Gauss-Legendre nodes over a (used only when a is unknown)
 
     def __post_init__(self):
         if self.seq_len < 1 or self.grid_size < 1:
             raise ValueError("lgssm_colored needs seq_len >= 1 and grid_size >= 1")
-        if self.grid_size > 4096:  # Gauss-Legendre nodes come from an n x n eigenproblem
-            raise ValueError(f"lgssm_colored grid_size must be at most 4096, got {self.grid_size}")
+        if self.grid_size > MAX_NODES:  # Gauss-Legendre nodes come from an n x n eigenproblem
+            raise ValueError(f"lgssm_colored grid_size must be at most {MAX_NODES}, got "
+                             f"{self.grid_size}")
         if not 0 <= self.signal_decay < 1:
             raise ValueError("lgssm_colored needs 0 <= signal_decay < 1")
         if not 0 < self.rho_min <= self.rho_max < 1:
@@ -65,6 +80,22 @@ class LGSSMColoredConfig:
             raise ValueError("lgssm_colored needs eval_rho in (0, 1), or -1 for the prior")
         if self.erm_ridge < 0:
             raise ValueError("lgssm_colored needs erm_ridge >= 0")
+        if self.signal_decay_max != KNOWN_SIGNAL_DECAY and not (
+                self.signal_decay <= self.signal_decay_max < 1):
+            raise ValueError("lgssm_colored needs signal_decay <= signal_decay_max < 1, or "
+                             "signal_decay_max = -1 (a known)")
+        if not 1 <= self.signal_grid_size <= MAX_NODES:
+            raise ValueError(f"lgssm_colored needs 1 <= signal_grid_size <= {MAX_NODES}, got "
+                             f"{self.signal_grid_size}")
+        if self.signal_decay_unknown and self.grid_size * self.signal_grid_size > MAX_NODES:
+            # one Kalman filter per (a, ρ) node: the paper task's largest grid bounds the work
+            raise ValueError(f"lgssm_colored needs grid_size * signal_grid_size <= {MAX_NODES}, "
+                             f"got {self.grid_size} * {self.signal_grid_size}")
+
+    @property
+    def signal_decay_unknown(self) -> bool:
+        """Whether a is drawn per sequence (a prior of positive width)."""
+        return self.signal_decay_max > self.signal_decay
 
 
 def stationary_ar1(decay: Tensor, innovation_std: Tensor, steps: int,
@@ -92,8 +123,9 @@ def stationary_ar1_sequential(decay: Tensor, innovation_std: Tensor, steps: int,
     return torch.stack(path, 1)
 
 
-def colored_noise_system(rho: Tensor, signal_decay: float) -> tuple[Tensor, ...]:
-    """(A, C, Q, R, P_1) of the augmented LG-SSM ξ = [z, v] for correlations rho (...,)."""
+def colored_noise_system(rho: Tensor, signal_decay: float | Tensor) -> tuple[Tensor, ...]:
+    """(A, C, Q, R, P_1) of the augmented LG-SSM ξ = [z, v] for correlations rho (...,) and
+    signal coefficients signal_decay (a number, or a tensor of rho's shape)."""
     zero, one = torch.zeros_like(rho), torch.ones_like(rho)
     transition = torch.diag_embed(torch.stack([signal_decay * one, rho], -1))
     state_noise = torch.diag_embed(torch.stack([one, 1 - rho**2], -1))
@@ -110,6 +142,15 @@ def white_noise_system(signal_decay: float, like: Tensor) -> tuple[Tensor, ...]:
 
     return (scalar(signal_decay), scalar(1.0), scalar(1.0), scalar(1.0),
             scalar(1 / (1 - signal_decay**2)))
+
+
+def uniform_prior_rule(lo: float, hi: float, size: int,
+                       device: torch.device | str) -> tuple[Tensor, Tensor]:
+    """Gauss-Legendre nodes on [lo, hi] and the logs of their weights under U(lo, hi) (the
+    weights divided by the interval's length: they sum to one), float64."""
+    points, weights = np.polynomial.legendre.leggauss(size)
+    nodes = torch.as_tensor(0.5 * (lo + hi) + 0.5 * (hi - lo) * points, device=device)
+    return nodes, torch.as_tensor(np.log(0.5 * weights), device=device)
 
 
 def loglog_slope(context_lengths: list[int], values: list[float]) -> float | None:
@@ -129,7 +170,8 @@ class LGSSMColoredTask(Task):
     kind = "vectors"
     Config = LGSSMColoredConfig
     description = ("AR(1) signal + AR(1) noise of unknown correlation rho ~ U(0.9, 0.99) "
-                   "(paper 004 Thm 2); Bayes = Kalman quadrature over rho")
+                   "(paper 004 Thm 2), optionally of unknown signal coefficient a too; "
+                   "Bayes = Kalman quadrature over rho (and a)")
 
     @property
     def input_dim(self) -> int:
@@ -139,23 +181,29 @@ class LGSSMColoredTask(Task):
 
     # --- sampling -----------------------------------------------------------------------------
     def sample(self, n: int, generator: torch.Generator) -> Batch:
-        """Training sequences: ρ from the training prior."""
+        """Training sequences: ρ (and an unknown a) from the training prior."""
         return self.sample_at(n, generator, rho=None)
 
     def sample_at(self, n: int, generator: torch.Generator, rho: float | None) -> Batch:
-        """n sequences at correlation rho, or with ρ ~ U(rho_min, rho_max) when rho is None."""
+        """n sequences at correlation rho, or with ρ ~ U(rho_min, rho_max) when rho is None;
+        a ~ U(signal_decay, signal_decay_max) when a is unknown (drawn after ρ, so that a known
+        a leaves the paper task's draws as they were)."""
         c, T = self.config, self.config.seq_len
         device = generator.device
         u = torch.rand(n, generator=generator, device=device, dtype=torch.float64)
         rhos = (c.rho_min + (c.rho_max - c.rho_min) * u) if rho is None else torch.full_like(
             u, rho)
-        signal = stationary_ar1(torch.full_like(rhos, c.signal_decay), torch.ones_like(rhos),
-                                T + 1, generator)
+        if c.signal_decay_unknown:
+            u = torch.rand(n, generator=generator, device=device, dtype=torch.float64)
+            decays = c.signal_decay + (c.signal_decay_max - c.signal_decay) * u
+        else:
+            decays = torch.full_like(rhos, c.signal_decay)
+        signal = stationary_ar1(decays, torch.ones_like(rhos), T + 1, generator)
         noise = stationary_ar1(rhos, torch.sqrt(1 - rhos**2), T + 1, generator)
         x = (signal + noise).float().unsqueeze(-1)
         return Batch(inputs=x[:, :T], targets=x[:, 1:],
                      loss_mask=torch.ones(n, T, dtype=torch.bool, device=device),
-                     latent={"rho": rhos})
+                     latent={"rho": rhos, "signal_decay": decays})
 
     @property
     def held_out_from_prior(self) -> bool:
@@ -168,14 +216,19 @@ class LGSSMColoredTask(Task):
 
     # --- references ---------------------------------------------------------------------------
     def references(self) -> dict[str, Reference]:
+        # with a known, the paper task's descriptions, word for word
+        unknown = self.config.signal_decay_unknown
         return {
             "bayes": Reference("bayes", "bayes", "posterior predictive under the training prior "
-                               "on rho: Gauss-Legendre quadrature of Kalman filters weighted by "
-                               "their likelihood", self.bayes),
+                               + ("on (a, rho): a Gauss-Legendre product quadrature" if unknown
+                                  else "on rho: Gauss-Legendre quadrature")
+                               + " of Kalman filters weighted by their likelihood", self.bayes),
             "clairvoyant": Reference("clairvoyant", "bound", "Kalman filter on [z, v] with the "
-                                     "true rho (knows the latent)", self.clairvoyant),
+                                     + ("true a and rho" if unknown else "true rho")
+                                     + " (knows the latent)", self.clairvoyant),
             "misspecified_kalman": Reference("misspecified_kalman", "baseline", "Kalman filter "
-                                             "that treats v as white N(0,1) noise",
+                                             "that treats v as white N(0,1) noise"
+                                             + (", at the prior mean of a" if unknown else ""),
                                              self.misspecified_kalman),
             "erm": Reference("erm", "baseline", "pooled ridge mean sum(x_i)/(t+lambda): the "
                              "paper's Transformer-as-gradient-descent (ERM) predictor", self.erm),
@@ -184,18 +237,36 @@ class LGSSMColoredTask(Task):
     def rho_grid(self, grid_size: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
         """Gauss-Legendre nodes on [rho_min, rho_max] and their log prior weights (the weights,
         divided by the interval's length, sum to one: the uniform prior's quadrature)."""
-        points, weights = np.polynomial.legendre.leggauss(grid_size)
-        lo, hi = self.config.rho_min, self.config.rho_max
-        nodes = torch.as_tensor(0.5 * (lo + hi) + 0.5 * (hi - lo) * points, device=device)
-        return nodes, torch.as_tensor(np.log(0.5 * weights), device=device)
+        return uniform_prior_rule(self.config.rho_min, self.config.rho_max, grid_size, device)
 
-    def quadrature_predictive(self, inputs: Tensor, grid_size: int) -> Tensor:
-        """Σ_g p(ρ_g | x_1..x_t) E[x_{t+1} | x_1..x_t, ρ_g] for inputs (B, T, 1), float64."""
+    def parameter_grid(self, grid_size: int, signal_grid_size: int,
+                       device: torch.device | str) -> tuple[float | Tensor, Tensor, Tensor]:
+        """The quadrature nodes (a, ρ) of the Bayes predictor and their log prior weights: with
+        a known, a itself and the ρ rule; else the product of the Gauss-Legendre rules on
+        [signal_decay, signal_decay_max] (signal_grid_size nodes) and [rho_min, rho_max]
+        (grid_size), flattened a-major to (signal_grid_size · grid_size,)."""
+        rho, log_rho = self.rho_grid(grid_size, device)
+        c = self.config
+        if not c.signal_decay_unknown:
+            return c.signal_decay, rho, log_rho
+        decay, log_decay = uniform_prior_rule(c.signal_decay, c.signal_decay_max,
+                                              signal_grid_size, device)
+        # the prior is a product of uniforms, so the weights multiply
+        return (decay.repeat_interleave(grid_size), rho.repeat(signal_grid_size),
+                (log_decay[:, None] + log_rho[None, :]).flatten())
+
+    def quadrature_predictive(self, inputs: Tensor, grid_size: int,
+                              signal_grid_size: int | None = None) -> Tensor:
+        """Σ_g p(θ_g | x_1..x_t) E[x_{t+1} | x_1..x_t, θ_g] over the nodes θ_g = (a_g, ρ_g) of
+        `parameter_grid` (signal_grid_size: the config's by default), for inputs (B, T, 1);
+        float64."""
         x = inputs.double()
-        nodes, log_prior = self.rho_grid(grid_size, x.device)
-        system = colored_noise_system(nodes, self.config.signal_decay)
-        # bound the (chunk, grid, T) intermediates to ~2^23 floats each
-        chunk = max(1, 2**23 // (grid_size * x.shape[1]))
+        if signal_grid_size is None:
+            signal_grid_size = self.config.signal_grid_size
+        decays, nodes, log_prior = self.parameter_grid(grid_size, signal_grid_size, x.device)
+        system = colored_noise_system(nodes, decays)
+        # bound the (chunk, nodes, T) intermediates to ~2^23 floats each
+        chunk = max(1, 2**23 // (len(nodes) * x.shape[1]))
         out = []
         for part in x.split(chunk):
             filt = kalman_filter(part.unsqueeze(1), *system)  # (b, G, T, ...)
@@ -209,12 +280,15 @@ class LGSSMColoredTask(Task):
 
     def clairvoyant(self, batch: Batch) -> Tensor:
         rho = batch.latent["rho"].double()
-        system = colored_noise_system(rho, self.config.signal_decay)
+        system = colored_noise_system(rho, batch.latent["signal_decay"].double())
         return kalman_filter(batch.inputs.double(), *system).next_mean
 
     def misspecified_kalman(self, batch: Batch) -> Tensor:
         x = batch.inputs.double()
-        return kalman_filter(x, *white_noise_system(self.config.signal_decay, x)).next_mean
+        c = self.config
+        decay = 0.5 * (c.signal_decay + c.signal_decay_max) if c.signal_decay_unknown \
+            else c.signal_decay  # the prior mean of a: a fixed filter, no latent read
+        return kalman_filter(x, *white_noise_system(decay, x)).next_mean
 
     def erm(self, batch: Batch) -> Tensor:
         return pooled_ridge_mean(batch.inputs.double(), self.config.erm_ridge)
