@@ -18,14 +18,17 @@ python -m bench <command> --help   that command's usage
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 try:  # Ctrl-C while Python is still importing: the same one line as later, no traceback
     from bench.commands import COMMANDS
-    from bench.config import ConfigError, choices, describe_choice, first_line
+    from bench.config import (MAX_RUNS, ConfigError, choices, describe_choice, entry_numbers,
+                              first_line, shown)
 except KeyboardInterrupt:
     print("error: interrupted", file=sys.stderr)
     raise SystemExit(130) from None
@@ -274,6 +277,14 @@ def cmd_leaderboard(argv: list[str]) -> int:
     return 0
 
 
+def check_paths(**paths: str) -> None:
+    """The path options given (not empty) are paths the file system can take (check_path)."""
+    from bench.config import check_path
+    for option, path in paths.items():
+        if path:
+            check_path(option, path, folder=option == "out_dir")
+
+
 def cmd_claims_plan(argv: list[str]) -> int:
     given = [a for a in argv if not a.startswith("out=")]  # named in the suite file it writes
     argv, out_dir = take_option(argv, "out_dir", "results")
@@ -285,6 +296,7 @@ def cmd_claims_plan(argv: list[str]) -> int:
         raise ConfigError(f"unknown argument '{argv[0]}'; claims plan takes out_dir=<dir>, "
                           "out=<suite.yaml>, budget_h=<hours>, include=suite|all, "
                           "rules=<file or folder>")
+    check_paths(out_dir=out_dir, out=out, rules=rules)
     import math
     from bench.records import output_path
     budget_s = None
@@ -323,6 +335,7 @@ def cmd_claims(argv: list[str]) -> int:
         raise ConfigError(f"unknown argument '{argv[0]}'; claims takes out_dir=<dir>, "
                           "out=<file>, include=suite|all, rules=<file or folder>, "
                           "check=true|false")
+    check_paths(out_dir=out_dir, out=out, rules=rules)
     if check not in ("true", "false"):
         raise ConfigError(f"check must be true or false, got '{check}'")
     from bench.claims import decide_all, load_claims, write_claims
@@ -393,6 +406,8 @@ def cmd_eval(argv: list[str]) -> int:
     argv, weights = take_option(argv, "weights", "")
     if not weights:
         raise ConfigError("eval needs weights=<file> (a run's out_dir/weights/<run_id>.pt)")
+    from bench.config import check_path
+    check_path("weights", weights)
     from bench.weights import check_eval_overrides, eval_config, load_weights
     check_eval_overrides(argv)  # a refused key is refused before the file is read
     payload = load_weights(weights)
@@ -428,22 +443,6 @@ def cmd_compare(argv: list[str]) -> int:
 def cmd_gpucheck(argv: list[str]) -> int:
     from bench.gpucheck import main as gpucheck
     return gpucheck(argv)
-
-
-def entry_numbers(text: str, size: int) -> list[int]:
-    """The suite entries named by `1,4-6` (1-based, as `suite` prints them), in suite order."""
-    chosen = set()
-    for part in text.split(","):
-        low, _, high = part.strip().partition("-")
-        try:
-            first, last = int(low), int(high or low)
-        except ValueError:
-            raise ConfigError(f"entries must be numbers and ranges like 1,4-6, got '{text}'")
-        if not 1 <= first <= last <= size:
-            raise ConfigError(f"entries: '{part.strip()}' is not within 1-{size}, the suite's "
-                              "entries")
-        chosen.update(range(first, last + 1))
-    return sorted(chosen)
 
 
 def origin_kind(origin) -> str:
@@ -566,15 +565,17 @@ def take_selection(argv: list[str]) -> tuple[list[str], tuple[int, int], str, bo
     """The options a suite and a sweep share: shard=i/n, entries=1,4-6 and rerun=true|false."""
     argv, shard = take_option(argv, "shard", "0/1")  # i/n: entries i, i+n, ... (parallel workers)
     argv, rerun = take_option(argv, "rerun", "false")
+    given = any(arg.startswith("entries=") for arg in argv)
     argv, entries = take_option(argv, "entries", "")
+    if given and not entries.strip():  # entries= with nothing after it: not "every entry"
+        raise ConfigError("entries is empty; give numbers and ranges like 1,4-6, or leave "
+                          "entries= out for every entry")
     if rerun not in ("true", "false"):
         raise ConfigError(f"rerun must be true or false, got '{rerun}'")
-    try:
-        index, count = (int(x) for x in shard.split("/"))
-        assert 0 <= index < count
-    except (ValueError, AssertionError):
-        raise ConfigError(f"shard must be i/n with 0 <= i < n, got '{shard}'") from None
-    return argv, (index, count), entries, rerun == "true"
+    found = re.fullmatch(r"([0-9]+)/([0-9]+)", shard)  # not int(): it reads '１', ' 1', '1_0'
+    if found is None or not 0 <= int(found[1]) < int(found[2]):
+        raise ConfigError(f"shard must be i/n with 0 <= i < n, got '{shard}'")
+    return argv, (int(found[1]), int(found[2])), entries, rerun == "true"
 
 
 def cmd_suite(argv: list[str]) -> int:
@@ -606,6 +607,8 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
     `shard`, each with argv's overrides over its own and `defaults` under both; all are
     composed and validated before the first one runs."""
     size = len(entries)
+    if size > MAX_RUNS:  # what load_suite and the sweep's grid refuse, whoever made the list
+        raise ConfigError(f"{what} has {size} runs; at most {MAX_RUNS}")
     numbers = entry_numbers(chosen, size) if chosen else list(range(1, size + 1))
     index, count = shard
     numbers = numbers[index::count]
@@ -620,18 +623,42 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
         given = {arg.split("=", 1)[0] for arg in entry}
         return [arg for arg in defaults if arg.split("=", 1)[0] not in given]
 
-    from bench.checks import checked_run
+    def twice(first: int, number: int, run: list[str]) -> ConfigError:
+        why = (f"; the command line's {shown(' '.join(argv))} replaces what tells them apart"
+               if argv else "")
+        return ConfigError(f"entries {first} and {number} of {what} are the same run "
+                           f"({shown(' '.join(run) or '(defaults)')}){why}; list each run once")
+
     runs = [merged(entries[n - 1]) for n in numbers]
-    configs, tasks = [], []
-    for number, entry in zip(numbers, runs):
+    seen: dict = {}
+    for number, entry in zip(numbers, runs):  # before composing: that is the slow part
+        first = seen.setdefault(tuple(sorted([*unless_given(entry), *entry])), number)
+        if first != number:
+            raise twice(first, number, entry)
+    from bench.checks import checked_run
+    configs, tasks, composed = [], [], {}
+    started = last = time.monotonic()
+    for i, (number, entry) in enumerate(zip(numbers, runs)):
+        if time.monotonic() - last > 5:  # a long list: say it is being checked, not stuck
+            last = time.monotonic()
+            print(f"checking the entries of {what}: {i} of {len(numbers)} in "
+                  f"{last - started:.0f} s", flush=True)
         try:
             config, task = checked_run([*unless_given(entry), *entry])
             configs.append(config)
             tasks.append(task)
         except ConfigError as error:
             own = " ".join(entries[number - 1])
-            raise ConfigError(f"entry {number} of {what}" + (f" ({own})" if own else "")
+            raise ConfigError(f"entry {number} of {what}" + (f" ({shown(own)})" if own else "")
                               + f": {error}") from None
+        described = config.describe()
+        described.pop("overrides")  # `task=markov` and the default task are one run
+        first = composed.setdefault(json.dumps([described, config.out_dir, config.resume],
+                                               sort_keys=True, default=str), number)
+        if first != number:  # written differently (a default given): said, not refused, as a
+            # shipped suite has such pairs (paper000_gpu: model.d_conv=4 is mamba's default)
+            print(f"warning: entries {first} and {number} of {what} compose the same run "
+                  f"({shown(' '.join(entry) or '(defaults)')}); both run", file=sys.stderr)
     for config in configs:
         config.origin = origin
     from bench.signals import end_distributed

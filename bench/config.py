@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,16 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
 PROCESS_GROUP_BACKENDS = ("auto", "nccl", "gloo")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true", "64")
 LOGGERS = ("csv", "tensorboard", "wandb", "none")
+MAX_RUNS = 1000  # a suite or sweep's most runs: refused before a single entry is composed
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a field of a task, model or trainer config
+# YAML syntax a value read as YAML (a task/model/trainer field) may not use: each means something
+# other than the text written (a reference, a type, another document), never a value of ours.
+YAML_SYNTAX = {yaml.AnchorToken: "a YAML anchor (&)", yaml.AliasToken: "a YAML alias (*)",
+               yaml.TagToken: "a YAML tag (!)", yaml.DirectiveToken: "a YAML directive (%)",
+               yaml.DocumentStartToken: "a YAML document marker (---)",
+               yaml.DocumentEndToken: "a YAML document marker (...)"}
+# What file systems allow when os.pathconf cannot say (Linux's NAME_MAX and PATH_MAX)
+NAME_MAX, PATH_MAX = 255, 4096
 
 
 class ConfigError(ValueError):
@@ -52,6 +63,132 @@ def first_line(error: BaseException) -> str:
     """The first line of an error's message ("" when it has none): messages here are one line."""
     text = str(error)
     return text.splitlines()[0] if text.strip() else ""
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """text as a message quotes it: at most `limit` characters, saying how long it was if cut."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader refusing a key given twice in one mapping: PyYAML's own loaders keep the
+    last silently (a suite file with `runs:` twice would drop the first list)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges, it is no key
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line)
+                except TypeError:  # an unhashable key: the base class says so
+                    continue
+                if first != key_node.start_mark.line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key '{key}' is given twice (lines {first + 1} and "
+                        f"{key_node.start_mark.line + 1})", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml_text(text: str):
+    """A YAML document a user wrote (conf/ files, suite files, claims rules): safe types only,
+    no key twice in a mapping. Raises yaml.YAMLError."""
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """' (line N): what is wrong' for a message about a YAML file."""
+    mark = getattr(error, "problem_mark", None)
+    where = f" (line {mark.line + 1})" if mark is not None else ""
+    return f"{where}: {getattr(error, 'problem', None) or first_line(error) or 'parse error'}"
+
+
+def check_path(option: str, path: str, folder: bool = False) -> None:
+    """A path option the file system can take: no NUL byte, no name over NAME_MAX bytes and the
+    whole (absolute) path under PATH_MAX, as os.pathconf says for the nearest existing folder;
+    otherwise every use fails later with OSError ENAMETOOLONG. `folder`: the path names one."""
+    encoded = os.fsencode(path)
+    if b"\0" in encoded:
+        raise ConfigError(f"{option}: the path holds a NUL byte")
+    try:
+        absolute = os.path.abspath(path)
+    except OSError:  # the working directory is gone
+        absolute = path
+    existing = os.path.dirname(absolute) or "."
+    while existing and not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    limits = []
+    for name, default in (("PC_NAME_MAX", NAME_MAX), ("PC_PATH_MAX", PATH_MAX)):
+        try:
+            limits.append(os.pathconf(existing, name) or default)
+        except (OSError, ValueError, AttributeError):  # no pathconf here, or no such name
+            limits.append(default)
+    name_max, path_max = limits
+    parts = Path(path).parts
+    for i, part in enumerate(parts):
+        if len(os.fsencode(part)) > name_max:
+            kind = "folder" if folder or i < len(parts) - 1 else "file"
+            raise ConfigError(f"{option}={shown(path, 60)}: a {kind} name of "
+                              f"{len(os.fsencode(part))} bytes; file systems allow {name_max}")
+    if len(os.fsencode(absolute)) >= path_max:
+        raise ConfigError(f"{option}={shown(path, 60)}: a path of {len(os.fsencode(absolute))} "
+                          f"bytes; file systems allow {path_max - 1}")
+
+
+def check_override(arg: str) -> tuple[str, str]:
+    """One `key=value` of a command line, suite file or selector, before anything reads it:
+    UTF-8 text of one line, a well-formed key, and for a task/model/trainer field a value whose
+    YAML is closed and plain (check_value). Returns (key, value)."""
+    if "=" not in arg:
+        raise ConfigError(f"expected key=value, got {shown(arg)!r}")
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the shell could not decode arrive as lone surrogates
+        raise ConfigError(f"override {shown(arg)!r} is not UTF-8 text") from None
+    control = next((c for c in arg if unicodedata.category(c) == "Cc"), None)
+    if control is not None:  # a NUL, newline or tab: YAML and the file system read them apart
+        raise ConfigError(f"override {shown(arg)!r} holds the control character "
+                          f"U+{ord(control):04X}; an override is one line of text")
+    key, value = arg.split("=", 1)
+    if not key or key.startswith(".") or key.endswith(".") or ".." in key or " " in key:
+        raise ConfigError(f"malformed key '{shown(key)}' in '{shown(arg)}'; keys look like "
+                          "task, task.<field>, seed")
+    head, _, rest = key.partition(".")
+    if head in GROUPS and rest:
+        check_value(key, value)
+    return key, value
+
+
+def check_value(key: str, value: str) -> None:
+    """A task/model/trainer field's value is read as YAML (OmegaConf.from_dotlist): plain text,
+    'quoted text' or a [a, b] list, whole. Refused: what YAML cannot parse (an unclosed bracket,
+    brace or quote), YAML's anchors, aliases, tags, directives and document markers, a `# comment`
+    (YAML drops it silently) and ${...}, which OmegaConf would resolve (another key, an
+    environment variable) instead of taking the value as written."""
+    if "${" in value:
+        raise ConfigError(f"{key}={shown(value)}: an interpolation (${{...}}) is not a value; "
+                          "write the value itself")
+    try:
+        tokens = list(yaml.scan(value, Loader=yaml.SafeLoader))
+        for _ in yaml.parse(value, Loader=yaml.SafeLoader):
+            pass
+    except yaml.YAMLError as error:
+        problem = getattr(error, "problem", None) or first_line(error) or type(error).__name__
+        raise ConfigError(f"{key}={shown(value)}: malformed value ({problem}); a value is plain "
+                          "text, 'quoted text' or a list like [1, 2], its brackets and quotes "
+                          "closed") from None
+    what = next((YAML_SYNTAX[type(t)] for t in tokens if type(t) in YAML_SYNTAX), None)
+    if what is not None:
+        raise ConfigError(f"{key}={shown(value)}: {what} is YAML syntax an override does not "
+                          "take; write the value itself")
+    content = [t for t in tokens if not isinstance(
+        t, (yaml.StreamStartToken, yaml.StreamEndToken, yaml.BlockEndToken))]
+    rest = value[content[-1].end_mark.index if content else 0:].strip()
+    if rest:  # with one line of text, only a comment follows the last token
+        raise ConfigError(f"{key}={shown(value)}: '{shown(rest, 30)}' is a YAML comment, which "
+                          "would be dropped; quote a value that holds ' #'")
 
 
 # Numbers YAML 1.1 (OmegaConf's parser) reads other than a reader would: octal 010 = 8,
@@ -196,13 +333,16 @@ def describe_choice(group: str, name: str) -> str:
         return first.lstrip("# ").strip()
     if group not in ("task", "model"):
         return ""
-    values = yaml.safe_load(text) or {}
+    values = load_yaml_text(text) or {}
     family = values.get("family", name) if isinstance(values, dict) else name
     return getattr(_families(group).get(family), "description", "")
 
 
 def _load_yaml(path: Path) -> dict:
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = load_yaml_text(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML{yaml_problem(error)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping")
     return data
@@ -222,16 +362,31 @@ def _typed(group: str, name: str, schema_cls: type, values: dict, overrides: lis
     types = {f.name: f.type for f in dataclasses.fields(schema_cls)}
     for override in overrides:  # OmegaConf reads any integer as a bool (2 -> True): not here
         key, value = override.split("=", 1)
+        if not IDENTIFIER.fullmatch(key):  # order[0], order.x, +order: no field of ours
+            raise ConfigError(f"unknown key '{group}.{shown(key)}' for {group} {name}; "
+                              f"valid keys: {valid}")
+        check_value(f"{group}.{key}", value)
         if types.get(key) in (bool, "bool") and value.strip().lower() not in BOOLEANS:
-            raise ConfigError(f"{group}.{key}: invalid value {value} (override); expected bool "
-                              "(true or false)")
+            raise ConfigError(f"{group}.{key}: invalid value {shown(value)} (override); expected "
+                              "bool (true or false)")
         odd = next((token for token in re.split(r"[\[\],\s]+", value)
                     if YAML11_NUMBER.fullmatch(token)), None)
         if odd is not None:
             raise ConfigError(f"{group}.{key}: '{odd}' is not a plain decimal number (YAML 1.1 "
                               f"reads it as {yaml.safe_load(odd)!r}); write the number you mean")
+        # int('１') == 1 and YAML reads '１' as text, which OmegaConf then converts: refused
+        digit = next((c for c in value if c.isdigit() and not c.isascii()), None)
+        if digit is not None and types.get(key) not in (str, "str"):
+            raise ConfigError(f"{group}.{key}: '{digit}' in {shown(value)} is not a digit 0-9; "
+                              "write the number in plain decimal digits")
+        long = max((len(run) for run in re.findall(r"[0-9]+", value)), default=0)
+        if long > 4000:  # past Python's int-from-text limit (4300 digits): a ValueError
+            raise ConfigError(f"{group}.{key}: a number of {long} digits; no field takes one "
+                              "that long")
     schema = OmegaConf.structured(schema_cls)
-    for source, layer in (("file", values), ("override", overrides)):
+    # overrides one by one: a failure names its own
+    layers = [("file", values)] + [("override", [o]) for o in overrides]
+    for source, layer in layers:
         try:
             layer_conf = (OmegaConf.create(layer) if isinstance(layer, dict)
                           else OmegaConf.from_dotlist(layer))
@@ -244,13 +399,20 @@ def _typed(group: str, name: str, schema_cls: type, values: dict, overrides: lis
             field_type = {f.name: f.type for f in dataclasses.fields(schema_cls)}.get(key, "?")
             value = (repr(layer.get(key)) if isinstance(layer, dict) else
                      next((o.split("=", 1)[1] for o in layer if o.split("=", 1)[0] == key), "?"))
-            raise ConfigError(f"{group}.{key}: invalid value {value} ({source}); expected "
+            raise ConfigError(f"{group}.{key}: invalid value {shown(value)} ({source}); expected "
                               f"{getattr(field_type, '__name__', field_type)}") from None
+        except (yaml.YAMLError, ValueError) as error:  # past check_value (after the
+            # OmegaConf errors, some of which are ValueErrors too): still one line
+            if isinstance(layer, dict):
+                raise ConfigError(f"{group} {name}: {shown(first_line(error), 300)}") from None
+            raise ConfigError(f"{group}.{shown(layer[0], 120)}: invalid override "
+                              f"({type(error).__name__}: {shown(first_line(error), 200)})") \
+                from None
     check_fields(group, schema)
     try:
         obj = OmegaConf.to_object(schema)
     except (ValueError, OmegaConfBaseException) as error:
-        message = first_line(error) or type(error).__name__
+        message = shown(first_line(error) or type(error).__name__, 300)
         raise ConfigError(f"{group} {name}: {message}") from None
     return obj
 
@@ -292,45 +454,86 @@ def suite_label(name: str) -> str:
 
 def load_suite(name: str) -> list[list[str]]:
     """The runs of the package's suite `name` (suite_files), or of the suite file at path `name`:
-    a list of override lists. A suite holds `runs:` only, each run a list of `key=value` strings."""
+    a list of override lists. A suite holds `runs:` only, each run a list of `key=value` strings,
+    at most MAX_RUNS of them and none twice; each override is checked (check_override) here,
+    before any entry is composed."""
     if is_suite_path(name):
-        path, shown = Path(name), name
+        path, shown_as = Path(name), name
+        check_path("name", name)
         if not path.is_file():
             raise ConfigError(f"suite file '{name}' " + ("is not a file" if path.exists()
                                                         else "does not exist"))
     elif name in choices("suite"):
         path = suite_files()[name]
-        shown = conf_relative(path)
+        shown_as = conf_relative(path)
     else:
         raise ConfigError(f"unknown suite '{name}'; choose one of: {', '.join(choices('suite'))}"
                           " or give a suite file's path")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml_text(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        raise ConfigError(f"suite file {shown} is not UTF-8 text") from None
+        raise ConfigError(f"suite file {shown_as} is not UTF-8 text") from None
     except OSError as error:
-        raise ConfigError(f"suite file {shown} cannot be read: {error.strerror or error}") \
+        raise ConfigError(f"suite file {shown_as} cannot be read: {error.strerror or error}") \
             from None
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(f"suite file {shown} is not valid YAML{where}") from None
-    usage = f"{shown} must hold `runs:`, a list of override lists like [model=mamba, seed=0]"
+        raise ConfigError(f"suite file {shown_as} is not valid YAML{yaml_problem(error)}") \
+            from None
+    usage = f"{shown_as} must hold `runs:`, a list of override lists like [model=mamba, seed=0]"
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise ConfigError(usage)
     extra = sorted(map(str, set(data) - {"runs"}))
     if extra:
-        raise ConfigError(f"{shown}: unknown key '{extra[0]}'; a suite holds `runs:` only")
+        raise ConfigError(f"{shown_as}: unknown key '{extra[0]}'; a suite holds `runs:` only")
     runs = data["runs"]
     if not runs:
-        raise ConfigError(f"{shown} holds no runs")
+        raise ConfigError(f"{shown_as} holds no runs")
+    if len(runs) > MAX_RUNS:  # before composing: each entry costs a memory check
+        raise ConfigError(f"{shown_as} holds {len(runs)} runs; a suite has at most {MAX_RUNS}: "
+                          "split it into several files")
+    first: dict[tuple, int] = {}
     for number, entry in enumerate(runs, 1):
         if not isinstance(entry, list):
-            raise ConfigError(f"{usage}; entry {number} is {entry!r}")
+            raise ConfigError(f"{usage}; entry {number} is {shown(repr(entry))}")
         odd = next((o for o in entry if not isinstance(o, str) or "=" not in o), None)
         if odd is not None:  # `[task.order: 1]` is a mapping in YAML, not an override
-            raise ConfigError(f"{shown}, entry {number}: {odd!r} is not key=value")
+            raise ConfigError(f"{shown_as}, entry {number}: {shown(repr(odd))} is not key=value")
+        keys = set()
+        for override in entry:
+            try:
+                key, _ = check_override(override)
+            except ConfigError as error:
+                raise ConfigError(f"{shown_as}, entry {number}: {error}") from None
+            if key in keys:
+                raise ConfigError(f"{shown_as}, entry {number}: '{key}' is given twice; give "
+                                  "each key once")
+            keys.add(key)
+        same = first.setdefault(tuple(sorted(entry)), number)
+        if same != number:
+            raise ConfigError(f"{shown_as}: entries {same} and {number} are the same run "
+                              f"({shown(' '.join(entry) or '(defaults)')}); list each run once")
     return [list(run) for run in runs]
+
+
+def entry_numbers(text: str, size: int) -> list[int]:
+    """The suite entries named by `1,4-6` (1-based, as `suite` prints them), in suite order."""
+    if not text.strip():  # `entries=` with nothing after it: not "every entry"
+        raise ConfigError("entries is empty; give numbers and ranges like 1,4-6, or leave "
+                          "entries= out for every entry")
+    chosen = set()
+    for part in text.split(","):
+        found = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part.strip())  # not int(): '１', '1_0'
+        if found is None:
+            raise ConfigError(f"entries must be numbers and ranges like 1,4-6, got "
+                              f"'{shown(text)}'")
+        first, last = int(found[1]), int(found[2] or found[1])
+        if first > last:
+            raise ConfigError(f"entries: '{part.strip()}' is a range lo-hi with lo > hi")
+        if not 1 <= first <= last <= size:
+            raise ConfigError(f"entries: '{part.strip()}' is not within 1-{size}, the suite's "
+                              "entries")
+        chosen.update(range(first, last + 1))
+    return sorted(chosen)
 
 
 def field_type(group: str, name: str, key: str):
@@ -370,12 +573,7 @@ def compose(argv: list[str]) -> RunConfig:
     group_overrides: dict[str, list[str]] = {g: [] for g in GROUPS}
     seen: set[str] = set()
     for arg in argv:
-        if "=" not in arg:
-            raise ConfigError(f"expected key=value, got '{arg}'")
-        key, value = arg.split("=", 1)
-        if not key or key.startswith(".") or key.endswith(".") or ".." in key or " " in key:
-            raise ConfigError(f"malformed key '{key}' in '{arg}'; keys look like task, "
-                              "task.<field>, seed")
+        key, value = check_override(arg)
         if key in seen:
             raise ConfigError(f"'{key}' is given twice; give each key once")
         seen.add(key)
@@ -388,7 +586,10 @@ def compose(argv: list[str]) -> RunConfig:
             top_keys[key] = value
         else:
             allowed = ", ".join([*GROUPS, *(f"{g}.<field>" for g in GROUPS), *top_keys])
-            raise ConfigError(f"unknown key '{key}'; valid keys: {allowed}")
+            raise ConfigError(f"unknown key '{shown(key)}'; valid keys: {allowed}")
+    for option in ("out_dir", "resume"):  # a name too long for the file system: OSError later
+        if top_keys[option]:
+            check_path(option, str(top_keys[option]), folder=option == "out_dir")
     seed = parse_seed(top_keys["seed"])  # before the families load: a typo fails at once
     for group in GROUPS:
         if selected[group] not in choices(group):

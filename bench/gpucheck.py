@@ -708,30 +708,57 @@ def section_command(name: str, args: dict) -> list[str]:
 
 
 def parse_options(argv: list[str]) -> dict:
-    """The options, validated: a wrong one is a ValueError whose text is the error line."""
+    """The options, validated: a wrong one is a ValueError (bench.config.ConfigError is one)
+    whose text is the error line. Nothing here needs a GPU or torch: a bad option is refused
+    before a section (or a borrowed device's time) is spent."""
+    from bench.config import ConfigError, check_path, entry_numbers, load_suite, shown
     options = dict(OPTIONS, out=os.environ.get("OUT") or str(Path("runs") / "gpucheck"))
+    given = set()
     for arg in argv:
         key, _, value = arg.partition("=")
         if key not in options or not value and key != "tokenizer_file":
-            raise ValueError(f"unknown or empty option '{arg}'; options: {', '.join(OPTIONS)}")
+            raise ValueError(f"unknown or empty option '{shown(arg)}'; options: "
+                             f"{', '.join(OPTIONS)}")
+        if key in given:  # the second would win silently
+            raise ValueError(f"'{key}' is given twice; give each option once")
+        given.add(key)
         options[key] = value
     sections = options["sections"].split(",")
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
-        raise ValueError(f"unknown section(s) {', '.join(unknown)}; choose from "
+        named = ", ".join(s or "'' (an empty name)" for s in unknown)
+        raise ValueError(f"unknown section(s) {shown(named)}; choose from "
                          f"{', '.join(SECTIONS)}")
+    twice = next((s for i, s in enumerate(sections) if s in sections[:i]), None)
+    if twice is not None:  # one name, one result: the second run of a section has no place
+        raise ValueError(f"section {twice} is listed twice; list each section once")
     try:
         budget = float(options["budget"])
     except ValueError:
         budget = math.nan
     if not math.isfinite(budget) or budget <= 0:
         raise ValueError(f"budget must be a positive number of seconds, got "
-                         f"'{options['budget']}'")
-    if not options["steps"].isdigit() or not 1 <= int(options["steps"]) <= 10000:
-        raise ValueError(f"steps must be an integer in [1, 10000], got '{options['steps']}'")
-    if options["tokenizer_file"] and not Path(options["tokenizer_file"]).is_file():
-        raise ValueError(f"tokenizer_file {options['tokenizer_file']} is not a file")
-    return {**options, "sections": sections, "budget": budget, "steps": int(options["steps"])}
+                         f"'{shown(options['budget'])}'")
+    least = min(sections, key=NEEDS.__getitem__)
+    if budget < NEEDS[least]:  # every section would be skipped: exit 0 having done nothing
+        raise ValueError(f"budget={options['budget']} s is less than any section chosen "
+                         f"needs (the least: {least}, ~{NEEDS[least]} s)")
+    steps = options["steps"]  # isdigit() alone takes '²', which int() then refuses
+    if not (steps.isascii() and steps.isdigit()) or steps[0] == "0" or len(steps) > 5 \
+            or int(steps) > 10000:
+        raise ValueError(f"steps must be an integer in [1, 10000], got '{shown(steps)}'")
+    try:
+        size = len(load_suite(options["suite"]))
+        entry_numbers(options["suite_entries"], size)
+    except ConfigError as error:
+        raise ValueError(f"suite={shown(options['suite'])} "
+                         f"suite_entries={shown(options['suite_entries'])}: {error}") from None
+    check_path("out", options["out"], folder=True)
+    if options["tokenizer_file"]:
+        check_path("tokenizer_file", options["tokenizer_file"])
+        if not Path(options["tokenizer_file"]).is_file():
+            raise ValueError(f"tokenizer_file {options['tokenizer_file']} is not a file")
+    return {**options, "sections": sections, "budget": budget, "steps": int(steps)}
 
 
 def _writable_folder(path: Path) -> None:

@@ -13,9 +13,11 @@ import itertools
 import math
 import re
 
-from bench.config import GROUPS, ConfigError, default_choices, field_type
+from bench.config import (GROUPS, MAX_RUNS, ConfigError, check_override, default_choices,
+                          field_type, shown)
 
-MAX_RUNS = 1000  # a typo like seed=0-99999 is refused before anything is composed
+# MAX_RUNS (bench.config, shared with suite files): a typo like seed=0-99999 is refused before
+# anything is composed
 LITERAL_KEYS = ("out_dir", "name", "resume")  # paths and tags: a comma there is the user's
 RANGE = re.compile(r"([0-9]+)-([0-9]+)")
 
@@ -62,11 +64,13 @@ def axes(argv: list[str]) -> list[tuple[str, list[str], bool]]:
     pairs = []
     for arg in argv:
         if "=" not in arg:
-            raise ConfigError(f"expected key=value, got '{arg}'")
+            raise ConfigError(f"expected key=value, got '{shown(arg)}'")
         key, value = arg.split("=", 1)
         if key in (k for k, _ in pairs):
             raise ConfigError(f"'{key}' is given twice; list its values once: {key}=a,b,c")
         parts = None if key in LITERAL_KEYS else split_top_level(value)
+        for part in parts or [value]:  # each value as a run gets it; unbalanced: the whole
+            check_override(f"{key}={part}")
         pairs.append((key, [value] if parts is None else parts))
     chosen = {group: [name] for group, name in default_choices().items()}
     for key, values in pairs:
@@ -75,8 +79,8 @@ def axes(argv: list[str]) -> list[tuple[str, list[str], bool]]:
     result = []
     for key, values in pairs:
         if len(values) > 1 and "" in values:
-            raise ConfigError(f"{key}={','.join(values)}: an empty value in the list; write "
-                              f"{key}=a,b,c")
+            raise ConfigError(f"{key}={shown(','.join(values))}: an empty value in the list; "
+                              f"write {key}=a,b,c")
         expanded, swept = [], len(values) > 1
         for value in values:
             found = RANGE.fullmatch(value)

@@ -30,7 +30,8 @@ from pathlib import Path
 import yaml
 
 from bench.claims.rules import FUNCTIONS, Rule
-from bench.config import CONF_DIR, GROUPS, ConfigError, RunConfig, choices, compose
+from bench.config import (CONF_DIR, GROUPS, ConfigError, RunConfig, choices, compose,
+                          load_yaml_text)
 
 SCALES = ("paper", "cpu")
 KINDS = ("trained", "attainment", "reference", "construction")
@@ -39,6 +40,7 @@ METRIC_ROOTS = ("metrics", "per_position", "params", "state_size", "train", "eva
 CLAIM_KEYS = {"id", "section", "claim", "quote", "paper_number", "measure", "where", "rule",
               "control", "kind", "scale", "paper_scale", "command", "gpu", "needs",
               "contradicts_paper", "extension", "per_seed"}
+FILE_KEYS = {"paper", "title", "claims"}  # a rules file's top level
 REQUIRED = ("id", "section", "claim", "paper_number", "measure", "rule", "scale", "command")
 QUANTITY_KEYS = {"where", "metric", "suite", "range"}
 DEFAULT_METRIC = "metrics.bayes_gap"
@@ -223,7 +225,7 @@ def load_claims(rules: str | Path | None = None) -> list[Claim]:
     for file in rules_files(path):
         name = file.relative_to(path).as_posix() if path.is_dir() else file.name
         try:
-            data = yaml.safe_load(read_rules_text(file))
+            data = load_yaml_text(read_rules_text(file))  # a key given twice is refused
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             at = f" (line {mark.line + 1})" if mark is not None else ""
@@ -231,6 +233,12 @@ def load_claims(rules: str | Path | None = None) -> list[Claim]:
                               f"{getattr(error, 'problem', None) or 'parse error'}") from None
         if not isinstance(data, dict) or not isinstance(data.get("claims"), list):
             raise ConfigError(f"{file}: must hold paper: <id> and claims: <list of claims>")
+        unknown = sorted(map(str, set(data) - FILE_KEYS))
+        if unknown:  # a misspelt key would be dropped unread
+            raise ConfigError(f"{file}: unknown key '{unknown[0]}'; valid keys: "
+                              f"{', '.join(sorted(FILE_KEYS))}")
+        if "title" in data and (not isinstance(data["title"], str) or not data["title"].strip()):
+            raise ConfigError(f"{file}: title must be a non-empty string")
         paper = str(data.get("paper", ""))
         if paper not in PAPERS:
             raise ConfigError(f"{file}: paper must be one of {', '.join(PAPERS)}, got '{paper}'")
@@ -269,6 +277,9 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
         raise ConfigError(f"{where}: a claim about trained models needs a control: what must "
                           "have held (a positive control trained under the same protocol) for "
                           "its evidence to count")
+    for key in ("needs", "contradicts_paper", "quote", "control"):  # never str() of a list
+        if spec.get(key) is not None and (not isinstance(spec[key], str) or not spec[key].strip()):
+            raise ConfigError(f"{where}: {key} must be a non-empty string")
     if spec["scale"] not in SCALES:
         raise ConfigError(f"{where}: scale must be one of {', '.join(SCALES)}, got "
                           f"'{spec['scale']}'")
@@ -293,9 +304,6 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
     for key in ("gpu", "extension", "per_seed"):
         if key in spec and not isinstance(spec[key], bool):
             raise ConfigError(f"{where}: {key} must be true or false")
-    for key in ("needs", "contradicts_paper"):
-        if spec.get(key) is not None and (not isinstance(spec[key], str) or not spec[key].strip()):
-            raise ConfigError(f"{where}: {key} must be a non-empty string")
     return Claim(id=spec["id"].strip(), paper=paper, section=spec["section"].strip(),
                  text=" ".join(spec["claim"].split()),
                  paper_number=" ".join(spec["paper_number"].split()),
