@@ -678,11 +678,12 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
     from bench.train import run
     done = {} if rerun else finished_runs(configs)
     tasks = dict(enumerate(tasks)) if tasks is not None else {}
-    failed = []
+    failed, paths = [], []
     for i, (number, entry, config) in enumerate(zip(numbers, suite, configs)):
         print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}", flush=True)
         if i in done:
             print(f"    done already -> {done[i]}", flush=True)
+            paths.append(done[i])
             tasks.pop(i, None)
             continue
         try:
@@ -700,11 +701,23 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
         from bench.report import headline
         print(f"    {headline(record['metrics'])} in {record['wall_time_s']:.0f} s -> {path}",
               flush=True)
+        paths.append(path)
+    if what == "the sweep" and paths:  # what a sweep is for: its table, seeds pooled per config
+        print_sweep_table(paths)
     if failed:
         print(f"error: {len(failed)} of {len(configs)} runs of {what} failed (entries "
               f"{', '.join(map(str, failed))}); their failed records say why", file=sys.stderr)
         return 1
     return 0
+
+
+def print_sweep_table(paths: list[str]) -> None:
+    from bench.records import read_record
+    from bench.report import config_table
+    records = [record for path in paths if (record := read_record(Path(path))[0]) is not None
+               and record.get("status") == "ok"]
+    if records:
+        print("\n" + "\n".join(config_table(records)))
 
 
 def main(argv: list[str] | None = None) -> int:

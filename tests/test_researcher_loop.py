@@ -164,3 +164,15 @@ def test_a_text_run_prints_its_weights_and_whether_it_beat_its_best_baseline(cap
     assert out[-3] == f"the best baseline, bigram: {says}" or out[-3].startswith(
         f"the best baseline, bigram: {says}")
     assert out[-2:] == ["weights: weights/x.pt (in out_dir)", "record: r.json"]
+
+
+def test_a_sweep_ends_with_its_table_per_config(tmp_path, capsys):
+    assert main(["sweep", "task=markov", "task.seq_len=16", "model=mamba,transformer",
+                 "seed=0-1", *SMALL[2:], f"out_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("markov ("))
+    header, *rows = out[start + 1:start + 4]
+    assert header.split()[:3] == ["config", "seeds", "gap"]
+    assert [row.split()[:3] for row in rows] == [["mamba", "(2", "seeds)"],
+                                                 ["transformer", "(2", "seeds)"]]
+    assert all("across seeds" in row for row in rows)
