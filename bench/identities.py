@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench import identity as probe_module
 from bench.config import family_schema
-from bench.records import (CODE_PATHS, IDENTITY_INDEX, REPO, RESULT_NEUTRAL, code_digest,
+from bench.records import (CODE_PATHS, IDENTITY_INDEX, REPO, code_digest,
                            not_a_regular_file, with_defaults)
 from tasks.files import write_atomic
 
@@ -47,12 +47,19 @@ def resolved_config(record: dict, group: str) -> dict:
     return with_defaults(record[group]["config"], family_schema(group, family))
 
 
+# The trainer keys a config key leaves out: RESULT_NEUTRAL as it was when the index was first
+# keyed. Keys that joined RESULT_NEUTRAL since (val_every, val_sequences) stay in the key, so no
+# stored probe loses its key; runs that differ only in them pool on the leaderboard anyway.
+IDENTITY_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every",
+                    "logger", "loader_workers", "save_weights")
+
+
 def config_key(record: dict) -> str:
     """What a record's identity is the identity of: its task and model (family and resolved
     config) and its trainer settings but the result-neutral ones; not the seed (the probe runs
     seed 0), not the names (a preset's name changes nothing it runs)."""
     trainer = {k: v for k, v in resolved_config(record, "trainer").items()
-               if k not in RESULT_NEUTRAL}
+               if k not in IDENTITY_NEUTRAL}
     described = [record["task"].get("family"), resolved_config(record, "task"),
                  record["model"].get("family"), resolved_config(record, "model"), trainer]
     return hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
