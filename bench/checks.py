@@ -18,6 +18,7 @@ from bench.devices import local_rank, rank_task, training_device, world_size
 from bench.memory import GIB, free_memory, memory_estimate
 from bench.records import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, Environment, make_environment,
                            code_of_this_process)
+from tasks.files import DamagedFile, check_digest, digest_path
 
 # The packages a logger needs (any one of them), and what to install; csv needs nothing.
 LOGGER_PACKAGES = {"tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
@@ -289,6 +290,25 @@ RESUME_MAY_CHANGE = frozenset({"eval_sequences", "eval_batch_size", "bootstrap",
                                "progress", "threads", "logger", "loader_workers", "save_weights"})
 
 
+def require_digest(path: str, command: str, what: str, written: str, otherwise: str) -> None:
+    """path exists, is a regular file and its bytes match the digest beside it, checked before
+    it is unpickled (a flipped byte in a tensor would load, and be trained on or scored,
+    silently); ConfigError (one line) otherwise. A file without a digest (from before digests
+    existed, or copied without it) is refused, naming the command that writes one for a file
+    the user trusts."""
+    if not os.path.lexists(path):
+        raise ConfigError(f"{command}: no {what} file '{path}'")
+    try:
+        check_digest(path)
+    except DamagedFile as error:
+        if not os.path.isfile(path):  # a directory, a FIFO (which would block the read)
+            raise ConfigError(f"{command}: no {what} file '{path}': it {error}") from None
+        raise ConfigError(f"{command}: {what} '{path}' {error}; " + (
+            f"{written} before digests existed have none: if you trust the file, write one "
+            f"(sha256sum {path} > {digest_path(path)})" if error.missing else otherwise)
+        ) from None
+
+
 def check_resume(config: RunConfig) -> dict:
     """Validate `resume=<checkpoint>` before anything runs or is written: the file exists, is
     a regular file whose bytes match the digest written beside it (<file>.sha256, checked before
@@ -298,7 +318,6 @@ def check_resume(config: RunConfig) -> dict:
     metadata, with `resume_step` (the step the run goes on from); raises ConfigError (one line)
     otherwise."""
     path = config.resume
-    from bench.weights import require_digest
     require_digest(path, "resume", "checkpoint", "checkpoints written",
                    "resume from another checkpoint")
     try:

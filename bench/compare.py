@@ -10,6 +10,7 @@ length band of the records (bench/evaluate.py BAND_STARTS), where short contexts
 models that the full average does not."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from bench.config import ConfigError, TrainerConfig
@@ -87,9 +88,8 @@ def label(record: dict) -> str:
 def compare(path_a: str, path_b: str) -> dict:
     """The paired comparison of two records: overall and per context-length band."""
     a, b = load(path_a), load(path_b)
-    if a["run_id"] == b["run_id"]:  # the same file twice, or a copy of it: zero by construction
-        raise ConfigError(f"compare: {path_a} and {path_b} are the same run ({a['run_id']}); "
-                          "give two different runs")
+    if os.path.samefile(path_a, path_b):  # a run against itself: zero by construction
+        raise ConfigError(f"compare: {path_a} and {path_b} are the same file; give two runs")
     if a["metrics"]["held_out_digest"] != b["metrics"]["held_out_digest"]:
         raise ConfigError("compare: the two records scored different held-out sets (another task "
                           "configuration or eval_sequences); their sequences do not pair")
@@ -108,13 +108,16 @@ def compare(path_a: str, path_b: str) -> dict:
                          "paired": paired_difference(a["per_sequence"]["band_loss"]["model"][i],
                                                      b["per_sequence"]["band_loss"]["model"][i],
                                                      resamples)})
-    return {"a": a, "b": b, "rows": rows, "same_bands": same_bands}
+    return {"a": a, "b": b, "rows": rows, "same_bands": same_bands,
+            "same_run": a["run_id"] == b["run_id"]}
 
 
 def print_comparison(result: dict) -> None:
     a, b = result["a"], result["b"]
     m = a["metrics"]
     print(f"A: {label(a)}\nB: {label(b)}")
+    if result.get("same_run"):
+        print("(A and B are records of the same run — a copy, or a record and its edit)")
     print(f"task {a['task']['name']}: {m['sequences']} held-out sequences, the same in both "
           f"(digest {m['held_out_digest'][:12]}); gap = loss − loss of '{m['gap_reference']}'")
     print(f"{'positions':<11}{'gap A':>11}{'gap B':>11}{'B − A':>12}{'95% paired CI':>26}  "

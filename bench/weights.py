@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from bench.checks import checked_run, checked_task
+from bench.checks import checked_run, checked_task, require_digest
 from bench.config import ConfigError, RunConfig, first_line
-from tasks.files import DamagedFile, check_digest, digest_path, write_with_digest
+from tasks.files import write_with_digest
 
 WEIGHTS_FORMAT = "icl-bench/weights/1"
 WEIGHTS_DIR = "weights"  # under out_dir
@@ -60,25 +60,6 @@ def save_weights(out_dir: str, record: dict, model: torch.nn.Module) -> str | No
 def _save(payload: dict, path: str) -> None:
     with open(path, "wb") as file:  # a file object: the archive inside is named "archive", not
         torch.save(payload, file)   # after the temporary file, so equal weights give equal bytes
-
-
-def require_digest(path: str, command: str, what: str, written: str, otherwise: str) -> None:
-    """path exists, is a regular file and its bytes match the digest beside it, checked before
-    it is unpickled (a flipped byte in a tensor would load, and be trained on or scored,
-    silently); ConfigError (one line) otherwise. A file without a digest (from before digests
-    existed, or copied without it) is refused, naming the command that writes one for a file
-    the user trusts."""
-    if not os.path.lexists(path):
-        raise ConfigError(f"{command}: no {what} file '{path}'")
-    try:
-        check_digest(path)
-    except DamagedFile as error:
-        if not os.path.isfile(path):  # a directory, a FIFO (which would block the read)
-            raise ConfigError(f"{command}: no {what} file '{path}': it {error}") from None
-        raise ConfigError(f"{command}: {what} '{path}' {error}; " + (
-            f"{written} before digests existed have none: if you trust the file, write one "
-            f"(sha256sum {path} > {digest_path(path)})" if error.missing else otherwise)
-        ) from None
 
 
 def load_weights(path: str) -> dict:

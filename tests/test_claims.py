@@ -551,7 +551,7 @@ def test_claims_md_is_replaced_atomically(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(Path, "write_text", half_then_fail)
-    with pytest.raises(OSError):
+    with pytest.raises(ConfigError, match="not written: disk full"):  # one line, exit 2
         write_claims(select_runs(str(out)), str(target), rules)
     monkeypatch.undo()
     assert target.read_text() == "old"

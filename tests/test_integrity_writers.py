@@ -57,7 +57,8 @@ def test_an_over_long_out_path_is_one_line(command, shape, results, tmp_path, ca
     assert main(reader(command, results, str(out), tmp_path)) == 2
     err = [line for line in capsys.readouterr().err.splitlines()
            if not line.startswith("warning")]
-    assert len(err) == 1 and "cannot be written: File name too long" in err[0]
+    assert len(err) == 1 and ("File name too long" in err[0]
+                              or "bytes; file systems allow" in err[0]), err
     assert len(err[0]) < 300  # the path is shortened in the message
 
 
@@ -84,16 +85,12 @@ def test_a_full_disk_keeps_a_figures_folder_that_was_there(results, tmp_path, mo
     assert sorted(p.name for p in (tmp_path / "board-figures").iterdir()) == before
 
 
-@pytest.mark.parametrize("how", ["the same path", "a copy"])
-def test_compare_refuses_a_run_compared_with_itself(how, tmp_path, capsys):
+def test_compare_refuses_a_file_compared_with_itself(tmp_path, capsys):
     put(tmp_path, good(seed=0))
     [a] = list(tmp_path.glob("*.json"))
-    b = a if how == "the same path" else tmp_path / "copy.json"
-    if b != a:
-        b.write_text(a.read_text())
-    assert main(["compare", str(a), str(b)]) == 2
+    assert main(["compare", str(a), str(a)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "are the same run" in err
+    assert err.count("\n") == 1 and "are the same file" in err
 
 
 def test_the_memory_check_counts_the_live_validation_set(tmp_path, capsys):

@@ -16,6 +16,7 @@ import pytest
 
 from bench import leaderboard, records
 from bench.__main__ import main
+from bench.config import ConfigError
 from bench.evaluate import fmt_sig
 from bench.leaderboard import select_runs, write_leaderboard
 from bench.plot import curve_styles, gap_figure
@@ -347,7 +348,7 @@ def test_a_failed_write_leaves_the_old_board_and_no_temporary_file(tmp_path, mon
             raise OSError("disk full")
         real(src, dst)
     monkeypatch.setattr(leaderboard.os, "replace", replace)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ConfigError, match="not written: disk full"):  # one line, exit 2
         build(tmp_path / "results", board)
     assert board.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
