@@ -11,7 +11,7 @@ import colorsys
 import math
 from pathlib import Path
 
-from bench.records import not_written
+from bench.records import RESULT_NEUTRAL, not_written
 from tasks.files import write_atomic
 
 OFF_SCALE = 20.0  # references beyond this multiple of the models' largest |gap|: symlog axis
@@ -104,10 +104,8 @@ def plot_gaps(path: Path, title: str, models: dict[str, list], references: dict[
 # --- python -m bench plot ------------------------------------------------------------------
 NEAR = 3.0  # references within this multiple of the models' largest |gap| share their panel
 SHOWN_KEYS = ("task.", "model.", "trainer.")  # overrides that can tell two runs apart
-HIDDEN_KEYS = ("trainer.progress", "trainer.threads", "trainer.eval_batch_size",
-               "trainer.log_every", "trainer.checkpoint_every", "trainer.logger",
-               "trainer.loader_workers", "trainer.save_weights", "trainer.val_every",
-               "trainer.val_sequences", "trainer.max_steps")  # steps: from train.steps
+# result-neutral keys tell no runs apart; steps come from train.steps
+HIDDEN_KEYS = (*(f"trainer.{key}" for key in RESULT_NEUTRAL), "trainer.max_steps")
 
 
 def position_curves(record: dict) -> tuple[dict[str, list], str]:
