@@ -79,11 +79,12 @@ REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ("env", "tiny", "paper", "ddp", "warm", "parity", "speed", "lm", "text", "suite")
 CUDA_ONLY = ("warm", "parity", "lm", "suite")
 # Seconds a section needs at least (it is skipped with less of the budget left) and the most it
-# may take. The plan for the default budget on a cold H100 (README, section GPUs): env 10,
-# tiny 25, paper 90, ddp 70, warm 100, parity 30, speed 60: 385 s of 450, then lm.
-NEEDS = {"env": 10, "tiny": 25, "paper": 60, "ddp": 45, "warm": 45, "parity": 30, "speed": 40,
+# may take. Seen on a cold H100 (2026-11-26, README section GPUs): env 18, tiny 28, paper 44,
+# ddp 77, warm cut at its old cap of 120 s with 35 of 51 compile jobs done (so its autotune and
+# the kernel's speed rows found nothing tuned), parity 67.
+NEEDS = {"env": 10, "tiny": 25, "paper": 60, "ddp": 45, "warm": 60, "parity": 30, "speed": 40,
          "lm": 40, "text": 40, "suite": 60}
-CAPS = {"env": 40, "tiny": 60, "paper": 110, "ddp": 110, "warm": 120, "parity": 90,
+CAPS = {"env": 40, "tiny": 60, "paper": 110, "ddp": 110, "warm": 210, "parity": 90,
         "speed": 100, "lm": 80, "text": 70, "suite": 100000}
 GRACE_S = 5  # between SIGTERM and SIGKILL of a section's process group at its cap
 MARKOV_PAPER = ["trainer=paper", "task.seq_len=256"]  # paper 000 Table 7: batch 64, lr 1e-3
@@ -403,11 +404,12 @@ def section_ddp(args: dict) -> dict:
     steps = 150 if args["cuda"] else 30
     short = [*MARKOV_PAPER, f"trainer.max_steps={steps}", f"trainer.warmup_steps={steps // 10}",
              "model.kernel=torch", "trainer.eval_sequences=256", "trainer.log_every=25",
-             "trainer.checkpoint_every=0", "trainer.progress=false"]
+             "trainer.checkpoint_every=0"]
     # 1. two ranks to the end: one record, every collective on the device's tensors
     before = {r["run_id"] for r in _records(args["runs"])}
     start = time.perf_counter()
-    done = [finish_group(p, _left(args) * 0.4) for p in _two_ranks(args, short)]
+    done = [finish_group(p, _left(args) * 0.4)
+            for p in _two_ranks(args, [*short, "trainer.progress=false"])]
     records = [_summary(r) for r in _new_records(args, before)]
     emit(args, {"label": "2 ranks on one device, gloo", "exit": [d["exit"] for d in done],
                 "wall_s": time.perf_counter() - start, "records": len(records),
@@ -477,13 +479,20 @@ def section_warm(args: dict) -> dict:
         if _left(args) < 25:  # leave time for the autotune pass: the rest is not compiled
             for item in running:
                 finish_group(item[2], 0)
+            results += [{"shape": item[0], "index": item[1], "error": "killed: budget"}
+                        for item in running]
             results += [{"shape": label, "index": index, "error": "not started: budget"}
                         for label, index in jobs]
             running, jobs = [], []
     for label in shapes:
         own = [r for r in results if r["shape"] == label]
+        # a config that needs more shared memory than this GPU has: the autotuner skips it too
+        too_big = [r for r in own if "OutOfResources" in r.get("error", "")]
+        failed = [r for r in own if "error" in r and r not in too_big]
         emit(args, {"label": f"compile {label}", "shape": shapes[label], "jobs": len(own),
-                    "errors": [r["error"] for r in own if "error" in r][:2],
+                    "compiled": len(own) - len(too_big) - len(failed),
+                    "over_shared_memory": len(too_big), "not_compiled": len(failed),
+                    "errors": sorted({r["error"][:200] for r in failed})[:3],
                     "compile_s": sum(r.get("seconds", 0.0) for r in own),
                     "longest_job_s": max((r.get("seconds", 0.0) for r in own), default=None)})
     emit(args, {"label": "parallel compile", "wall_s": time.perf_counter() - start,
@@ -573,48 +582,85 @@ def section_parity_one(args: dict) -> dict:
     return {}
 
 
+SPEED_CONFIGS = {"markov_paper": MARKOV_PAPER, "mamba_4x256_T1024": MAMBA_4x256}
+LM_MODELS = ("mamba_lm14m", "transformer_lm14m", "mamba_lm110m", "mamba_lm200m")
+
+
+def tuned_shapes(args: dict) -> set[str]:
+    """The warm shapes (warm_shapes' labels) whose autotune finished earlier in this call: a
+    process meeting one of them reads the tuned configs from Triton's cache."""
+    return {r["label"].removeprefix("autotune ") for r in read_rows(Path(args["rows"]))
+            if r["section"] == "warm" and str(r.get("label", "")).startswith("autotune ")
+            and r.get("autotune_s") is not None and not r.get("error")}
+
+
+def speed_plan(cuda: bool, kernel: bool, tuned: set[str]) -> list[tuple[str, str, str, bool]]:
+    """(config, kernel, precision, compile) in the order timed: what needs no Triton autotune
+    first (the pure-PyTorch scan, compile off), then mamba-ssm's kernel (tuned shapes before
+    the rest), then torch.compile. A GPU call once lost every kernel row to a cold autotune
+    met by the second row."""
+    configs = list(SPEED_CONFIGS) if cuda else ["markov_paper"]  # CPU: minutes a 4x256 step
+    kernels = ["torch"] + (["mamba_ssm"] if cuda and kernel else [])
+    plan = []
+    for compiled in ((False, True) if cuda else (False,)):  # CPU: ~80 s to compile
+        for name in kernels:
+            ordered = sorted(configs, key=lambda c: name == "mamba_ssm" and c not in tuned)
+            plan += [(c, name, p, compiled) for c in ordered for p in ("32-true", "bf16-mixed")]
+    return plan
+
+
 def section_speed(args: dict) -> dict:
     import torch
 
-    from bench.speed import (configured, lightning_step_time, sampler_cost, settings,
-                             step_profile, time_training)
+    from bench.kernel_parity import pin_configs
+    from bench.speed import (configured, lightning_step_time, sampler_cost, step_profile,
+                             time_training)
     from bench.train import apply_tf32_policy, build
+    from models.ssd import mamba_ssm_available
     apply_tf32_policy(False)
     device = torch.device("cuda" if args["cuda"] else "cpu")
-    configs = {"markov_paper": MARKOV_PAPER, "mamba_4x256_T1024": MAMBA_4x256}
-    if not args["cuda"]:  # a GPU config: minutes a step on two cores
+    if not args["cuda"]:
         emit(args, {"label": "mamba_4x256_T1024", "skipped": "needs CUDA"})
-        del configs["mamba_4x256_T1024"]
-    for compiled in ("off", "on") if args["cuda"] else ("off",):  # CPU: ~80 s to compile
-        for label, argv in configs.items():
-            config = _compose([*argv, _accelerator(args)])
-            for precision in ("32-true", "bf16-mixed"):
-                for setting in settings(config, device, "all", precision, compiled):
-                    name = (f"{label} kernel={setting['kernel']} {precision} "
-                            f"compile={compiled}")
-                    if _left(args) < 10:
-                        emit(args, {"label": name, "skipped": "budget"})
-                        continue
-                    if device.type == "cuda":
-                        torch.cuda.reset_peak_memory_stats()
-                    try:
-                        timing = time_training(configured(config, setting), device,
-                                               args["steps"])
-                        timing["ms_per_step"] = timing.pop("step_s") * 1e3
-                        if device.type == "cuda":
-                            timing["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-                    except Exception as error:
-                        timing = {"error": f"{type(error).__name__}: {error}"[:500]}
-                    emit(args, {"label": name, **setting, **timing})
-            if compiled == "off" and _left(args) > 15:
+    tuned, pinned = tuned_shapes(args), False
+    configs = {label: _compose([*argv, _accelerator(args)])
+               for label, argv in SPEED_CONFIGS.items() if args["cuda"] or label == "markov_paper"}
+    plan = speed_plan(args["cuda"], args["cuda"] and mamba_ssm_available(), tuned)
+    last_plain = max(i for i, (_, kernel, _, compiled) in enumerate(plan)
+                     if kernel == "torch" and not compiled)
+    for index, (label, kernel, precision, compiled) in enumerate(plan):
+        name = f"{label} kernel={kernel} {precision} compile={'on' if compiled else 'off'}"
+        if _left(args) < 10:
+            emit(args, {"label": name, "skipped": "budget"})
+            continue
+        if kernel == "mamba_ssm" and label not in tuned and not pinned:
+            pin_configs(-1)  # for the rest of this process: no cold autotune, a fixed config
+            pinned = True
+        setting = {"kernel": kernel, "precision": precision, "compile": compiled}
+        tuning = ({"kernel_configs": "pinned (each kernel's last)" if pinned else "autotuned"}
+                  if kernel == "mamba_ssm" else {})
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            timing = time_training(configured(configs[label], setting), device, args["steps"])
+            timing["ms_per_step"] = timing.pop("step_s") * 1e3
+            if device.type == "cuda":
+                timing["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        except Exception as error:
+            timing = {"error": f"{type(error).__name__}: {error}"[:500]}
+        emit(args, {"label": name, **setting, **tuning, **timing})
+        if index == last_plain and _left(args) > 15:
+            # after the pure-PyTorch rows: where a step's time goes, for each config
+            for profiled, config in configs.items():
+                config = configured(config, {"kernel": "torch", "precision": "32-true",
+                                             "compile": False})
                 profile = step_profile(config)
-                emit(args, {"label": f"{label} one whole training step",
+                emit(args, {"label": f"{profiled} one whole training step",
                             "host_syncs": profile["host_syncs"],
                             "cuda_sync_warnings": profile["cuda_sync_warnings"], **profile})
-                emit(args, {"label": f"{label} steps as Lightning runs them",
+                emit(args, {"label": f"{profiled} steps as Lightning runs them",
                             **lightning_step_time(config, 40 if args["cuda"] else 12)})
                 task, _ = build(_on_cpu(config))
-                emit(args, {"label": f"{label} sampler", **sampler_cost(task, 10)})
+                emit(args, {"label": f"{profiled} sampler", **sampler_cost(task, 10)})
     return {}
 
 
@@ -625,7 +671,25 @@ def _on_cpu(config):
                                                                    accelerator="cpu"))
 
 
+def lm_argv(args: dict, model: str) -> list[str]:
+    return [*_text_argv(args), "trainer=lm", f"model={model}"]
+
+
+def lm_plan(tuned: set[str]) -> list[tuple[str, bool, str | None]]:
+    """(model, compile, kernel) in the order timed: compile off for every preset, then on for
+    the two small ones; mamba-ssm's kernel only for a preset whose scan shape warm autotuned
+    (warm_shapes has mamba_lm14m's), else the pure-PyTorch scan."""
+    def kernel(model: str) -> str | None:
+        return None if model.startswith("transformer") else (
+            "mamba_ssm" if model in tuned else "torch")
+    return ([(m, False, kernel(m)) for m in LM_MODELS]
+            + [(m, True, kernel(m)) for m in LM_MODELS if m.endswith("14m")])
+
+
 def section_lm(args: dict) -> dict:
+    """The language-model presets at T 256 in bf16, compile off for all four, then on for the
+    small two. mamba-ssm's kernel only where its shape was autotuned by warm (mamba_lm14m);
+    elsewhere the pure-PyTorch scan, said in the row: a cold autotune costs minutes."""
     import torch
 
     from bench.memory import memory_estimate
@@ -634,37 +698,36 @@ def section_lm(args: dict) -> dict:
     from models.ssd import mamba_ssm_available
     apply_tf32_policy(False)
     device = torch.device("cuda")
-    scan_kernel = "mamba_ssm" if mamba_ssm_available() else "torch"
+    tuned = tuned_shapes(args) if mamba_ssm_available() else set()
     step: dict[str, float] = {}
-    for model in ("mamba_lm14m", "transformer_lm14m", "mamba_lm110m", "mamba_lm200m"):
-        for compiled in ((False, True) if model.endswith("14m") else (False,)):
-            label = f"{model} bf16-mixed compile={'on' if compiled else 'off'}"
-            if _left(args) < 15 or (compiled and _left(args) < 40):
-                emit(args, {"label": label, "skipped": "budget"})
-                continue
-            try:
-                config = _compose([*_text_argv(args), "trainer=lm", f"model={model}"])
-                task, _ = build(config)
-                estimate = memory_estimate(config, task, "cuda")
-                kernel = scan_kernel if hasattr(config.model, "kernel") else None
-                setting = {"kernel": kernel, "precision": "bf16-mixed", "compile": compiled}
-                torch.cuda.reset_peak_memory_stats()
-                timing = time_training(configured(config, setting), device, args["steps"])
-                timing["ms_per_step"] = timing.pop("step_s") * 1e3
-                if not compiled:
-                    step[model] = timing["ms_per_step"] / 1e3
-                emit(args, {"label": label, **setting, **timing, "params": estimate.params,
-                            "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-                            "estimate_gib": {side: estimate.need(side, "training") / 2**30
-                                             for side in estimate.sides}})
-            except Exception as error:
-                emit(args, {"label": label, "error": f"{type(error).__name__}: {error}"[:500]})
-            torch.cuda.empty_cache()
+    for model, compiled, kernel in lm_plan(tuned):
+        label = f"{model} bf16-mixed compile={'on' if compiled else 'off'}"
+        if _left(args) < 15 or (compiled and _left(args) < 40):
+            emit(args, {"label": label, "skipped": "budget"})
+            continue
+        try:
+            config = _compose(lm_argv(args, model))
+            task, _ = build(config)
+            estimate = memory_estimate(config, task, "cuda")
+            setting = {"kernel": kernel, "precision": "bf16-mixed", "compile": compiled}
+            torch.cuda.reset_peak_memory_stats()
+            timing = time_training(configured(config, setting), device, args["steps"])
+            timing["ms_per_step"] = timing.pop("step_s") * 1e3
+            if not compiled:
+                step[model] = timing["ms_per_step"] / 1e3
+            emit(args, {"label": label, **setting, **timing, "params": estimate.params,
+                        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+                        "estimate_gib": {side: estimate.need(side, "training") / 2**30
+                                         for side in estimate.sides}})
+        except Exception as error:
+            emit(args, {"label": label, "error": f"{type(error).__name__}: {error}"[:500]})
+        torch.cuda.empty_cache()
     # suite paper000_text: 4 runs of mamba_lm14m, 2 of transformer_lm14m, 3 of each large one,
     # 30k steps each (conf/papers/000/suites/paper000_text.yaml)
     runs = {"mamba_lm14m": 4, "transformer_lm14m": 2, "mamba_lm110m": 3, "mamba_lm200m": 3}
     if all(m in step for m in runs):
         emit(args, {"label": "paper000_text projected",
+                    "kernels": {m: k for m, c, k in lm_plan(tuned) if not c and k},
                     "projected_h": sum(30000 * step[m] * n for m, n in runs.items()) / 3600})
     return {}
 
@@ -674,8 +737,11 @@ def section_text(args: dict) -> dict:
     # on two cores: a few sequences, a few held-out windows (a 50257-token output layer)
     batch = [] if args["cuda"] else ["trainer.batch_size=4", "trainer.eval_batch_size=4",
                                      "task.eval_windows=8"]
-    _run_row(args, "mamba_lm14m on pydoc", [
-        *_text_argv(args), "model=mamba_lm14m", "trainer=lm", _accelerator(args), *batch,
+    # mamba-ssm's kernel only if warm autotuned its shape: a cold autotune costs minutes
+    kernel = "mamba_ssm" if args["cuda"] and "mamba_lm14m" in tuned_shapes(args) else "torch"
+    _run_row(args, f"mamba_lm14m on pydoc, kernel={kernel}", [
+        *_text_argv(args), "model=mamba_lm14m", f"model.kernel={kernel}", "trainer=lm",
+        _accelerator(args), *batch,
         f"trainer.max_steps={steps}", f"trainer.warmup_steps={steps // 10}",
         "trainer.log_every=50", "trainer.checkpoint_every=0"], _left(args))
     return {}

@@ -199,17 +199,42 @@ def parity(name: str, dtype: str, device: str, initial_state: bool = True, seed:
                        "kernel_vs_chunked": max_abs(fast, reference)}}
 
 
-# Tolerances of the kernel on CUDA, relative to each quantity's largest value (tests/test_ssd.py
-# and gpucheck's parity tables): float32 1e-2 allows TF32 dot products (10 mantissa bits) should
-# a process enable them; float16 4e-3 (4 float16 eps, as under the interpreter); bfloat16 3e-2
-# (4 bfloat16 eps). Estimates until a GPU has run them.
+# Tolerances of the kernel, relative to each quantity's largest value (tests/test_ssd.py and
+# gpucheck's parity rows): float32 1e-2 allows TF32 dot products (10 mantissa bits) should a
+# process enable them; float16 4e-3 (4 float16 eps); bfloat16 3e-2 (4 bfloat16 eps). Measured on
+# an H100 (gpucheck, 2026-11-26): the kernel's worst error against the float64 oracle was 2.9e-6
+# in float32, 1.8e-2 in bf16 and 4.6e-3 in float16 -- dA of the `mamba` scan, where our own
+# chunked scan, given the same rounded inputs, is as far off (4.55e-3): the rounding of the
+# float16 output y and of its incoming gradient, summed over 6,400 terms into one number.
 CUDA_TOLERANCE = {"float32": 1e-2, "float16": 4e-3, "bfloat16": 3e-2}
+# A kernel error over the tolerance still passes when our chunked scan, run on the same rounded
+# inputs, is this close to as far from the oracle: the error is then the dtype's, not the
+# kernel's (the kernel-vs-chunked difference must still be within the tolerance).
+AS_FAR_AS_CHUNKED = 1.25
+
+
+def parity_failures(result: dict, tolerance: float) -> list[str]:
+    """What of `parity`'s result breaks the rule (empty: the kernel passes). Per quantity, the
+    kernel's error against the oracle must be within `tolerance` x the oracle's largest value
+    or within AS_FAR_AS_CHUNKED x our chunked scan's error on the same inputs, and the kernel
+    must agree with the chunked scan within `tolerance`."""
+    errors, scale, failures = result["errors"], result["scale"], []
+    for quantity, error in errors["kernel"].items():
+        bound = max(tolerance * scale[quantity],
+                    AS_FAR_AS_CHUNKED * errors["chunked"][quantity])
+        if error > bound:
+            failures.append(f"kernel {quantity}: {error:.3g} > {bound:.3g} (tolerance "
+                            f"{tolerance:g} x {scale[quantity]:.3g}; chunked scan "
+                            f"{errors['chunked'][quantity]:.3g})")
+    for quantity, error in errors["kernel_vs_chunked"].items():
+        if error > tolerance * scale[quantity]:
+            failures.append(f"kernel_vs_chunked {quantity}: {error:.3g} > {tolerance:g} x "
+                            f"{scale[quantity]:.3g}")
+    return failures
 
 
 def within_tolerance(result: dict, tolerance: float) -> bool:
-    """Whether every error of `parity`'s result is within tolerance x the oracle's scale."""
-    return all(error <= tolerance * result["scale"][quantity]
-               for errors in result["errors"].values() for quantity, error in errors.items())
+    return not parity_failures(result, tolerance)
 
 
 def pin_configs(index: int) -> None:

@@ -159,3 +159,109 @@ def test_sigterm_to_the_driver_kills_the_running_section_and_keeps_the_figures(
     child = [json.loads(line) for line in rows.read_text().splitlines()][1]
     assert gone_within(child["pid"], 5)
     assert "stopped by SIGTERM" in capsys.readouterr().err
+
+
+def test_every_command_line_a_section_builds_composes(tmp_path, monkeypatch):
+    """The `bench run` lines of tiny, paper, ddp and text, on the CUDA branch and on the CPU one,
+    and the configs speed and lm build, are valid: composed as `bench run` composes them. (The
+    first GPU call lost its NCCL row to a key the ddp section gave twice, on a branch only CUDA
+    reaches.) The processes are stand-ins: nothing runs."""
+    from bench.config import compose
+
+    started = []
+
+    class Process:
+        pid = None
+
+        def poll(self):
+            return 0
+
+        def send_signal(self, signum):
+            pass
+
+    def start(argv, env=None, cwd=gpucheck.REPO):
+        started.append(argv)
+        return Process()
+
+    monkeypatch.setattr(gpucheck, "start_group", start)
+    monkeypatch.setattr(gpucheck, "finish_group", lambda process, timeout: {
+        "exit": 0, "wait_s": 0.0, "stdout": "", "stderr": ""})
+    monkeypatch.setattr(gpucheck, "_wait_for_training", lambda process, timeout: True)
+    monkeypatch.setattr(gpucheck.time, "sleep", lambda seconds: None)
+    for cuda in (True, False):
+        args = {"section": "check", "rows": str(tmp_path / "rows.jsonl"),
+                "runs": str(tmp_path / "runs"), "scratch": str(tmp_path), "cuda": cuda,
+                "deadline": time.monotonic() + 600, "steps": 20, "tokenizer_file": ""}
+        for section in (gpucheck.section_tiny, gpucheck.section_paper, gpucheck.section_ddp,
+                        gpucheck.section_text):
+            section(args)
+    runs = [argv[4:] for argv in started if argv[1:4] == ["-m", "bench", "run"]]
+    # tiny, paper, 2 ranks, 2 ranks signalled, 1 process signalled, text; NCCL on CUDA alone
+    assert len(runs) == 2 * 8 + 1
+    assert sum("trainer.process_group_backend=nccl" in argv for argv in runs) == 1
+    for argv in runs:
+        compose(argv)  # a ConfigError names what is wrong
+    args["tokenizer_file"] = ""
+    for argv in [*gpucheck.SPEED_CONFIGS.values(),
+                 *(gpucheck.lm_argv(args, model) for model in gpucheck.LM_MODELS)]:
+        compose([*argv, "trainer.accelerator=gpu"])
+
+
+def test_speed_times_what_needs_no_autotune_first():
+    plan = gpucheck.speed_plan(cuda=True, kernel=True, tuned={"mamba_4x256_T1024"})
+    kernels = [(kernel, compiled) for _, kernel, _, compiled in plan]
+    assert kernels == sorted(kernels, key=lambda k: (k[1], k[0] == "mamba_ssm"))
+    first_kernel_row = next(row for row in plan if row[1] == "mamba_ssm")
+    assert first_kernel_row[0] == "mamba_4x256_T1024"  # the tuned shape before the other
+    assert gpucheck.speed_plan(cuda=False, kernel=False, tuned=set()) == [
+        ("markov_paper", "torch", "32-true", False), ("markov_paper", "torch", "bf16-mixed", False)]
+
+
+def test_the_language_models_use_the_kernel_only_where_it_was_tuned():
+    plan = gpucheck.lm_plan({"mamba_lm14m"})
+    assert [compiled for _, compiled, _ in plan] == [False] * 4 + [True] * 2
+    assert {(model, kernel) for model, _, kernel in plan} == {
+        ("mamba_lm14m", "mamba_ssm"), ("transformer_lm14m", None), ("mamba_lm110m", "torch"),
+        ("mamba_lm200m", "torch")}
+    assert {kernel for _, _, kernel in gpucheck.lm_plan(set())} == {"torch", None}
+
+
+def test_warm_counts_what_compiled_what_the_gpu_cannot_hold_and_what_the_budget_cut(
+        tmp_path, monkeypatch):
+    """The H100 call: one config per shape over the GPU's shared memory (the autotuner skips it
+    too, so not a failure), and jobs still running or never started when the budget ran out."""
+    monkeypatch.setattr(gpucheck, "warm_shapes", lambda: {"small": (2, 8, 1, 4, 1, 2, 4)})
+    monkeypatch.setattr(gpucheck.time, "sleep", lambda seconds: None)
+    deadline = time.monotonic() + 600
+
+    class Process:
+        def __init__(self, index):
+            self.index = index
+
+        def poll(self):
+            return None if self.index == 9 else 0  # job 9 never ends
+
+    def start(argv, env=None, cwd=gpucheck.REPO):
+        return Process(json.loads(argv[-1])["index"] if "warm_one" in argv else -1)
+
+    def finish(process, timeout):
+        if process.index == 3:
+            return {"exit": 1, "stdout": "", "stderr": "OutOfResources: out of resource: "
+                                                       "shared memory, Required: 263168"}
+        return {"exit": 0, "stdout": json.dumps({"seconds": 2.0}), "stderr": ""}
+
+    def run(argv, timeout, env=None):
+        return {"exit": 0, "stdout": "", "stderr": "", "wall_s": 0.0}
+
+    monkeypatch.setattr(gpucheck, "start_group", start)
+    monkeypatch.setattr(gpucheck, "finish_group", finish)
+    monkeypatch.setattr(gpucheck, "run_group", run)
+    clock = iter(range(10**6))  # the budget ends after a few polls of job 9
+    monkeypatch.setattr(gpucheck, "_left", lambda args: 1000 if next(clock) < 40 else 20)
+    args = {"section": "warm", "rows": str(tmp_path / "rows.jsonl"), "deadline": deadline}
+    gpucheck.section_warm(args)
+    rows = {row["label"]: row for row in gpucheck.read_rows(tmp_path / "rows.jsonl")}
+    compiled = rows["compile small"]
+    assert compiled["jobs"] == 17 and compiled["over_shared_memory"] == 1
+    assert compiled["compiled"] + compiled["not_compiled"] == 16 and compiled["not_compiled"] >= 1
+    assert "killed: budget" in compiled["errors"]
