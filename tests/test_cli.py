@@ -126,7 +126,7 @@ def test_suite_entries_are_valid_and_a_bad_shard_exits_2(capsys):
 
 
 def test_entry_numbers_are_sorted_and_unique():
-    from bench.__main__ import entry_numbers
+    from bench.config import entry_numbers
     assert entry_numbers("5,1-3,2", 6) == [1, 2, 3, 5]
 
 

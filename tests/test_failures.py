@@ -391,7 +391,7 @@ def test_a_suite_counts_a_run_done_only_in_the_environment_it_would_run_in(tmp_p
     import bench.checks
     import bench.records
     import models.ssd
-    from bench.__main__ import finished_runs
+    from bench.suites import finished_runs
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
     monkeypatch.setattr(bench.records, "provenance", lambda: dict(version))
     config = compose_checked(["model=mamba", f"out_dir={tmp_path}", *TINY])

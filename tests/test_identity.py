@@ -276,7 +276,7 @@ def test_a_suite_entry_is_done_by_a_record_whose_identity_is_todays(tmp_path, mo
     """A record made by older code counts as done when its identity is today's code's (the
     suite then runs only what is stale); with another identity it does not."""
     import bench.records
-    from bench.__main__ import finished_runs
+    from bench.suites import finished_runs
     monkeypatch.setattr(bench.records, "provenance",
                         lambda: {"commit": "t" * 40, "code": "today", "dirty": False})
     argv = ["task=markov", "model=mamba", "trainer.max_steps=10", "trainer.progress=false"]

@@ -17,7 +17,7 @@ import torch
 import yaml
 
 import bench.__main__ as cli
-from bench import gpucheck
+from bench import gpucheck, suites
 from bench.claims import load_claims
 from bench.config import (MAX_RUNS, ConfigError, check_path, compose, load_suite,
                           load_yaml_text)
@@ -87,7 +87,7 @@ def nothing_runs(monkeypatch, tmp_path):
     def would_run(*args, **kwargs):
         raise AssertionError("a malformed input reached the runner")
 
-    monkeypatch.setattr(cli, "run_suite", would_run)
+    monkeypatch.setattr(suites, "run_suite", would_run)
     monkeypatch.setattr(bench.train, "run", would_run)
     monkeypatch.setattr(gpucheck, "run_sections", would_run)
     work = tmp_path / "work"
@@ -207,7 +207,7 @@ def test_entries_that_compose_the_same_run_are_named(tmp_path, monkeypatch, caps
     """model.d_conv=4 is mamba's default: written differently, the same run (a shipped suite has
     such pairs, so it is said, not refused)."""
     ran = []
-    monkeypatch.setattr(cli, "run_suite", lambda *args, **kwargs: ran.append(args) or 0)
+    monkeypatch.setattr(suites, "run_suite", lambda *args, **kwargs: ran.append(args) or 0)
     monkeypatch.chdir(tmp_path)
     path = suite_file(tmp_path, [["seed=0"], ["seed=0", "model.d_conv=4"]])
     assert cli.main(["suite", f"name={path}", "trainer.threads=1"]) == 0 and ran
@@ -217,8 +217,8 @@ def test_entries_that_compose_the_same_run_are_named(tmp_path, monkeypatch, caps
 def test_a_long_list_says_it_is_being_checked(tmp_path, monkeypatch, capsys):
     """Composing and memory-checking each entry takes time: a line every 5 s, never silence."""
     clock = iter(range(0, 10_000, 6))  # each reading of the clock 6 s after the last
-    monkeypatch.setattr(cli, "time", SimpleNamespace(monotonic=lambda: next(clock)))
-    monkeypatch.setattr(cli, "run_suite", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(suites, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(suites, "run_suite", lambda *args, **kwargs: 0)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["sweep", "seed=0,1,2", "trainer.threads=1"]) == 0
     out = capsys.readouterr().out
