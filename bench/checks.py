@@ -72,6 +72,10 @@ def check_hardware(config) -> str:
     if t.batch_size % world:
         raise CheckFailed(f"trainer.batch_size={t.batch_size} is the global batch and must split "
                           f"evenly over the {world} training processes")
+    if t.batch_size // world % t.accumulate_grad_batches:
+        raise CheckFailed(f"trainer.batch_size={t.batch_size} must split evenly into "
+                          f"{world} process(es) x trainer.accumulate_grad_batches="
+                          f"{t.accumulate_grad_batches} micro-batches")
     kernel = getattr(config.model, "kernel", None)
     if kernel == "mamba_ssm":
         if device != "cuda":

@@ -200,7 +200,10 @@ YAML11_NUMBER = re.compile(r"[-+]?(0[0-9_]+|0[xob][0-9a-f_]+|[0-9][0-9_]*(:[0-5]
 @dataclass
 class TrainerConfig:
     max_steps: int = 800
-    batch_size: int = 32
+    batch_size: int = 32  # the global batch of an optimizer step (split over ranks, micro-batches)
+    # micro-batches per optimizer step: each rank's share of the batch is split into this many,
+    # run one after another and their gradients summed -- less memory, the same batch
+    accumulate_grad_batches: int = 1
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays from lr to lr * min_lr_ratio
     weight_decay: float = 1e-3
@@ -235,7 +238,8 @@ class TrainerConfig:
     save_weights: bool = True  # final weights to out_dir/weights/<run_id>.pt (python -m bench eval)
 
     def __post_init__(self):
-        at_least = {"max_steps": 1, "batch_size": 1, "eval_sequences": 2, "eval_batch_size": 1,
+        at_least = {"max_steps": 1, "batch_size": 1, "accumulate_grad_batches": 1,
+                    "eval_sequences": 2, "eval_batch_size": 1,
                     "bootstrap": 1, "log_every": 1, "val_every": 0, "val_sequences": 1,
                     "num_nodes": 1, "warmup_steps": 0,
                     "checkpoint_every": 0, "threads": 0, "loader_workers": -1}

@@ -203,7 +203,8 @@ def _footprint(config, model_config, task, kernel: str | None, eval_rows: int,
         scan = scan_override(kernel_footprint) if kernel == "mamba_ssm" else contextlib.nullcontext()
         try:
             with scan, precision_context(precision):
-                train = batch(config.trainer.batch_size // world_size(config))
+                train = batch(config.trainer.batch_size // world_size(config)  # a micro-batch
+                              // config.trainer.accumulate_grad_batches)
                 with Allocations() as allocated:
                     output = model(train.inputs)
                     loss = masked_loss(task, output, train)  # the run's loss, no data-sized op
@@ -335,10 +336,10 @@ def memory_estimate(config, task, device: str, kernel: str | None = None,
     terms = [
         Term("device", "training", "weights, gradients and AdamW state", "the model size",
              (5 if world > 1 else 4) * weights),
-        Term("device", "training", "activations and loss", "trainer.batch_size or task.seq_len",
-             activations),
+        Term("device", "training", "activations and loss",
+             "trainer.batch_size, task.seq_len or trainer.accumulate_grad_batches", activations),
         Term("device", "training", "the batch", "trainer.batch_size",
-             t.batch_size // world * per_sequence),
+             t.batch_size // world // t.accumulate_grad_batches * per_sequence),
         Term("device", "training", "the pool of training tasks", "task.num_tasks",
              pool_peak_bytes(task)),
         Term("device", "evaluation", "weights and gradients", "the model size", 2 * weights),

@@ -51,6 +51,11 @@ class ICLModule(L.LightningModule):
         self.prior_train_time = 0.0  # training seconds of the run(s) this one resumes
         self.resumed: dict | None = None  # the checkpoint's metadata, when resumed
         self._nonfinite_checks = 0  # consecutive checks with a non-finite loss
+        # the micro-batch of the optimizer step that runs next (trainer.accumulate_grad_batches
+        # parts a step): 0 at a callback's batch start is a step's first, 0 at its batch end
+        # means the step's last has run
+        self.micro_index = 0
+        self._step_loss: Tensor | None = None  # the sum of the step's micro-batch losses
 
     def train_time(self) -> float:
         return self.prior_train_time + time.perf_counter() - self.clock_start
@@ -58,14 +63,25 @@ class ICLModule(L.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = masked_loss(self.task, self.model(batch.inputs), batch)
         step = int(self.global_step)
+        parts = self.config.accumulate_grad_batches
+        if parts > 1:  # the step's loss is the mean of its parts' (Lightning scales each by 1/k)
+            own = loss.detach()
+            self._step_loss = own if self.micro_index == 0 else self._step_loss + own
+            self.micro_index = (self.micro_index + 1) % parts
+            if self.micro_index:
+                return loss  # the step goes on: checks happen once it is whole
+            step_loss = self._step_loss / parts
+        else:
+            step_loss = loss
         if step % self.config.log_every == 0 or step == self.config.max_steps - 1:
-            self._check_step(loss, step)
+            self._check_step(step_loss, step)
         elif self.trainer.world_size == 1 and self.signals is not None \
                 and self.signals.signum is not None:
             raise Interrupted(self.signals.signum)  # alone, a signal needs no agreement
         return loss
 
     def on_train_start(self) -> None:
+        self.micro_index = 0  # a resumed run starts at a step's first micro-batch
         self.train_device = str(self.device)  # Lightning moves the model back to the CPU later
         if self.config.progress and self.trainer.is_global_zero and self.run_info.get("run_id"):
             # progress: training has begun (a cold GPU start can take minutes of imports and

@@ -83,16 +83,18 @@ class RunLog(L.Callback):
                              batch_idx: int) -> None:
         self._step = int(trainer.global_step)
         self._lr = float(trainer.optimizers[0].param_groups[0]["lr"])
-        # positions trained on by all ranks together (each rank samples its own batch)
-        self._tokens = batch.inputs.shape[0] * batch.inputs.shape[1] * trainer.world_size
+        # positions trained on by all ranks together (each rank samples its own batch) in all
+        # micro-batches of the step
+        self._tokens = (batch.inputs.shape[0] * batch.inputs.shape[1] * trainer.world_size
+                        * trainer.accumulate_grad_batches)
         if self._since is None:
             self._since = (self._step, time.perf_counter())
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
         step = self._step
-        if step % self.log_every or not trainer.is_global_zero:
-            return
+        if step % self.log_every or not trainer.is_global_zero or module.micro_index:
+            return  # (a micro-batch before the step's last)
         now = time.perf_counter()
         since_step, since_time = self._since
         steps, seconds = step + 1 - since_step, max(now - since_time, 1e-9)

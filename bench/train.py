@@ -71,13 +71,14 @@ def build(config: RunConfig, task: Task | None = None) -> tuple[Task, Backbone]:
         task = rank_task(config)
     task.progress = config.trainer.progress  # for tasks with long preparation (text: tokenizing)
     task.loader_workers = loader_workers(config)
+    task.micro_batches = config.trainer.accumulate_grad_batches
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     torch.manual_seed(config.seed)  # parameter initialisation
     model = build_model(config.model_family, config.model, io)
     if training_device(config) == "cuda":  # kernel=auto made concrete before any tracing
         from models.mamba import resolve_scan_kernels
         dtype = torch.float64 if config.trainer.precision in ("64-true", "64") else torch.float32
-        resolve_scan_kernels(model, torch.device("cuda", local_rank()), task.batch_size,
+        resolve_scan_kernels(model, torch.device("cuda", local_rank()), task.micro_batch_size,
                              task.seq_len, dtype)
     if config.trainer.compile:
         # in place: parameter names (checkpoints) stay those of the eager model
@@ -183,6 +184,7 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
             find_unused_parameters=t.strategy == "ddp_find_unused_parameters_true")
     return L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
                      num_nodes=t.num_nodes, strategy=strategy, precision=t.precision,
+                     accumulate_grad_batches=t.accumulate_grad_batches,
                      gradient_clip_val=t.grad_clip or None, logger=False,
                      enable_checkpointing=t.checkpoint_every > 0, callbacks=callbacks,
                      enable_progress_bar=t.progress, enable_model_summary=False,

@@ -64,7 +64,7 @@ class LiveValidation(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, module: ICLModule, batch,
                              batch_idx: int) -> None:
         step = int(trainer.global_step)  # optimizer steps done, this batch's still to come
-        if step > 0 and step % self.config.val_every == 0:
+        if step > 0 and step % self.config.val_every == 0 and module.micro_index == 0:
             self.validate_at(step, trainer, module)
 
     def on_train_end(self, trainer: L.Trainer, module: ICLModule) -> None:

@@ -109,13 +109,23 @@ class TrainingBatches(torch.utils.data.Dataset):
     def __init__(self, task: "Task", rank: int, pool: dict[str, Tensor] | None = None):
         self.task, self.rank, self.pool = task, rank, pool
 
-    def __getitem__(self, step: int) -> Batch:
+    def __getitem__(self, micro_step: int) -> Batch:
+        """Micro-batch `micro_step`: part j of step s's batch (s, j = divmod(micro_step, k), k =
+        task.micro_batches), so that accumulating gradients over k micro-batches trains on the
+        very sequences one batch would. Each part samples the whole batch of its step and keeps
+        its slice: k times the sampling, never a different batch."""
+        step, part = divmod(micro_step, self.task.micro_batches)
         batch = self.task.training_batch(step, self.rank, self.pool)
+        if self.task.micro_batches > 1:
+            size = self.task.micro_batch_size
+            # copies: a slice would carry the whole batch's storage to the training process
+            batch = Batch(*(t[part * size:(part + 1) * size].clone() for t in
+                            (batch.inputs, batch.targets, batch.loss_mask)))
         return Batch(batch.inputs, batch.targets, batch.loss_mask)
 
 
 class Steps(torch.utils.data.Sampler):
-    """The step numbers start, start + 1, ...: endless, training stops at max_steps."""
+    """The (micro-)step numbers start, start + 1, ...: endless, training stops at max_steps."""
 
     def __init__(self, start: int = 0):
         self.start = start
@@ -301,6 +311,12 @@ class Task(L.LightningDataModule, abc.ABC):
 
     # --- Lightning: training batches are sampled on the CPU, in loader workers -------------
     loader_workers: int = 0  # processes sampling training batches (bench sets it per run)
+    micro_batches: int = 1  # trainer.accumulate_grad_batches: parts of a step's batch (bench sets it)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Sequences of one forward pass: this rank's batch over the micro-batches of a step."""
+        return self.batch_size // self.micro_batches
     PREFETCH = 4  # batches each loader worker keeps ready
 
     def training_batch(self, step: int, rank: int = 0,
@@ -327,7 +343,8 @@ class Task(L.LightningDataModule, abc.ABC):
         A pool of training tasks is drawn once, on the training device (fast for large pools),
         and the workers sample from a CPU copy of it."""
         trainer = self.trainer
-        start = trainer.global_step if trainer is not None else 0
+        # micro-batches of the optimizer steps done, when resumed: each step is micro_batches
+        start = (trainer.global_step if trainer is not None else 0) * self.micro_batches
         rank = trainer.global_rank if trainer is not None else 0
         device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
         pool = ({name: value.cpu() for name, value in self.task_pool(device).items()}
