@@ -170,8 +170,7 @@ def cmd_run(argv: list[str]) -> int:
     argv, dry = take_option(argv, "print_config", "false")
     if dry not in ("true", "false"):
         raise ConfigError(f"print_config must be true or false, got '{dry}'")
-    from bench.checks import checked_run
-    config, task = checked_run(argv)  # every check a run makes before it starts, memory included
+    config, task = composed_and_checked(argv)
     if dry == "true":
         print_config(config, task)
         return 0
@@ -185,6 +184,16 @@ def cmd_run(argv: list[str]) -> int:
     if path:
         print_run(record, path)
     return 0
+
+
+def composed_and_checked(argv: list[str]) -> tuple:
+    """The run's config and the task its checks built: composed first, without torch, so that a
+    misspelt key or value is answered before the checks (which import torch and the task and
+    model families, seconds of CPU) run; then every check a run makes before it starts."""
+    from bench.config import compose
+    config = compose(argv)
+    from bench.checks import checked_task_of
+    return config, checked_task_of(config)
 
 
 def print_config(config, task) -> None:
@@ -203,8 +212,7 @@ def cmd_references(argv: list[str]) -> int:
     argv, n = take_option(argv, "n", "")
     if n:
         argv = [*argv, f"trainer.eval_sequences={positive_int('n', n, low=2)}"]
-    from bench.checks import checked_run
-    config, task = checked_run(argv)  # the task the checks built, used as it is
+    config, task = composed_and_checked(argv)  # the task the checks built, used as it is
     from bench import reference_cache
     from bench.evaluate import score_predictions
     from bench.report import print_metrics
@@ -365,7 +373,7 @@ def cmd_speed(argv: list[str]) -> int:
     argv, compiles = take_option(argv, "compile", "all")
     argv, out = take_option(argv, "out", "")
     from bench.config import PRECISIONS
-    from models.ssd import KERNELS
+    from models.configs import KERNELS
     for key, value, allowed in (("kernels", kernels, ("all", *KERNELS)),
                                 ("precisions", precisions, ("all", *PRECISIONS)),
                                 ("compile", compiles, ("all", "on", "off"))):

@@ -218,11 +218,17 @@ def checked_run(argv: list[str]) -> tuple:
     """compose_checked, and the task the checks built (a tasks.base.Task): the run's own
     (train.run's `task`), so that a run builds its task once."""
     config = compose(argv)
+    return config, checked_task_of(config)
+
+
+def checked_task_of(config) -> object:
+    """check_run of a composed config, a failure as a one-line ConfigError; the task it built.
+    The CLI composes first (bench.config, no torch: a typo answers at once), then imports this
+    module and checks."""
     try:
-        task = check_run(config)
+        return check_run(config)
     except CheckFailed as error:
         raise ConfigError(str(error)) from None
-    return config, task
 
 
 def check_run(config):

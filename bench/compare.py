@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from bench.config import ConfigError, TrainerConfig
-from bench.evaluate import fmt_sig
+from bench.formats import fmt_sig
 from bench.records import read_record
 from tasks.stats import paired_difference
 

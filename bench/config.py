@@ -353,11 +353,22 @@ def _load_yaml(path: Path) -> dict:
 
 
 def _families(group: str) -> dict[str, type]:
+    """{family: Task or Core subclass} (imports every family module, torch with them)."""
     if group == "task":
         from tasks import task_families
         return task_families()
     from models import model_families
     return model_families()
+
+
+def _config_classes(group: str) -> dict[str, type]:
+    """{family: its config dataclass}, from the torch-free config modules: what composing a
+    command line needs (tests/test_contracts.py checks they are the families' own)."""
+    if group == "task":
+        from tasks.configs import CONFIGS
+        return CONFIGS
+    from models.configs import CONFIGS
+    return CONFIGS
 
 
 def _typed(group: str, name: str, schema_cls: type, values: dict, overrides: list[str]):
@@ -558,7 +569,7 @@ def family_schema(group: str, family: str | None) -> type | None:
     trainer's; None for a family this code does not know."""
     if group == "trainer":
         return TrainerConfig
-    return getattr(_families(group).get(family), "Config", None)
+    return _config_classes(group).get(family)
 
 
 def default_choices() -> dict[str, str]:
@@ -606,12 +617,12 @@ def compose(argv: list[str]) -> RunConfig:
         name = selected[group]
         values = _load_yaml(CONF_DIR / group / f"{name}.yaml")
         family = values.pop("family", name)
-        known = _families(group)
+        known = _config_classes(group)
         if family not in known:
             raise ConfigError(f"conf/{group}/{name}.yaml names family '{family}', which does "
-                              f"not exist; families: {', '.join(known)}")
+                              f"not exist; families: {', '.join(sorted(known))}")
         families[group] = family
-        built[group] = _typed(group, name, known[family].Config, values, group_overrides[group])
+        built[group] = _typed(group, name, known[family], values, group_overrides[group])
     trainer = _typed("trainer", selected["trainer"], TrainerConfig,
                      _load_yaml(CONF_DIR / "trainer" / f"{selected['trainer']}.yaml"),
                      group_overrides["trainer"])

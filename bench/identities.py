@@ -391,7 +391,7 @@ def ok_records(out_dir: str | Path) -> list[dict]:
 
 
 def summary_lines(status: Status, today: tuple[str, str] | None) -> list[str]:
-    from bench.evaluate import plural
+    from bench.formats import plural
     label = today[1][:7] if today else "unknown"
     lines = [f"current under today's code ({label}): {plural(len(status.current), 'record')}"]
     for parts, records in sorted(status.stale.items(), key=lambda kv: -len(kv[1])):
@@ -435,7 +435,7 @@ def report_identities(out_dir: str, check: bool = False) -> int:
     for code in set(index.codes) - set(wanted):  # no record's code, nor today's: not kept
         del index.codes[code]
     path = save_index(index, command)
-    from bench.evaluate import plural
+    from bench.formats import plural
     print(f"{path}: {plural(len(records), 'record')}, {plural(ran, 'probe')} run in "
           f"{time.perf_counter() - start:.0f} s")
     index.today = today[0] if today else None

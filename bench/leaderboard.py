@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.config import ConfigError
-from bench.evaluate import fmt, fmt_loss, fmt_sig, loss_resolution, plural
+from bench.formats import fmt, fmt_loss, fmt_sig, loss_resolution, plural
 from bench.identities import Index, current_code, load_index, resolved_config
 from bench.plot import plot_gaps
 from bench.records import (RESULT_NEUTRAL, code_digest, environment, not_a_regular_file,

@@ -1,7 +1,7 @@
 """Terminal output of a run: a short table of the model and the references."""
 from __future__ import annotations
 
-from bench.evaluate import fmt, fmt_loss, fmt_sig, is_suspicious, loss_resolution
+from bench.formats import fmt, fmt_loss, fmt_sig, is_suspicious, loss_resolution
 
 
 def print_perplexity_metrics(metrics: dict) -> None:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.config import MAX_RUNS, ConfigError, entry_numbers, shown
+from bench.config import MAX_RUNS, ConfigError, compose, entry_numbers, shown
 
 
 def origin_kind(origin) -> str:
@@ -111,22 +111,29 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
         first = seen.setdefault(tuple(sorted([*unless_given(entry), *entry])), number)
         if first != number:
             raise twice(first, number, entry)
-    from bench.checks import checked_run
-    configs, tasks, composed = [], [], {}
+    def in_entry(number: int, error: ConfigError) -> ConfigError:
+        own = " ".join(entries[number - 1])
+        return ConfigError(f"entry {number} of {what}" + (f" ({shown(own)})" if own else "")
+                           + f": {error}")
+
+    configs = []
+    for number, entry in zip(numbers, runs):  # composed first (no torch): a typo fails at once
+        try:
+            configs.append(compose([*unless_given(entry), *entry]))
+        except ConfigError as error:
+            raise in_entry(number, error) from None
+    from bench.checks import checked_task_of
+    tasks, composed = [], {}
     started = last = time.monotonic()
-    for i, (number, entry) in enumerate(zip(numbers, runs)):
+    for i, (number, entry, config) in enumerate(zip(numbers, runs, configs)):
         if time.monotonic() - last > 5:  # a long list: say it is being checked, not stuck
             last = time.monotonic()
             print(f"checking the entries of {what}: {i} of {len(numbers)} in "
                   f"{last - started:.0f} s", flush=True)
         try:
-            config, task = checked_run([*unless_given(entry), *entry])
-            configs.append(config)
-            tasks.append(task)
+            tasks.append(checked_task_of(config))
         except ConfigError as error:
-            own = " ".join(entries[number - 1])
-            raise ConfigError(f"entry {number} of {what}" + (f" ({shown(own)})" if own else "")
-                              + f": {error}") from None
+            raise in_entry(number, error) from None
         described = config.describe()
         described.pop("overrides")  # `task=markov` and the default task are one run
         first = composed.setdefault(json.dumps([described, config.out_dir, config.resume],

@@ -1,17 +1,26 @@
 """Architectures. Each module here defines one or more families (`Core` subclasses with a
-`family` name); they are discovered on first use, so adding one means a module and a YAML file."""
+`family` name; their configs in models/configs.py); they are discovered on first use, so adding
+one means a module, its config and a YAML file."""
 from __future__ import annotations
 
 import importlib
 import pkgutil
 
-from models.backbone import Backbone, Core, IOSpec
+CONTRACT = ("Backbone", "Core", "IOSpec")
+__all__ = [*CONTRACT, "model_families", "build_model"]
 
-__all__ = ["Backbone", "Core", "IOSpec", "model_families", "build_model"]
+
+def __getattr__(name: str):
+    """The contract's names (models.backbone) load on first use: it imports torch, which the
+    package's light module (configs, used to compose a command line) must not pull in."""
+    if name in CONTRACT:
+        return getattr(importlib.import_module("models.backbone"), name)
+    raise AttributeError(f"module 'models' has no attribute {name!r}")
 
 
-def model_families() -> dict[str, type[Core]]:
+def model_families() -> dict[str, type]:
     """{family name: Core subclass} for every module of this package."""
+    from models.backbone import Core
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
     found: dict[str, type[Core]] = {}
@@ -24,5 +33,6 @@ def model_families() -> dict[str, type[Core]]:
     return dict(sorted(found.items()))
 
 
-def build_model(family: str, config, io: IOSpec) -> Backbone:
+def build_model(family: str, config, io):
+    from models.backbone import Backbone
     return Backbone(model_families()[family](config, io), io)

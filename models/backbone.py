@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import typing
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
+
+from models.configs import with_backbone_options
 
 
 def mark_recurrent(*params: nn.Parameter | None) -> None:
@@ -58,31 +59,6 @@ class IOSpec:
     input_dim: int  # vocabulary size or input vector size
     output_dim: int  # vocabulary size or target vector size
     max_len: int  # longest sequence the model will see (learned positions, KV-cache size)
-
-
-@dataclass
-class BackboneOptions:
-    """Fields every family's `Config` gets (see `Core.__init_subclass__`)."""
-
-    tie_embeddings: bool = False  # head weight = token embedding, no head bias (tokens only)
-
-
-def with_backbone_options(config: type, owner: type) -> type:
-    """`config` with the BackboneOptions fields it lacks appended (after its own fields, so its
-    positional order is unchanged). The new class is a subclass of `config` (its checks in
-    __post_init__ still run) and is named `<Owner>.Config`, which is where pickle finds it."""
-    have = {f.name for f in dataclasses.fields(config)}
-    hints = typing.get_type_hints(BackboneOptions)
-    extra = [(f.name, hints[f.name], dataclasses.field(default=f.default))
-             for f in dataclasses.fields(BackboneOptions) if f.name not in have]
-    if not extra:
-        return config
-    augmented = dataclasses.make_dataclass(config.__name__, extra, bases=(config,),
-                                           frozen=config.__dataclass_params__.frozen)
-    augmented.__module__ = owner.__module__
-    augmented.__qualname__ = f"{owner.__qualname__}.Config"
-    augmented.__doc__ = config.__doc__
-    return augmented
 
 
 class Core(nn.Module, abc.ABC):

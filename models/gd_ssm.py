@@ -38,45 +38,13 @@ input sensitivities) are the task's: tasks/linreg.py `comparison_metrics`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec, mark_recurrent
+from models.configs import GDSSMConfig
 from models.scan import lti_scan
-
-PROMPTS = ("interleaved", "tokens")
-SCANS = ("parallel", "sequential")
-
-
-@dataclass
-class GDSSMConfig:
-    # Sizes of the trained model; the constructed one takes its sizes from the prompt (Z is f × N).
-    d_model: int = 32
-    d_state: int = 16  # Z is d_state × d_state per layer
-    n_layers: int = 1
-    window: int = 3  # sliding-window length (paper: 3); 1 = the no-attention ablation
-    multiplicative_output: bool = True  # False = ablation: state read out by a learned constant
-    mlp: bool = False  # weighted sigmoid gated unit after each layer (App. A.8, non-linear tasks)
-    constructed: bool = False  # the paper's analytical one-GD-step parameters (owns input/output)
-    prompt: str = "interleaved"  # token layout the construction reads: tasks/linreg.py `prompt`
-    step_size: float = 1.0  # η of the constructed model's gradient step
-    scan: str = "parallel"  # "parallel" (doubling scan) | "sequential" (step-by-step twin)
-
-    def __post_init__(self):
-        if min(self.d_model, self.d_state, self.n_layers, self.window) < 1:
-            raise ValueError(f"gd_ssm: d_model, d_state, n_layers and window must be positive, "
-                             f"got {self.d_model}, {self.d_state}, {self.n_layers}, {self.window}")
-        if self.prompt not in PROMPTS:
-            raise ValueError(f"gd_ssm: prompt={self.prompt!r} is not one of {', '.join(PROMPTS)}")
-        if self.scan not in SCANS:
-            raise ValueError(f"gd_ssm: scan={self.scan!r} is not one of {', '.join(SCANS)}")
-        if self.constructed and (self.n_layers != 1 or self.mlp or not self.multiplicative_output
-                                 or self.window < (3 if self.prompt == "interleaved" else 1)):
-            raise ValueError("gd_ssm: constructed=true is the paper's one-layer construction: it "
-                             "needs n_layers=1, mlp=false, multiplicative_output=true and window "
-                             ">= 3 (interleaved prompt) or >= 1 (tokens prompt)")
 
 
 def window_slots(u: Tensor, window: int) -> Tensor:

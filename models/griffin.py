@@ -32,40 +32,21 @@ test oracle, and returns the final caches.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec, mark_recurrent
+from models.configs import GriffinConfig
 from models.scan import linear_scan
 
-BLOCK_KINDS = {"R": "recurrent block (conv + RG-LRU)", "A": "local multi-query attention"}
 GATE_EXPONENT = 8.0  # the paper's constant c in a_t = a^{c r_t}
 DECAY_INIT = (0.9, 0.999)  # a^c uniform on this interval at initialisation (paper Sec. 2.4)
 # sqrt(1 - a_t²) has an unbounded derivative as a_t → 1 (r_t → 0); flooring its argument at
 # 1/(4·1000²) caps that derivative at 1000 while changing the value by at most 5e-4.
 SQRT_FLOOR = 1.0 / (4 * 1000.0 ** 2)
 ROPE_BASE = 10000.0
-
-
-@dataclass
-class GriffinConfig:
-    d_model: int = 32
-    n_layers: int = 1  # repetitions of block_pattern
-    block_pattern: str = "RRA"  # R: recurrent block, A: local MQA block
-    rnn_expansion: float = 1.3333333333333333  # D_RNN = round(4/3 · d_model), as in the paper
-    conv_width: int = 4
-    n_heads: int = 2  # query heads of the local MQA (paper 002's best Griffin: 2 heads)
-    # Past positions each query attends to. Griffin's 1024-token window is half its 2048-token
-    # training length; 32 keeps the window a fraction of the benchmark's sequences, so long-range
-    # information must travel through the recurrence.
-    window: int = 32
-    mlp_expansion: int = 3
-
-    def __post_init__(self):
-        validate(self)  # at compose time, before anything is built
 
 
 def lecun_init(linear: nn.Linear) -> None:
@@ -314,17 +295,3 @@ class Griffin(Core):
 
 def rnn_width(config: GriffinConfig) -> int:
     return max(1, round(config.rnn_expansion * config.d_model))
-
-
-def validate(config: GriffinConfig) -> None:
-    """Reject inconsistent configurations with a message naming the field."""
-    if min(config.d_model, config.n_layers, config.n_heads, config.conv_width,
-           config.mlp_expansion) < 1 or config.window < 0 or config.rnn_expansion <= 0:
-        raise ValueError("griffin: d_model, n_layers, n_heads, conv_width, mlp_expansion and "
-                         "rnn_expansion must be positive and window >= 0")
-    if not config.block_pattern or set(config.block_pattern) - set(BLOCK_KINDS):
-        raise ValueError(f"griffin: block_pattern={config.block_pattern!r} must be a non-empty "
-                         f"string of {', '.join(f'{k} ({v})' for k, v in BLOCK_KINDS.items())}")
-    if config.d_model % config.n_heads or (config.d_model // config.n_heads) % 2:
-        raise ValueError(f"griffin: d_model={config.d_model} must split into n_heads="
-                         f"{config.n_heads} heads of even size (rotary embeddings rotate pairs)")

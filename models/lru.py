@@ -24,29 +24,14 @@ more layers (Table 1: the same loss with 1 to 6 layers).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec, mark_recurrent
+from models.configs import LRUConfig
 from models.scan import lti_scan
-
-
-@dataclass
-class LRUConfig:
-    d_model: int = 32
-    n_layers: int = 2
-    d_state: int = 32  # complex state entries per layer (paper 002's S5: state size 32)
-    # Eigenvalue ring at initialisation: |λ| in [0.9, 0.999] gives memory time-scales of
-    # 1/(1-|λ|) = 10 to 1000 steps, spanning the in-context lengths of the tasks.
-    r_min: float = 0.9
-    r_max: float = 0.999
-    max_phase: float = 6.283185307179586  # 2π: phases on the whole circle (the paper's default)
-
-    def __post_init__(self):
-        validate(self)  # at compose time, before anything is built
 
 
 class LRULayer(nn.Module):
@@ -172,15 +157,3 @@ class LRU(Core):
     def state_size(self, seq_len: int) -> int:
         """d_state complex numbers per layer, two floats each; independent of seq_len."""
         return 2 * self.config.d_state * self.config.n_layers
-
-
-def validate(config: LRUConfig) -> None:
-    """Reject inconsistent configurations with a message naming the field."""
-    if config.d_model < 1 or config.n_layers < 1 or config.d_state < 1:
-        raise ValueError(f"lru: d_model, n_layers and d_state must be positive, got "
-                         f"{config.d_model}, {config.n_layers}, {config.d_state}")
-    if not 0.0 <= config.r_min < config.r_max < 1.0:
-        raise ValueError(f"lru: need 0 <= r_min < r_max < 1, got r_min={config.r_min}, "
-                         f"r_max={config.r_max}")
-    if not config.max_phase > 0.0:
-        raise ValueError(f"lru: max_phase must be positive, got {config.max_phase}")

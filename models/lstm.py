@@ -10,23 +10,12 @@ forget gate's, set to 1 so that the cell starts out remembering.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec
-
-
-@dataclass
-class LSTMConfig:
-    d_model: int = 32  # input, hidden and output width of every layer
-    n_layers: int = 2
-
-    def __post_init__(self):
-        if self.d_model < 1 or self.n_layers < 1:
-            raise ValueError(f"lstm: d_model and n_layers must be positive, got "
-                             f"{self.d_model}, {self.n_layers}")
+from models.configs import LSTMConfig
 
 
 class LSTM(Core):

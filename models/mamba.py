@@ -23,39 +23,16 @@ Ablation flags of paper 000 (Fig. 3a, §E.6, §E.8 Table 4):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec, mark_recurrent
-from models.ssd import KERNELS, ssd_scan
+from models.configs import L1_FLOOR, MambaConfig, MambaZeroConfig, check_mixer_shape
+from models.ssd import ssd_scan
 
 ACTIVATIONS = {"silu": F.silu, "relu": F.relu, "identity": lambda t: t}
-
-
-MAX_CHUNK = 4096  # 4096^2 float32 decays per head and batch row: 64 MiB
-
-
-def _check_mixer_shape(d_model: int, expand: int, headdim: int, ngroups: int, d_state: int,
-                       d_conv: int, chunk_size: int, kernel: str) -> None:
-    """Clear errors for dimensions the Mamba-2 mixer cannot be built with."""
-    for name, value in [("d_model", d_model), ("expand", expand), ("headdim", headdim),
-                        ("ngroups", ngroups), ("d_state", d_state), ("d_conv", d_conv),
-                        ("chunk_size", chunk_size)]:
-        if value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value}")
-    if chunk_size > MAX_CHUNK:  # the chunked scan holds chunk_size^2 decays per head
-        raise ValueError(f"chunk_size must be at most {MAX_CHUNK}, got {chunk_size}")
-    d_inner = expand * d_model
-    if d_inner % headdim:
-        raise ValueError(f"expand*d_model = {d_inner} must be divisible by headdim = {headdim} "
-                         f"(n_heads = expand*d_model/headdim)")
-    if (d_inner // headdim) % ngroups:
-        raise ValueError(f"ngroups = {ngroups} must divide n_heads = {d_inner // headdim}")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
 
 
 class GatedRMSNorm(nn.Module):
@@ -103,7 +80,7 @@ class Mamba2Mixer(nn.Module):
                  out_norm: bool = True, dt_min: float = 1e-3, dt_max: float = 0.1,
                  dt_init_floor: float = 1e-4, A_init_range: tuple[float, float] = (1.0, 16.0)):
         super().__init__()
-        _check_mixer_shape(d_model, expand, headdim, ngroups, d_state, d_conv, chunk_size, kernel)
+        check_mixer_shape(d_model, expand, headdim, ngroups, d_state, d_conv, chunk_size, kernel)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
         self.d_inner = expand * d_model
@@ -229,33 +206,6 @@ def resolve_scan_kernels(model: nn.Module, device: torch.device | str, batch: in
 # ---------------------------------------------------------------------------------------------
 # Mamba-2 language-model core.
 
-@dataclass
-class MambaConfig:
-    d_model: int = 16
-    n_layers: int = 1
-    d_state: int = 16
-    expand: int = 2
-    headdim: int = 32          # n_heads = expand * d_model / headdim
-    ngroups: int = 1           # groups of heads sharing B and C
-    d_conv: int = 4            # convolution window w
-    chunk_size: int = 64       # block length of the chunked scan
-    mlp: bool = True           # pre-norm residual MLP (4x, GELU) after each mixer
-    kernel: str = "auto"       # auto | torch | sequential | mamba_ssm
-    conv: bool = True          # ablation: False removes the convolution
-    decay: bool = True         # ablation: False fixes a_t = 1 ("w/o gating factor")
-    activation: str = "silu"   # silu | relu | identity
-    gate: bool = True          # ablation: False removes the multiplicative z gate
-
-    def __post_init__(self):
-        if self.n_layers < 1:
-            raise ValueError(f"n_layers must be a positive integer, got {self.n_layers}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, "
-                             f"got {self.activation!r}")
-        _check_mixer_shape(self.d_model, self.expand, self.headdim, self.ngroups, self.d_state,
-                           self.d_conv, self.chunk_size, self.kernel)
-
-
 class MLP(nn.Module):
     def __init__(self, d_model: int):
         super().__init__()
@@ -349,44 +299,6 @@ class Mamba(Core):
 # chosen by the size: d_model = 2S, d_state = S is Theorem 1 (exact for any S); d_model =
 # d_state = 2 on binary chains is Theorem 4 (KL(add-β ‖ model) <= log(1 + ε)). Both are
 # first-order only: the paper proves nothing for k > 1 (arXiv version, Conjecture 1).
-
-L1_FLOOR = 1e-6  # logits are clamped here before the L1 normalisation, so log() stays finite
-
-
-@dataclass
-class MambaZeroConfig:
-    d_model: int = 4
-    d_state: int = 2
-    expand: int = 1
-    headdim: int = 4           # one head: d_inner = expand * d_model
-    ngroups: int = 1
-    d_conv: int = 2
-    chunk_size: int = 64
-    kernel: str = "auto"       # auto | torch | sequential | mamba_ssm
-    decay: bool = True         # False fixes a_t = 1
-    l1_prediction: bool = False  # predict logit / sum(logit) (paper §4.1) instead of softmax
-    constructed: bool = False  # the paper's first-order add-β parameters (Thm. 1, Thm. 4)
-    beta: float = 1.0          # β of the constructed estimator (set it to the task's β)
-    epsilon: float = 0.01      # Thm. 4 (d_model = 2) only: KL(add-β ‖ model) <= log(1 + ε)
-
-    def __post_init__(self):
-        _check_mixer_shape(self.d_model, self.expand, self.headdim, self.ngroups, self.d_state,
-                           self.d_conv, self.chunk_size, self.kernel)
-        if not self.constructed:
-            return
-        if (self.decay or not self.l1_prediction or self.expand != 1
-                or self.headdim != self.d_model or self.ngroups != 1 or self.d_conv != 2):
-            raise ValueError("mambazero: constructed=true is the paper's first-order construction "
-                             "(App. C.2-C.3): it needs decay=false (a_t = 1), l1_prediction=true, "
-                             "expand=1 and one head (headdim = d_model), ngroups=1 and d_conv=2")
-        if (self.d_model, self.d_state) != (2, 2) and self.d_model != 2 * self.d_state:
-            raise ValueError(f"mambazero: constructed=true needs the canonical sizes d_model = "
-                             f"2 * d_state (Thm. 1) or d_model = d_state = 2 (Thm. 4), got "
-                             f"d_model={self.d_model}, d_state={self.d_state}")
-        if not self.beta >= L1_FLOOR or not 0 < self.epsilon < 1:
-            raise ValueError(f"mambazero: constructed=true needs beta >= {L1_FLOOR} (the smallest "
-                             f"score; lower ones are clamped) and 0 < epsilon < 1, got "
-                             f"beta={self.beta}, epsilon={self.epsilon}")
 
 
 class MambaZero(Core):

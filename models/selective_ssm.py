@@ -31,36 +31,14 @@ selectivity at all (W_A = W_B = 0; the non-selective ablation holds it too).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.backbone import Backbone, Core, IOSpec, mark_recurrent
+from models.configs import SelectiveSSMConfig
 from models.scan import linear_scan, sequential_scan
-
-TRANSITIONS = ("linear", "exp")
-SCANS = ("parallel", "sequential")
-
-
-@dataclass
-class SelectiveSSMConfig:
-    d_model: int = 16  # n: the state size of a layer (paper 004 App. B.1: n = 16)
-    n_layers: int = 1
-    selective: bool = True  # False: fixed Ā, B̄ (the non-selective ablation of App. B.2)
-    transition: str = "linear"  # "linear": Ā_t = W_A s_t + b_A (App. B.1); "exp": exp(-softplus(.))
-    scan: str = "parallel"  # "parallel" (associative scan) | "sequential" (step-by-step twin)
-
-    def __post_init__(self):
-        if self.d_model < 1 or self.n_layers < 1:
-            raise ValueError(f"selective_ssm: d_model and n_layers must be positive, got "
-                             f"{self.d_model}, {self.n_layers}")
-        if self.transition not in TRANSITIONS:
-            raise ValueError(f"selective_ssm: transition={self.transition!r} is not one of "
-                             f"{', '.join(TRANSITIONS)}")
-        if self.scan not in SCANS:
-            raise ValueError(f"selective_ssm: scan={self.scan!r} is not one of {', '.join(SCANS)}")
 
 
 def initial_decays(n: int, max_len: int) -> Tensor:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-KERNELS = ("auto", "torch", "sequential", "mamba_ssm")
+from models.configs import KERNELS
 
 
 def _check_shapes(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> tuple[int, int]:

@@ -25,31 +25,13 @@ embedding and the head are the Backbone's adapters. Variants, all off by default
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec
-
-ATTENTIONS = ("softmax", "linear")
-
-
-@dataclass
-class TransformerConfig:
-    d_model: int = 16
-    n_layers: int = 2
-    n_heads: int = 1
-    mlp: bool = True  # GPT-2 MLP (d → d_ff → d, GELU) after each attention
-    d_ff: int = 0  # hidden width of the MLP; 0 = GPT-2's 4·d_model
-    attention: str = "softmax"  # "softmax" | "linear" (paper 004 App. B.1)
-    qkv_conv: int = 0  # width of the causal depthwise conv on Q, K, V (paper 000 E.6); 0 = off
-    window: int = 0  # sliding-window attention span including the query position; 0 = full causal
-    positions: bool = True  # learned absolute positions `wpe` (max_len × d_model)
-
-    def __post_init__(self):
-        validate(self)  # at compose time, before anything is built
+from models.configs import TransformerConfig
 
 
 def sliding_window_mask(seq_len: int, window: int, device=None) -> Tensor:
@@ -222,24 +204,3 @@ class Transformer(Core):
         if cfg.qkv_conv > 0:
             per_layer += (cfg.qkv_conv - 1) * 3 * cfg.d_model
         return cfg.n_layers * per_layer
-
-
-def validate(config: TransformerConfig) -> None:
-    """Reject inconsistent configurations with a message naming the field."""
-    if config.d_model < 1 or config.n_layers < 1 or config.n_heads < 1:
-        raise ValueError(f"transformer: d_model, n_layers and n_heads must be positive, got "
-                         f"{config.d_model}, {config.n_layers}, {config.n_heads}")
-    if config.d_model % config.n_heads:
-        raise ValueError(f"transformer: d_model={config.d_model} is not divisible by "
-                         f"n_heads={config.n_heads}")
-    if config.attention not in ATTENTIONS:
-        raise ValueError(f"transformer: attention={config.attention!r} is not one of "
-                         f"{', '.join(ATTENTIONS)}")
-    if config.qkv_conv < 0 or config.window < 0:
-        raise ValueError(f"transformer: qkv_conv and window must be >= 0 (0 = off), got "
-                         f"{config.qkv_conv}, {config.window}")
-    if config.d_ff < 0:
-        raise ValueError(f"transformer: d_ff must be >= 0 (0 = 4*d_model), got {config.d_ff}")
-    if config.window > 0 and config.attention == "linear":
-        raise ValueError("transformer: window > 0 is only defined for attention='softmax' (a "
-                         "sliding window would break the linear attention's fixed-size state)")

@@ -1,5 +1,6 @@
 """Task families. Each module here defines one family (a `Task` subclass with a `family` name);
-they are discovered on first use, so adding a family means adding a module and a YAML file."""
+they are discovered on first use, so adding a family means a module, its config in
+tasks/configs.py and a YAML file."""
 from __future__ import annotations
 
 import importlib

@@ -35,35 +35,16 @@ float32 would store an exact zero (tasks/distributions.py draws them in log spac
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from tasks.base import Batch, Reference, Task, doubling_lengths
+from tasks.configs import HMMConfig
 from tasks.distributions import (batch_chunks, categorical, chain_states,
                                  dirichlet, inverse_cdf, inverse_cdf_table, scan_pays)
 from tasks.stats import binned_means
 from tasks.markov import add_beta_log_probs, counts_in_context
-
-
-@dataclass
-class HMMConfig:
-    num_states: int = 50  # H hidden topics
-    vocab_size: int = 100  # V characters
-    transition_concentration: float = 0.1  # Dirichlet concentration of each row of A
-    emission_concentration: float = 0.05  # Dirichlet concentration of each row of C
-    seq_len: int = 256  # scored positions T (T + 1 tokens are sampled; the paper uses 512)
-    num_tasks: int = 0  # training HMMs: a pool of this many (the paper: 50,000); 0: fresh
-
-    def __post_init__(self):
-        if self.num_states < 1 or self.vocab_size < 2 or self.seq_len < 1:
-            raise ValueError("hmm needs num_states >= 1, vocab_size >= 2, seq_len >= 1")
-        if self.num_tasks < 0:
-            raise ValueError(f"hmm needs num_tasks >= 0 (0: a fresh HMM per training sequence), "
-                             f"got {self.num_tasks}")
-        if self.transition_concentration <= 0 or self.emission_concentration <= 0:
-            raise ValueError("hmm needs positive Dirichlet concentrations")
 
 
 def log_matmul(log_weights: Tensor, matrix: Tensor) -> Tensor:

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from tasks.base import Batch, Reference, Task, context_bins, doubling_lengths
+from tasks.configs import LGSSMConfig
 from tasks.smc import DiagonalSystem, ParameterPrior, smc_predictive
 from tasks.stats import binned_means
 
@@ -300,41 +301,6 @@ class LGSSMPrior(ParameterPrior):
 
 
 # --- the task ---------------------------------------------------------------------------------
-@dataclass
-class LGSSMConfig:
-    seq_len: int = 128  # scored positions T (T + 1 observations are sampled); paper B.1: 128
-    state_dim: int = 4  # d, latent z
-    obs_dim: int = 2  # m, observed x
-    eig_min: float = 0.7  # eigenvalues of A ~ U[eig_min, eig_max]
-    eig_max: float = 0.95
-    state_noise_min: float = 0.1  # eigenvalues of Q log-uniform in (min, max)
-    state_noise_max: float = 1.0
-    obs_noise_min: float = 0.05  # eigenvalues of R log-uniform in (min, max)
-    obs_noise_max: float = 0.5
-    erm_ridge: float = 0.0  # λ of the erm baseline (0: pooled mean)
-    num_tasks: int = 0  # training systems: a pool of this many (paper 004 Fig. 2 left); 0: fresh
-    bayes_particles: int = 512  # SMC particles per sequence in each run of bayes; 0: no bayes
-    bayes_moves: int = 2  # Metropolis-Hastings moves of every particle after each resampling
-
-    def __post_init__(self):
-        if self.seq_len < 1 or self.state_dim < 1 or self.obs_dim < 1:
-            raise ValueError("lgssm needs seq_len, state_dim, obs_dim >= 1")
-        if self.num_tasks < 0:
-            raise ValueError(f"lgssm needs num_tasks >= 0 (0: a fresh system per training "
-                             f"sequence), got {self.num_tasks}")
-        if not 0 <= self.eig_min <= self.eig_max < 1:
-            raise ValueError("lgssm needs 0 <= eig_min <= eig_max < 1 (a stable A)")
-        if not (0 < self.state_noise_min <= self.state_noise_max
-                and 0 < self.obs_noise_min <= self.obs_noise_max):
-            raise ValueError("lgssm needs 0 < *_noise_min <= *_noise_max")
-        if self.erm_ridge < 0:
-            raise ValueError("lgssm needs erm_ridge >= 0")
-        if self.bayes_particles == 1 or self.bayes_particles < 0 or self.bayes_moves < 0:
-            raise ValueError("lgssm needs bayes_particles = 0 (no bayes reference) or >= 2, and "
-                             "bayes_moves >= 0")
-        if self.bayes_particles > 65536 or self.bayes_moves > 1000:  # per sequence and position
-            raise ValueError(f"lgssm needs bayes_particles <= 65536 and bayes_moves <= 1000, got "
-                             f"{self.bayes_particles} and {self.bayes_moves}")
 
 
 class LGSSMTask(Task):

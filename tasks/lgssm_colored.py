@@ -37,7 +37,6 @@ References (all float64, batched over sequences, a loop over time only):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,57 +44,10 @@ from torch import Tensor
 
 from tasks.base import (TEST_STREAM, Batch, Reference, Task, context_bins, doubling_lengths,
                         make_generator)
+from tasks.configs import USE_TRAINING_PRIOR, LGSSMColoredConfig
 from tasks.lgssm import kalman_filter, linear_recurrence, pooled_ridge_mean
 
-USE_TRAINING_PRIOR = -1.0  # eval_rho value: evaluate on ρ drawn from the training prior
-KNOWN_SIGNAL_DECAY = -1.0  # signal_decay_max value: a = signal_decay, not drawn
-MAX_NODES = 4096  # quadrature nodes: per axis, and of the (a, ρ) product
 SLOPE_MIN_CONTEXT = 32  # the paper fits log(MSE) = β log k + c on k >= 32 (B.2)
-
-
-@dataclass
-class LGSSMColoredConfig:
-    seq_len: int = 256  # scored positions T (T + 1 observations are sampled)
-    signal_decay: float = 0.9  # a
-    rho_min: float = 0.9  # training prior: ρ ~ U(rho_min, rho_max)
-    rho_max: float = 0.99
-    eval_rho: float = 0.95  # ρ of the held-out set; -1: draw it from the training prior
-    grid_size: int = 64  # Gauss-Legendre nodes of the Bayes quadrature over ρ
-    erm_ridge: float = 0.0  # λ of the erm baseline (0: pooled mean)
-    # a ~ U(signal_decay, signal_decay_max) per sequence; -1: a = signal_decay, known (paper)
-    signal_decay_max: float = -1.0
-    signal_grid_size: int = 16  # Gauss-Legendre nodes over a (used only when a is unknown)
-
-    def __post_init__(self):
-        if self.seq_len < 1 or self.grid_size < 1:
-            raise ValueError("lgssm_colored needs seq_len >= 1 and grid_size >= 1")
-        if self.grid_size > MAX_NODES:  # Gauss-Legendre nodes come from an n x n eigenproblem
-            raise ValueError(f"lgssm_colored grid_size must be at most {MAX_NODES}, got "
-                             f"{self.grid_size}")
-        if not 0 <= self.signal_decay < 1:
-            raise ValueError("lgssm_colored needs 0 <= signal_decay < 1")
-        if not 0 < self.rho_min <= self.rho_max < 1:
-            raise ValueError("lgssm_colored needs 0 < rho_min <= rho_max < 1")
-        if self.eval_rho != USE_TRAINING_PRIOR and not 0 < self.eval_rho < 1:
-            raise ValueError("lgssm_colored needs eval_rho in (0, 1), or -1 for the prior")
-        if self.erm_ridge < 0:
-            raise ValueError("lgssm_colored needs erm_ridge >= 0")
-        if self.signal_decay_max != KNOWN_SIGNAL_DECAY and not (
-                self.signal_decay <= self.signal_decay_max < 1):
-            raise ValueError("lgssm_colored needs signal_decay <= signal_decay_max < 1, or "
-                             "signal_decay_max = -1 (a known)")
-        if not 1 <= self.signal_grid_size <= MAX_NODES:
-            raise ValueError(f"lgssm_colored needs 1 <= signal_grid_size <= {MAX_NODES}, got "
-                             f"{self.signal_grid_size}")
-        if self.signal_decay_unknown and self.grid_size * self.signal_grid_size > MAX_NODES:
-            # one Kalman filter per (a, ρ) node: the paper task's largest grid bounds the work
-            raise ValueError(f"lgssm_colored needs grid_size * signal_grid_size <= {MAX_NODES}, "
-                             f"got {self.grid_size} * {self.signal_grid_size}")
-
-    @property
-    def signal_decay_unknown(self) -> bool:
-        """Whether a is drawn per sequence (a prior of positive width)."""
-        return self.signal_decay_max > self.signal_decay
 
 
 def stationary_ar1(decay: Tensor, innovation_std: Tensor, steps: int,

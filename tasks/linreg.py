@@ -70,13 +70,14 @@ prompts (`comparison_metrics`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 from tasks.base import TEST_STREAM, Batch, Reference, Task, make_generator
+from tasks.configs import LinRegConfig
+
 
 X_VAR = 1.0 / 3.0  # E[x_i²] for x_i ~ U(-1, 1)
 X_M4 = 1.0 / 5.0  # E[x_i⁴]
@@ -86,7 +87,6 @@ PINV_RTOL = 1e-10  # eigenvalues below this fraction of the largest count as zer
 GD_MATCH_MAX_TOKENS = 2 * 10 ** 7  # the most prompt tokens gd_match reads a model on (~1 min)
 COMPARISON_PROMPTS = 512  # held-out prompts of gd_comparison
 COMPARISON_MAX_PASSES = 400  # backward passes (scored positions × outputs) gd_comparison may take
-SCORES = ("all", "last")  # values of `score`: every query, or only the final one (paper 002)
 
 
 def gd1_step_size(context: Tensor, n_features: int, noise_std: float) -> Tensor:
@@ -125,11 +125,6 @@ def last_scored(loss_mask: Tensor) -> Tensor:
     """loss_mask (B, T) with only the last scored position of each sequence kept (score=last)."""
     counts = loss_mask.long().cumsum(1)
     return loss_mask & (counts == counts[:, -1:])
-
-
-def check_score(family: str, score: str) -> None:
-    if score not in SCORES:
-        raise ValueError(f"{family} score must be one of {', '.join(SCORES)}, got '{score}'")
 
 
 def constructed_tokens(x: Tensor, y: Tensor) -> Tensor:
@@ -182,9 +177,6 @@ def pinv_response(e: Tensor) -> Tensor:
     """1/e on the range of S_xx, 0 on its null space (the minimum-norm solution)."""
     keep = e > PINV_RTOL * e.amax(-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
     return torch.where(keep, 1.0 / torch.where(keep, e, torch.ones_like(e)), torch.zeros_like(e))
-
-
-MAX_GD_STEPS = 1000  # K of a gd<K> reference: its response is iterated K times, its step tuned
 
 
 def gd_response(steps: int, rate: Tensor):
@@ -310,36 +302,7 @@ class LinearRegression(Task):
     description = ("in-context linear regression, x ~ U(-1,1)^f, W ~ N(0, I), interleaved or "
                    "constructed-token prompts (paper 002 §4)")
 
-    @dataclass
-    class Config:
-        seq_len: int = 32  # interleaved: 2 × examples; tokens: examples
-        n_features: int = 5  # f
-        n_outputs: int = 1  # N; the paper's N-D regression uses N = f
-        noise_std: float = 0.0  # σ; the paper's targets are noiseless
-        prompt: str = "interleaved"  # "interleaved" | "tokens"
-        gd_steps: list[int] = field(default_factory=lambda: [1, 2, 5])
-        score: str = "all"  # "all": every query is scored; "last": only the final one (paper)
-        eval_x_scale: float = 1.0  # held-out x ~ U(-α, α)^f (paper Fig. 1D/2D); 1: in distribution
-        num_tasks: int = 0  # training weights: a pool of this many drawn once; 0: fresh per prompt
-
-        def __post_init__(self):
-            check_score("linreg", self.score)
-            if self.num_tasks < 0:
-                raise ValueError(f"linreg needs num_tasks >= 0 (0: fresh weights per training "
-                                 f"prompt), got {self.num_tasks}")
-            if not self.eval_x_scale > 0:
-                raise ValueError(f"linreg eval_x_scale must be > 0, got {self.eval_x_scale}")
-            if self.prompt not in ("interleaved", "tokens"):
-                raise ValueError(f"prompt must be 'interleaved' or 'tokens', got '{self.prompt}'")
-            if self.seq_len < 1 or self.n_features < 1 or self.n_outputs < 1:
-                raise ValueError("linreg needs seq_len, n_features, n_outputs >= 1")
-            if self.noise_std < 0:
-                raise ValueError("linreg needs noise_std >= 0")
-            if any(k < 1 for k in self.gd_steps):
-                raise ValueError("linreg gd_steps must be positive step counts")
-            if any(k > MAX_GD_STEPS for k in self.gd_steps):  # the GD references run step by step
-                raise ValueError(f"linreg gd_steps must be at most {MAX_GD_STEPS}, got "
-                                 f"{max(self.gd_steps)}")
+    Config = LinRegConfig
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)

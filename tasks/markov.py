@@ -13,7 +13,7 @@ and we tested it on sequences from its complement [0.5, 1]"). A binary kernel ro
 row, and Table 2 reports P(x_t = 1 | x_1^{t-1})); so with s > 0 every training row is drawn from
 Dir(β·1) conditioned on p ≤ s, every held-out row conditioned on p > s (for S > 2, p is still
 the probability of symbol 1). Both by rejection, row by row; each region must hold at least
-MIN_REGION_MASS of the prior (checked when the config is built). `simplex_eval=training` scores
+MIN_REGION_MASS of the prior (tasks/configs.py checks it when the config is built). `simplex_eval=training` scores
 the same run on held-out kernels of the training region instead: the in-distribution control
 of the experiment (a model that learned add-β where it trained, and whose distance to it
 does not fall on the complement, did not generalise; one that learned nothing shows neither). The held-out set then leaves
@@ -31,66 +31,17 @@ following one picked uniformly; the held-out set still draws a fresh kernel per 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from tasks.base import TEST_STREAM, Batch, Reference, Task, doubling_lengths, make_generator
-from tasks.distributions import (batch_chunks, chain_states, dirichlet, gamma,
+from tasks.configs import MarkovConfig
+from tasks.distributions import (batch_chunks, chain_states, dirichlet,
                                  inverse_cdf, inverse_cdf_table, scan_pays)
 from tasks.stats import binned_means
 
-MIN_REGION_MASS = 0.01  # prior mass each side of simplex_split must hold (rejection sampling)
-SIMPLEX_EVAL = ("complement", "training")  # where the held-out kernels of a split come from
 MAX_REJECTION_ROUNDS = 10_000  # a row still rejected after this many rounds is a bug (p < 1e-43)
-
-
-@dataclass
-class MarkovConfig:
-    order: int = 1  # k
-    vocab_size: int = 2  # S
-    beta: float = 1.0  # Dirichlet concentration of each kernel row
-    seq_len: int = 256  # scored positions T (T + 1 tokens are sampled)
-    num_tasks: int = 0  # training kernels: a pool of this many drawn once; 0: fresh per sequence
-    simplex_split: float = 0.0  # > 0: train on rows with P(1 | ctx) <= it, evaluate on > it (E.5)
-    simplex_eval: str = "complement"  # with a split, held-out kernels: complement | training
-
-    def __post_init__(self):
-        if self.order < 1 or self.vocab_size < 2 or self.beta <= 0 or self.seq_len < 1:
-            raise ValueError("markov needs order >= 1, vocab_size >= 2, beta > 0, seq_len >= 1")
-        if self.order * math.log2(self.vocab_size) >= 62:  # context ids S^k (+ 1) are int64
-            raise ValueError(f"{self.vocab_size}^{self.order} contexts do not fit a "
-                             "64-bit index; lower task.order")
-        if self.num_tasks < 0:
-            raise ValueError(f"markov needs num_tasks >= 0 (0: a fresh kernel per training "
-                             f"sequence), got {self.num_tasks}")
-        if self.simplex_eval not in SIMPLEX_EVAL:
-            raise ValueError(f"markov simplex_eval must be one of {', '.join(SIMPLEX_EVAL)}, "
-                             f"got '{self.simplex_eval}'")
-        if self.simplex_eval != "complement" and not self.simplex_split:
-            raise ValueError("markov simplex_eval=training needs a simplex_split (without one "
-                             "the held-out set is the training prior's already)")
-        if self.simplex_split != 0 and not 0 < self.simplex_split < 1:
-            raise ValueError(f"markov simplex_split must be 0 (off) or in (0, 1), got "
-                             f"{self.simplex_split}")
-        if self.simplex_split:
-            below = region_mass(self.vocab_size, self.beta, self.simplex_split)
-            if min(below, 1 - below) < MIN_REGION_MASS:
-                raise ValueError(
-                    f"markov simplex_split={self.simplex_split} leaves "
-                    f"{min(below, 1 - below):.2g} of the Dir({self.beta}) prior on one side "
-                    f"(P(1 | context) <= split: {below:.3g}); each side needs >= {MIN_REGION_MASS}")
-
-
-def region_mass(vocab_size: int, beta: float, split: float, draws: int = 1 << 15) -> float:
-    """Prior probability that a Dir(β·1) row has P(symbol 1) <= split: the marginal is
-    Beta(β, (S-1)β), estimated from `draws` fixed draws (standard error <= 0.003), enough to
-    gate the rejection sampler's acceptance rate."""
-    generator = torch.Generator().manual_seed(0)
-    first = gamma(torch.full((draws,), beta), generator)
-    rest = gamma(torch.full((draws,), (vocab_size - 1) * beta), generator)
-    return float((first / (first + rest) <= split).double().mean())
 
 
 def restricted_dirichlet(shape: tuple[int, ...], beta: float, split: float, above: bool,

@@ -34,14 +34,14 @@ References:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
-from tasks.linreg import (check_score, exclusive_cumsum, interleave, last_scored,
+from tasks.configs import NonLinRegConfig
+from tasks.linreg import (exclusive_cumsum, interleave, last_scored,
                           split_interleaved, to_positions)
 
 RAY_CHUNK = 1 << 18  # (query, φ-node) pairs evaluated at once: the temporaries stay in cache
@@ -128,29 +128,7 @@ class SineRegression(Task):
     description = ("in-context sinusoid regression y = a sin(x + φ) + noise, interleaved (x, y) "
                    "prompts (paper 002 §4.3, Finn et al. 2017)")
 
-    @dataclass
-    class Config:
-        seq_len: int = 20  # 2 × examples
-        noise_std: float = 0.1  # σ > 0: the Bayes quadrature needs a likelihood with a density
-        amplitude_min: float = 0.1
-        amplitude_max: float = 5.0
-        x_max: float = 5.0  # x ~ U[-x_max, x_max]
-        grid_phase: int = 512  # midpoint nodes in φ (the integral over a is exact)
-        knn_k: int = 1  # 1 beats 2 and 3 at 10 examples (sparse x)
-        score: str = "all"  # "all": every query is scored; "last": only the final one (paper)
-
-        def __post_init__(self):
-            check_score("nonlinreg", self.score)
-            if self.seq_len < 1 or self.grid_phase < 1 or self.knn_k < 1:
-                raise ValueError("nonlinreg needs seq_len, grid_phase and knn_k >= 1")
-            if self.grid_phase > 65536:  # a likelihood per node, position and sequence
-                raise ValueError(f"nonlinreg grid_phase must be at most 65536, got "
-                                 f"{self.grid_phase}")
-            if self.noise_std <= 0:
-                raise ValueError("nonlinreg needs noise_std > 0 (the Bayes posterior needs a "
-                                 "likelihood with a density)")
-            if not 0 <= self.amplitude_min < self.amplitude_max or self.x_max <= 0:
-                raise ValueError("nonlinreg needs 0 <= amplitude_min < amplitude_max, x_max > 0")
+    Config = NonLinRegConfig
 
     @property
     def n_examples(self) -> int:

@@ -6,11 +6,12 @@ gap to a reference) stays in bench/evaluate.py."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
-
-from tasks.base import context_bins
+if TYPE_CHECKING:
+    from torch import Tensor
+# torch is imported by the functions on tensors, when called: the ones on plain numbers (the
+# mean across seeds, its t quantile) serve the reports (plot, leaderboard) without it
 
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -46,6 +47,7 @@ def bootstrap_ci(values: Tensor, resamples: int, seed: int = 0, level: float = 0
     """Percentile bootstrap interval for the mean of values (one value per sequence), or, with
     weights, for the ratio sum(values) / sum(weights) (per-sequence loss sums over scored-token
     counts: the per-token mean of perplexity), resampling sequences."""
+    import torch
     generator = torch.Generator().manual_seed(seed)
     index = torch.randint(len(values), (resamples, len(values)), generator=generator)
     means = values[index].mean(1) if weights is None \
@@ -66,6 +68,7 @@ def paired_difference(a: list, b: list, resamples: int) -> dict | None:
     """Mean over sequences of b − a (per-sequence mean losses of the same held-out sequences)
     and its percentile bootstrap interval, resampling sequences; sequences without a value
     (a band in which they score nothing) are left out of both. None when no sequence is left."""
+    import torch
     differences = [y - x for x, y in zip(a, b) if x is not None and y is not None]
     if not differences:
         return None
@@ -95,6 +98,9 @@ def binned_means(values: Tensor, mask: Tensor, ks: list[int]) -> tuple[list, lis
     """Per context-length bin (context_bins), the mean over sequences of each sequence's mean of
     `values` (B, T) over its scored positions (mask) in the bin, and its standard error over
     sequences; None where no sequence (for the error: fewer than two) has a scored position."""
+    import torch
+
+    from tasks.base import context_bins
     mask = mask.cpu().double()
     bins = context_bins(ks, mask.shape[1])
     counts = mask @ bins.T  # (B, K): scored positions of each sequence in each bin

@@ -33,34 +33,15 @@ than the largest number of switches among x_0..x_{T-1} in the batch (at most T +
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from tasks.base import Batch, Reference, Task
+from tasks.configs import SwitchingMarkovConfig
 from tasks.distributions import (batch_chunks, categorical, chain_states,
                                  dirichlet, inverse_cdf_table, scan_pays)
 from tasks.markov import add_beta_log_probs, context_ids, context_steps, counts_in_context
-
-
-@dataclass
-class SwitchingMarkovConfig:
-    order: int = 1  # k
-    vocab_size: int = 2  # S Markov symbols; the switch token adds one more
-    beta: float = 1.0  # Dirichlet concentration of each kernel row
-    p_switch: float = 0.01  # probability that any token is the switch token
-    seq_len: int = 256  # scored positions T (T + 1 tokens are sampled)
-
-    def __post_init__(self):
-        if self.order < 1 or self.vocab_size < 2 or self.beta <= 0 or self.seq_len < 1:
-            raise ValueError("switching_markov needs order >= 1, vocab_size >= 2, beta > 0, "
-                             "seq_len >= 1")
-        if self.order * math.log2(self.vocab_size) >= 62:  # context ids S^k (+ 1) are int64
-            raise ValueError(f"{self.vocab_size}^{self.order} contexts do not fit a "
-                             "64-bit index; lower task.order")
-        if not 0 <= self.p_switch < 1:
-            raise ValueError("switching_markov needs 0 <= p_switch < 1")
 
 
 def segment_layout(tokens: Tensor, switch: int) -> tuple[Tensor, Tensor]:

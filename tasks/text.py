@@ -20,58 +20,19 @@ import importlib.util
 import os
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tasks import corpora as text_corpus
 from tasks.base import Batch, Reference, Task
+from tasks.configs import PYDOC, TextConfig
 from tasks.files import write_atomic
 
 TOKENIZER_VOCAB = {"gpt2": 50257, "byte": 256}
 # Corpora found in this process, by what finds them: a suite's entries and the checks made
 # before a run share one load instead of reading the files again.
 _FOUND: dict[tuple, text_corpus.Corpus] = {}
-
-
-@dataclass
-class TextConfig:
-    corpus: str = "wikitext-103"  # wikitext-103 | wikitext-2 | pg19 | pydoc-topics | a label
-    data_dir: str = "data/wikitext-103"  # local files (read first); "" = the hub only
-    hub_name: str = ""  # overrides the corpus's hub dataset ("" = its default)
-    hub_config: str = ""
-    text_field: str = "text"  # the column of parquet/jsonl files that holds the text
-    sample_by: str = ""  # document | line | paragraph: what a row of a .txt is ("" = the corpus's)
-    tokenizer: str = "gpt2"  # gpt2 | byte | bpe
-    tokenizer_file: str = ""  # gpt2: a local tokenizer.json ("" = the hub's)
-    bpe_vocab_size: int = 8192  # bpe: trained on the training split, cached beside the tokens
-    cache_dir: str = ""  # token cache ("" = <data_dir>/cache, or ~/.cache/icl-bench/text)
-    seq_len: int = 256
-    eval_split: str = "validation"  # validation | test
-    eval_stride: int = 0  # 0 = seq_len: non-overlapping windows; smaller: strided perplexity
-    eval_windows: int = 0  # 0 = the whole split; else that many windows evenly spaced over it
-    cache_lambda: float = 0.1  # weight of the in-context counts in the unigram-cache baseline
-
-    def __post_init__(self):
-        if self.tokenizer not in ("gpt2", "byte", "bpe"):
-            raise ValueError(f"tokenizer must be gpt2, byte or bpe, got '{self.tokenizer}'")
-        if self.sample_by not in ("", "document", "line", "paragraph"):
-            raise ValueError(f"sample_by must be document, line or paragraph, got "
-                             f"'{self.sample_by}'")
-        if self.eval_split not in ("validation", "test"):
-            raise ValueError(f"eval_split must be validation or test, got '{self.eval_split}'")
-        if self.seq_len < 1 or self.eval_stride < 0 or self.eval_windows < 0:
-            raise ValueError("seq_len must be >= 1, eval_stride and eval_windows >= 0")
-        if self.eval_stride > self.seq_len:
-            raise ValueError(f"eval_stride={self.eval_stride} exceeds seq_len={self.seq_len}")
-        if self.tokenizer == "bpe" and not 257 <= self.bpe_vocab_size <= 1 << 20:
-            raise ValueError(f"bpe_vocab_size must be in [257, 2^20], got {self.bpe_vocab_size}")
-        if not 0 <= self.cache_lambda < 1:
-            raise ValueError(f"cache_lambda must be in [0, 1), got {self.cache_lambda}")
-        if not (self.data_dir or self.hub_name or self.corpus in text_corpus.CORPORA
-                or self.corpus == PYDOC):
-            raise ValueError(f"corpus '{self.corpus}' needs a data_dir (or a hub_name)")
 
 
 class TextTask(Task):
@@ -279,9 +240,6 @@ def portable(description: str) -> str:
     component ("local folder pydoc-topics-py3.11"); corpus_key (name and content identity)
     says which data it was."""
     return re.sub(r"(?<![\w.])/(?:[^\s/]+/)*([^\s/]+)", r"\1", description)
-
-
-PYDOC = "pydoc-topics"  # real English text that ships with Python: always available offline
 
 
 def pydoc_corpus_dir() -> Path:

@@ -140,3 +140,13 @@ def nan_loss_from(step: int, monkeypatch) -> None:
             hook.remove()
 
     monkeypatch.setattr(bench.module.ICLModule, "training_step", training_step)
+
+
+def own_fields(config_class) -> set[str]:
+    """A model config's fields but the backbone options every family shares (models/configs.py
+    BackboneOptions), which its YAML file does not list."""
+    import dataclasses
+
+    from models.configs import BackboneOptions
+    shared = {f.name for f in dataclasses.fields(BackboneOptions)}
+    return {f.name for f in dataclasses.fields(config_class)} - shared

@@ -186,3 +186,38 @@ def test_references_prints_each_reference_with_what_it_computes(tmp_path, monkey
     out = capsys.readouterr().out
     for name, reference in MarkovTask().references().items():
         assert f"  {name:<20} {reference.description}\n" in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "model.nokey=3"], ["run", "task=nope"], ["run", "task=markov", "task.order=x"],
+    ["references", "trainer.nope=1"], ["sweep", "model=mamba,nope"],
+    ["suite", "name=paper002", "task.nope=1"], ["list"], ["--help"]])
+def test_a_mistyped_command_line_is_answered_without_torch(argv):
+    """A typo is answered before torch, Lightning or a family's module loads (tasks/configs.py,
+    models/configs.py): a fraction of a second instead of seconds."""
+    probe = textwrap.dedent(f"""
+        import sys
+        import bench.__main__
+        code = bench.__main__.main({argv!r})
+        heavy = sorted(m for m in ("torch", "lightning", "tasks.base", "models.backbone")
+                       if m in sys.modules)
+        print("loaded:", code, heavy)""")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=120)
+    last = done.stdout.strip().splitlines()[-1]
+    assert last in ("loaded: 2 []", "loaded: 0 []"), (last, done.stderr[-1000:])
+
+
+def test_the_reports_read_records_without_lightning(tmp_path):
+    """plot and compare load torch only for what needs it (compare's bootstrap), never
+    Lightning or the task families: their imports are the CLI's, matplotlib's and torch's."""
+    records = sorted((REPO / "results").glob("markov--mamba--s0--*.json"))[:1]
+    probe = textwrap.dedent(f"""
+        import sys
+        import bench.__main__
+        code = bench.__main__.main(["plot", {str(records[0])!r}, "out={tmp_path / 'p.png'}"])
+        print("loaded:", code, sorted(m for m in ("lightning", "tasks.base", "torch")
+                                      if m in sys.modules))""")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "loaded: 0 []", done.stderr[-1000:]

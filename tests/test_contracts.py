@@ -120,6 +120,19 @@ def test_the_registries_find_the_families():
     assert {"mamba", "transformer", "lstm"} <= set(model_families())
 
 
+def test_the_light_config_registries_are_the_families_own():
+    """Composing a command line reads tasks/configs.py and models/configs.py (no torch); a family
+    trains with the Config of its class: the two must be one."""
+    from models.configs import ACTIVATION_NAMES, CONFIGS as MODEL_CONFIGS
+    from models.mamba import ACTIVATIONS
+    from tasks.configs import CONFIGS as TASK_CONFIGS, CORPUS_NAMES
+    from tasks.corpora import CORPORA
+    for families, configs in ((task_families(), TASK_CONFIGS), (model_families(), MODEL_CONFIGS)):
+        assert set(families) == set(configs)
+        assert all(families[name].Config is configs[name] for name in families)
+    assert tuple(ACTIVATIONS) == ACTIVATION_NAMES and set(CORPORA) == set(CORPUS_NAMES)
+
+
 @pytest.mark.parametrize("family", TASK_FAMILIES)
 def test_batches_have_the_contract_shapes_and_dtypes(family):
     task = small_task(family)

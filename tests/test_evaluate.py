@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from bench.evaluate import (ROUNDING_GAP, fmt_loss, fmt_sig, gap_closed, loss_resolution,
-                            position_scores, score)
+from bench.evaluate import gap_closed, position_scores, score
+from bench.formats import ROUNDING_GAP, fmt_loss, fmt_sig, loss_resolution
 from tasks.lgssm_colored import LGSSMColoredConfig, LGSSMColoredTask
 from tasks.markov import MarkovConfig, MarkovTask
 from tasks.stats import T_975, across_seeds, t_quantile, bootstrap_ci, position_means
@@ -60,7 +60,7 @@ def test_t_interval_across_seeds():
 
 
 def test_beating_bayes_is_flagged_only_when_the_held_out_set_follows_the_prior():
-    from bench.evaluate import is_suspicious
+    from bench.formats import is_suspicious
     below = {"gap_reference_role": "bayes", "bayes_gap_ci": [-0.02, -0.01]}
     assert is_suspicious({**below, "held_out_from_prior": True})
     assert not is_suspicious({**below, "held_out_from_prior": False})

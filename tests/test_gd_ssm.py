@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import assert_causal, fits_a_fixed_batch, redraw_in_float64
+from conftest import assert_causal, fits_a_fixed_batch, own_fields, redraw_in_float64
 from models import IOSpec, build_model, model_families
 from models.gd_ssm import GDSSM, GDSSMConfig, query_coordinates
 from tasks.base import make_generator
@@ -333,7 +333,7 @@ def test_config_files_list_every_field(name, constructed):
     assert text.startswith("# ")
     values = yaml.safe_load(text)
     assert values.pop("family") == "gd_ssm"
-    assert set(values) == {f.name for f in dataclasses.fields(GDSSMConfig)}
+    assert set(values) == own_fields(GDSSMConfig)
     assert values["constructed"] is constructed
     assert model_families()["gd_ssm"] is GDSSM
     GDSSMConfig(**values)

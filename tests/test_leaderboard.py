@@ -17,7 +17,7 @@ import pytest
 from bench import leaderboard, records
 from bench.__main__ import main
 from bench.config import ConfigError
-from bench.evaluate import fmt_sig
+from bench.formats import fmt_sig
 from bench.leaderboard import select_runs, write_leaderboard
 from bench.plot import curve_styles, gap_figure
 from bench.records import SCHEMA, provenance, read_records

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import assert_causal, fits_a_fixed_batch, redraw_in_float64
+from conftest import assert_causal, fits_a_fixed_batch, own_fields, redraw_in_float64
 from models import IOSpec, build_model, model_families
 from models.selective_ssm import (SelectiveSSM, SelectiveSSMConfig, construct_kalman_predictor,
                                   steady_state_kalman)
@@ -138,7 +138,7 @@ def test_config_files_list_every_field(name, selective):
     assert text.startswith("# ")
     values = yaml.safe_load(text)
     assert values.pop("family") == "selective_ssm"
-    assert set(values) == {f.name for f in dataclasses.fields(SelectiveSSMConfig)}
+    assert set(values) == own_fields(SelectiveSSMConfig)
     assert values["selective"] is selective
     assert model_families()["selective_ssm"] is SelectiveSSM
     SelectiveSSMConfig(**values)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from conftest import redraw_in_float64
+from conftest import own_fields, redraw_in_float64
 from models import IOSpec, build_model, model_families
 from models.transformer import (Transformer, TransformerConfig, causal_linear_attention,
                                 causal_linear_attention_recurrent, causal_softmax_attention)
@@ -263,7 +263,7 @@ def test_yaml_lists_every_field_and_builds(yaml_name):
     assert path.read_text().startswith("# ")
     values = OmegaConf.to_container(OmegaConf.load(path))
     assert values.pop("family") == "transformer"
-    assert set(values) == {f.name for f in dataclasses.fields(TransformerConfig)}
+    assert set(values) == own_fields(TransformerConfig)
     assert model_families()["transformer"] is Transformer
     model = build_model("transformer", TransformerConfig(**values), IOSpec("vectors", 2, 2, 32))
     assert model(torch.randn(2, 32, 2)).shape == (2, 32, 2)
