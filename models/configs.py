@@ -8,7 +8,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
-# --- mamba, mambazero (models/mamba.py) ------------------------------------------------------------
+# --- mamba, mambazero (models/mamba.py) -----------------------------------------------------------
 KERNELS = ("auto", "torch", "sequential", "mamba_ssm")  # the SSD scans (models/ssd.py)
 ACTIVATION_NAMES = ("silu", "relu", "identity")  # models/mamba.py ACTIVATIONS' keys
 MAX_CHUNK = 4096  # 4096^2 float32 decays per head and batch row: 64 MiB
@@ -98,7 +98,7 @@ class MambaZeroConfig:
                              f"beta={self.beta}, epsilon={self.epsilon}")
 
 
-# --- transformer -----------------------------------------------------------------------------------
+# --- transformer ----------------------------------------------------------------------------------
 ATTENTIONS = ("softmax", "linear")
 
 
@@ -114,32 +114,27 @@ class TransformerConfig:
     window: int = 0  # sliding-window attention span including the query position; 0 = full causal
     positions: bool = True  # learned absolute positions `wpe` (max_len × d_model)
 
-    def __post_init__(self):
-        validate_transformer(self)  # at compose time, before anything is built
+    def __post_init__(self):  # at compose time, before anything is built
+        if self.d_model < 1 or self.n_layers < 1 or self.n_heads < 1:
+            raise ValueError(f"transformer: d_model, n_layers and n_heads must be positive, got "
+                             f"{self.d_model}, {self.n_layers}, {self.n_heads}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"transformer: d_model={self.d_model} is not divisible by "
+                             f"n_heads={self.n_heads}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"transformer: attention={self.attention!r} is not one of "
+                             f"{', '.join(ATTENTIONS)}")
+        if self.qkv_conv < 0 or self.window < 0:
+            raise ValueError(f"transformer: qkv_conv and window must be >= 0 (0 = off), got "
+                             f"{self.qkv_conv}, {self.window}")
+        if self.d_ff < 0:
+            raise ValueError(f"transformer: d_ff must be >= 0 (0 = 4*d_model), got {self.d_ff}")
+        if self.window > 0 and self.attention == "linear":
+            raise ValueError("transformer: window > 0 is only defined for attention='softmax' (a "
+                             "sliding window would break the linear attention's fixed-size state)")
 
 
-def validate_transformer(config: TransformerConfig) -> None:
-    """Reject inconsistent configurations with a message naming the field."""
-    if config.d_model < 1 or config.n_layers < 1 or config.n_heads < 1:
-        raise ValueError(f"transformer: d_model, n_layers and n_heads must be positive, got "
-                         f"{config.d_model}, {config.n_layers}, {config.n_heads}")
-    if config.d_model % config.n_heads:
-        raise ValueError(f"transformer: d_model={config.d_model} is not divisible by "
-                         f"n_heads={config.n_heads}")
-    if config.attention not in ATTENTIONS:
-        raise ValueError(f"transformer: attention={config.attention!r} is not one of "
-                         f"{', '.join(ATTENTIONS)}")
-    if config.qkv_conv < 0 or config.window < 0:
-        raise ValueError(f"transformer: qkv_conv and window must be >= 0 (0 = off), got "
-                         f"{config.qkv_conv}, {config.window}")
-    if config.d_ff < 0:
-        raise ValueError(f"transformer: d_ff must be >= 0 (0 = 4*d_model), got {config.d_ff}")
-    if config.window > 0 and config.attention == "linear":
-        raise ValueError("transformer: window > 0 is only defined for attention='softmax' (a "
-                         "sliding window would break the linear attention's fixed-size state)")
-
-
-# --- griffin ---------------------------------------------------------------------------------------
+# --- griffin --------------------------------------------------------------------------------------
 BLOCK_KINDS = {"R": "recurrent block (conv + RG-LRU)", "A": "local multi-query attention"}
 
 
@@ -157,25 +152,20 @@ class GriffinConfig:
     window: int = 32
     mlp_expansion: int = 3
 
-    def __post_init__(self):
-        validate_griffin(self)  # at compose time, before anything is built
+    def __post_init__(self):  # at compose time, before anything is built
+        if min(self.d_model, self.n_layers, self.n_heads, self.conv_width,
+               self.mlp_expansion) < 1 or self.window < 0 or self.rnn_expansion <= 0:
+            raise ValueError("griffin: d_model, n_layers, n_heads, conv_width, mlp_expansion and "
+                             "rnn_expansion must be positive and window >= 0")
+        if not self.block_pattern or set(self.block_pattern) - set(BLOCK_KINDS):
+            raise ValueError(f"griffin: block_pattern={self.block_pattern!r} must be a non-empty "
+                             f"string of {', '.join(f'{k} ({v})' for k, v in BLOCK_KINDS.items())}")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"griffin: d_model={self.d_model} must split into n_heads="
+                             f"{self.n_heads} heads of even size (rotary embeddings rotate pairs)")
 
 
-def validate_griffin(config: GriffinConfig) -> None:
-    """Reject inconsistent configurations with a message naming the field."""
-    if min(config.d_model, config.n_layers, config.n_heads, config.conv_width,
-           config.mlp_expansion) < 1 or config.window < 0 or config.rnn_expansion <= 0:
-        raise ValueError("griffin: d_model, n_layers, n_heads, conv_width, mlp_expansion and "
-                         "rnn_expansion must be positive and window >= 0")
-    if not config.block_pattern or set(config.block_pattern) - set(BLOCK_KINDS):
-        raise ValueError(f"griffin: block_pattern={config.block_pattern!r} must be a non-empty "
-                         f"string of {', '.join(f'{k} ({v})' for k, v in BLOCK_KINDS.items())}")
-    if config.d_model % config.n_heads or (config.d_model // config.n_heads) % 2:
-        raise ValueError(f"griffin: d_model={config.d_model} must split into n_heads="
-                         f"{config.n_heads} heads of even size (rotary embeddings rotate pairs)")
-
-
-# --- lru -------------------------------------------------------------------------------------------
+# --- lru ------------------------------------------------------------------------------------------
 @dataclass
 class LRUConfig:
     d_model: int = 32
@@ -187,23 +177,18 @@ class LRUConfig:
     r_max: float = 0.999
     max_phase: float = 6.283185307179586  # 2π: phases on the whole circle (the paper's default)
 
-    def __post_init__(self):
-        validate_lru(self)  # at compose time, before anything is built
+    def __post_init__(self):  # at compose time, before anything is built
+        if self.d_model < 1 or self.n_layers < 1 or self.d_state < 1:
+            raise ValueError(f"lru: d_model, n_layers and d_state must be positive, got "
+                             f"{self.d_model}, {self.n_layers}, {self.d_state}")
+        if not 0.0 <= self.r_min < self.r_max < 1.0:
+            raise ValueError(f"lru: need 0 <= r_min < r_max < 1, got r_min={self.r_min}, "
+                             f"r_max={self.r_max}")
+        if not self.max_phase > 0.0:
+            raise ValueError(f"lru: max_phase must be positive, got {self.max_phase}")
 
 
-def validate_lru(config: LRUConfig) -> None:
-    """Reject inconsistent configurations with a message naming the field."""
-    if config.d_model < 1 or config.n_layers < 1 or config.d_state < 1:
-        raise ValueError(f"lru: d_model, n_layers and d_state must be positive, got "
-                         f"{config.d_model}, {config.n_layers}, {config.d_state}")
-    if not 0.0 <= config.r_min < config.r_max < 1.0:
-        raise ValueError(f"lru: need 0 <= r_min < r_max < 1, got r_min={config.r_min}, "
-                         f"r_max={config.r_max}")
-    if not config.max_phase > 0.0:
-        raise ValueError(f"lru: max_phase must be positive, got {config.max_phase}")
-
-
-# --- lstm ------------------------------------------------------------------------------------------
+# --- lstm -----------------------------------------------------------------------------------------
 @dataclass
 class LSTMConfig:
     d_model: int = 32  # input, hidden and output width of every layer
@@ -215,9 +200,9 @@ class LSTMConfig:
                              f"{self.d_model}, {self.n_layers}")
 
 
-# --- gd_ssm ----------------------------------------------------------------------------------------
+# --- gd_ssm ---------------------------------------------------------------------------------------
 PROMPTS = ("interleaved", "tokens")
-SCANS = ("parallel", "sequential")  # gd_ssm and selective_ssm: doubling/associative scan | step by step
+SCANS = ("parallel", "sequential")  # gd_ssm, selective_ssm: parallel scan | step by step
 
 
 @dataclass
@@ -249,7 +234,7 @@ class GDSSMConfig:
                              ">= 3 (interleaved prompt) or >= 1 (tokens prompt)")
 
 
-# --- selective_ssm ---------------------------------------------------------------------------------
+# --- selective_ssm --------------------------------------------------------------------------------
 TRANSITIONS = ("linear", "exp")
 
 

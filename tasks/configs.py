@@ -258,7 +258,7 @@ class NonLinRegConfig:
             raise ValueError("nonlinreg needs 0 <= amplitude_min < amplitude_max, x_max > 0")
 
 
-# --- text ------------------------------------------------------------------------------------------
+# --- text -----------------------------------------------------------------------------------------
 PYDOC = "pydoc-topics"  # real English text that ships with Python: always available offline
 CORPUS_NAMES = ("wikitext-103", "wikitext-2", "pg19")  # tasks/corpora/sources.py CORPORA's keys
 
