@@ -134,7 +134,7 @@ def fail(message: str) -> int:
     return 2
 
 
-def take_option(argv: list[str], key: str, default: str) -> tuple[list[str], str]:
+def take_option(argv: list[str], key: str, default: str | None) -> tuple[list[str], str | None]:
     """Remove a command-specific `key=value` option from argv (given at most once)."""
     rest, values = [], []
     for arg in argv:
@@ -502,15 +502,11 @@ def cmd_plot(argv: list[str]) -> int:
     return 0
 
 
-def take_selection(argv: list[str]) -> tuple[list[str], tuple[int, int], str, bool]:
+def take_selection(argv: list[str]) -> tuple[list[str], tuple[int, int], str | None, bool]:
     """The options a suite and a sweep share: shard=i/n, entries=1,4-6 and rerun=true|false."""
     argv, shard = take_option(argv, "shard", "0/1")  # i/n: entries i, i+n, ... (parallel workers)
     argv, rerun = take_option(argv, "rerun", "false")
-    given = any(arg.startswith("entries=") for arg in argv)
-    argv, entries = take_option(argv, "entries", "")
-    if given and not entries.strip():  # entries= with nothing after it: not "every entry"
-        raise ConfigError("entries is empty; give numbers and ranges like 1,4-6, or leave "
-                          "entries= out for every entry")
+    argv, entries = take_option(argv, "entries", None)  # None: every entry; "": refused
     if rerun not in ("true", "false"):
         raise ConfigError(f"rerun must be true or false, got '{rerun}'")
     found = re.fullmatch(r"([0-9]+)/([0-9]+)", shard)  # not int(): it reads '１', ' 1', '1_0'

@@ -53,5 +53,7 @@ def rank_task(config):
     the world_size ranks samples its share (validated to divide evenly when the config was
     composed). Built once per run, by the checks (bench.checks.checked_task)."""
     from tasks import task_families
-    return task_families()[config.task_family](
+    task = task_families()[config.task_family](
         config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
+    task.micro_batches = config.trainer.accumulate_grad_batches  # parts of a step's batch
+    return task

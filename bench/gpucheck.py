@@ -626,9 +626,9 @@ def section_speed(args: dict) -> dict:
     if not args["cuda"]:
         emit(args, {"label": "mamba_4x256_T1024", "skipped": "needs CUDA"})
     tuned, pinned = tuned_shapes(args), False
-    configs = {label: _compose([*argv, _accelerator(args)])
-               for label, argv in SPEED_CONFIGS.items() if args["cuda"] or label == "markov_paper"}
     plan = speed_plan(args["cuda"], args["cuda"] and mamba_ssm_available(), tuned)
+    configs = {label: _compose([*SPEED_CONFIGS[label], _accelerator(args)])
+               for label in dict.fromkeys(label for label, *_ in plan)}
     last_plain = max(i for i, (_, kernel, _, compiled) in enumerate(plan)
                      if kernel == "torch" and not compiled)
     for index, (label, kernel, precision, compiled) in enumerate(plan):

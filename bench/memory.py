@@ -203,8 +203,7 @@ def _footprint(config, model_config, task, kernel: str | None, eval_rows: int,
         scan = scan_override(kernel_footprint) if kernel == "mamba_ssm" else contextlib.nullcontext()
         try:
             with scan, precision_context(precision):
-                train = batch(config.trainer.batch_size // world_size(config)  # a micro-batch
-                              // config.trainer.accumulate_grad_batches)
+                train = batch(task.micro_batch_size)
                 with Allocations() as allocated:
                     output = model(train.inputs)
                     loss = masked_loss(task, output, train)  # the run's loss, no data-sized op
@@ -339,7 +338,7 @@ def memory_estimate(config, task, device: str, kernel: str | None = None,
         Term("device", "training", "activations and loss",
              "trainer.batch_size, task.seq_len or trainer.accumulate_grad_batches", activations),
         Term("device", "training", "the batch", "trainer.batch_size",
-             t.batch_size // world // t.accumulate_grad_batches * per_sequence),
+             task.micro_batch_size * per_sequence),
         Term("device", "training", "the pool of training tasks", "task.num_tasks",
              pool_peak_bytes(task)),
         Term("device", "evaluation", "weights and gradients", "the model size", 2 * weights),

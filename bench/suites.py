@@ -78,14 +78,14 @@ def finished_runs(configs: list) -> dict[int, str]:
 
 
 def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tuple[int, int],
-                chosen: str, rerun: bool, origin: str, defaults: list[str] = ()) -> int:
+                chosen: str | None, rerun: bool, origin: str, defaults: list[str] = ()) -> int:
     """Runs the entries (override lists) of a suite or sweep chosen by `chosen` (entries=) and
     `shard`, each with argv's overrides over its own and `defaults` under both; all are
     composed and validated before the first one runs."""
     size = len(entries)
     if size > MAX_RUNS:  # what load_suite and the sweep's grid refuse, whoever made the list
         raise ConfigError(f"{what} has {size} runs; at most {MAX_RUNS}")
-    numbers = entry_numbers(chosen, size) if chosen else list(range(1, size + 1))
+    numbers = entry_numbers(chosen, size) if chosen is not None else list(range(1, size + 1))
     index, count = shard
     numbers = numbers[index::count]
     if not numbers:
@@ -155,7 +155,7 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
               configs: list, rerun: bool, tasks: list | None = None) -> int:
     """Runs the entries of a suite or sweep in turn (one process group for all of them under
     DDP), each unless finished_runs finds it done; `tasks`: each entry's task as the checks
-    built it (checked_run), which its run trains on and then lets go (a pool of training
+    built it (checked_task_of), which its run trains on and then lets go (a pool of training
     tasks can be large)."""
     from bench.records import RunFailed
     from bench.train import run

@@ -71,7 +71,6 @@ def build(config: RunConfig, task: Task | None = None) -> tuple[Task, Backbone]:
         task = rank_task(config)
     task.progress = config.trainer.progress  # for tasks with long preparation (text: tokenizing)
     task.loader_workers = loader_workers(config)
-    task.micro_batches = config.trainer.accumulate_grad_batches
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     torch.manual_seed(config.seed)  # parameter initialisation
     model = build_model(config.model_family, config.model, io)

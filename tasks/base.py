@@ -311,7 +311,7 @@ class Task(L.LightningDataModule, abc.ABC):
 
     # --- Lightning: training batches are sampled on the CPU, in loader workers -------------
     loader_workers: int = 0  # processes sampling training batches (bench sets it per run)
-    micro_batches: int = 1  # trainer.accumulate_grad_batches: parts of a step's batch (bench sets it)
+    micro_batches: int = 1  # trainer.accumulate_grad_batches (bench.devices.rank_task sets it)
 
     @property
     def micro_batch_size(self) -> int:
