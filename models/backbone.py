@@ -11,9 +11,9 @@ evaluated length). A core may also expose per-position internals for mechanism p
 summarises, tasks/base.py). A core that needs the raw inputs (e.g. analytically constructed
 parameters) sets `owns_io = True` and then maps inputs to predictions itself.
 
-Options of the adapters are common to every architecture (`BackboneOptions`): each `Core`
-subclass's `Config` gets them appended as fields, so every model YAML and every `model.<field>=`
-override accepts them, type-checked like the family's own fields.
+Options of the adapters are common to every architecture (`BackboneOptions`): each family's
+config (models/configs.py) gets them appended as fields, so every model YAML and every
+`model.<field>=` override accepts them, type-checked like the family's own fields.
 
 - `tie_embeddings`: the output head reuses the token embedding matrix (decoder.weight IS
   encoder.weight, one Parameter) and has no bias, as GPT-2 and mamba_ssm's language models do.
@@ -28,14 +28,11 @@ override accepts them, type-checked like the family's own fields.
 from __future__ import annotations
 
 import abc
-import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
-
-from models.configs import with_backbone_options
 
 
 def mark_recurrent(*params: nn.Parameter | None) -> None:
@@ -65,9 +62,8 @@ class Core(nn.Module, abc.ABC):
     """Base class of every architecture. Subclasses set the class attributes and implement
     `__init__(config, io)`, `forward(x)` and `state_size(seq_len)`.
 
-    A subclass's `Config` is replaced at class creation by a subclass of it that also has the
-    BackboneOptions fields: `Mamba.Config(tie_embeddings=True)` works, and `MambaConfig()`
-    (the class as written, without them) builds an untied model."""
+    A subclass's `Config` is its family's config in models/configs.py (CONFIGS), which also has
+    the BackboneOptions fields: `Mamba.Config(tie_embeddings=True)` works."""
 
     family: ClassVar[str]
     Config: ClassVar[type]  # dataclass; must have an int field `d_model`
@@ -78,12 +74,6 @@ class Core(nn.Module, abc.ABC):
         super().__init__()
         self.config = config
         self.io = io
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        config = cls.__dict__.get("Config")
-        if config is not None and dataclasses.is_dataclass(config):
-            cls.Config = with_backbone_options(config, cls)
 
     @abc.abstractmethod
     def state_size(self, seq_len: int) -> int:

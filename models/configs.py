@@ -8,6 +8,33 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
+# --- options of the backbone (models/backbone.py), every family's ---------------------------------
+@dataclass
+class BackboneOptions:
+    """Fields every family's config gets (with_backbone_options)."""
+
+    tie_embeddings: bool = False  # head weight = token embedding, no head bias (tokens only)
+
+
+def with_backbone_options(config: type) -> type:
+    """Decorator of a family's config: `config` with the BackboneOptions fields it lacks appended
+    (after its own fields, so its positional order is unchanged). The new class is a subclass of
+    `config` (its checks in __post_init__ still run) under the same name, which the decorator
+    binds to it in this module: where pickle finds it."""
+    have = {f.name for f in dataclasses.fields(config)}
+    hints = typing.get_type_hints(BackboneOptions)
+    extra = [(f.name, hints[f.name], dataclasses.field(default=f.default))
+             for f in dataclasses.fields(BackboneOptions) if f.name not in have]
+    if not extra:
+        return config
+    augmented = dataclasses.make_dataclass(config.__name__, extra, bases=(config,),
+                                           frozen=config.__dataclass_params__.frozen)
+    augmented.__module__ = config.__module__
+    augmented.__qualname__ = config.__qualname__
+    augmented.__doc__ = config.__doc__
+    return augmented
+
+
 # --- mamba, mambazero (models/mamba.py) -----------------------------------------------------------
 KERNELS = ("auto", "torch", "sequential", "mamba_ssm")  # the SSD scans (models/ssd.py)
 ACTIVATION_NAMES = ("silu", "relu", "identity")  # models/mamba.py ACTIVATIONS' keys
@@ -35,6 +62,7 @@ def check_mixer_shape(d_model: int, expand: int, headdim: int, ngroups: int, d_s
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
 
 
+@with_backbone_options
 @dataclass
 class MambaConfig:
     d_model: int = 16
@@ -62,6 +90,7 @@ class MambaConfig:
                           self.d_conv, self.chunk_size, self.kernel)
 
 
+@with_backbone_options
 @dataclass
 class MambaZeroConfig:
     d_model: int = 4
@@ -102,6 +131,7 @@ class MambaZeroConfig:
 ATTENTIONS = ("softmax", "linear")
 
 
+@with_backbone_options
 @dataclass
 class TransformerConfig:
     d_model: int = 16
@@ -138,6 +168,7 @@ class TransformerConfig:
 BLOCK_KINDS = {"R": "recurrent block (conv + RG-LRU)", "A": "local multi-query attention"}
 
 
+@with_backbone_options
 @dataclass
 class GriffinConfig:
     d_model: int = 32
@@ -166,6 +197,7 @@ class GriffinConfig:
 
 
 # --- lru ------------------------------------------------------------------------------------------
+@with_backbone_options
 @dataclass
 class LRUConfig:
     d_model: int = 32
@@ -189,6 +221,7 @@ class LRUConfig:
 
 
 # --- lstm -----------------------------------------------------------------------------------------
+@with_backbone_options
 @dataclass
 class LSTMConfig:
     d_model: int = 32  # input, hidden and output width of every layer
@@ -205,6 +238,7 @@ PROMPTS = ("interleaved", "tokens")
 SCANS = ("parallel", "sequential")  # gd_ssm, selective_ssm: parallel scan | step by step
 
 
+@with_backbone_options
 @dataclass
 class GDSSMConfig:
     # Sizes of the trained model; the constructed one takes its sizes from the prompt (Z is f × N).
@@ -238,6 +272,7 @@ class GDSSMConfig:
 TRANSITIONS = ("linear", "exp")
 
 
+@with_backbone_options
 @dataclass
 class SelectiveSSMConfig:
     d_model: int = 16  # n: the state size of a layer (paper 004 App. B.1: n = 16)
@@ -256,42 +291,6 @@ class SelectiveSSMConfig:
         if self.scan not in SCANS:
             raise ValueError(f"selective_ssm: scan={self.scan!r} is not one of {', '.join(SCANS)}")
 
-
-# --- options of the backbone (models/backbone.py), every family's ---------------------------------
-@dataclass
-class BackboneOptions:
-    """Fields every family's `Config` gets (with_backbone_options)."""
-
-    tie_embeddings: bool = False  # head weight = token embedding, no head bias (tokens only)
-
-
-def with_backbone_options(config: type, owner: type | None = None) -> type:
-    """`config` with the BackboneOptions fields it lacks appended (after its own fields, so its
-    positional order is unchanged). The new class is a subclass of `config` (its checks in
-    __post_init__ still run), named as `config` in this module, which rebinds the name to it
-    (where pickle finds it), or `<Owner>.Config` for a family whose config lives beside it."""
-    have = {f.name for f in dataclasses.fields(config)}
-    hints = typing.get_type_hints(BackboneOptions)
-    extra = [(f.name, hints[f.name], dataclasses.field(default=f.default))
-             for f in dataclasses.fields(BackboneOptions) if f.name not in have]
-    if not extra:
-        return config
-    augmented = dataclasses.make_dataclass(config.__name__, extra, bases=(config,),
-                                           frozen=config.__dataclass_params__.frozen)
-    augmented.__module__ = owner.__module__ if owner else config.__module__
-    augmented.__qualname__ = f"{owner.__qualname__}.Config" if owner else config.__qualname__
-    augmented.__doc__ = config.__doc__
-    return augmented
-
-
-MambaConfig = with_backbone_options(MambaConfig)
-MambaZeroConfig = with_backbone_options(MambaZeroConfig)
-TransformerConfig = with_backbone_options(TransformerConfig)
-GriffinConfig = with_backbone_options(GriffinConfig)
-LRUConfig = with_backbone_options(LRUConfig)
-LSTMConfig = with_backbone_options(LSTMConfig)
-GDSSMConfig = with_backbone_options(GDSSMConfig)
-SelectiveSSMConfig = with_backbone_options(SelectiveSSMConfig)
 
 CONFIGS: dict[str, type] = {
     "mamba": MambaConfig, "mambazero": MambaZeroConfig, "transformer": TransformerConfig,
