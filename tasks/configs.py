@@ -7,6 +7,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+# --- checks several families share ---------------------------------------------------------------
+def check_pool_size(family: str, num_tasks: int, fresh: str) -> None:
+    """num_tasks: the size of a pool of training tasks drawn once, or 0 for `fresh` ones."""
+    if num_tasks < 0:
+        raise ValueError(f"{family} needs num_tasks >= 0 (0: {fresh}), got {num_tasks}")
+
+
+def check_context_ids(order: int, vocab_size: int) -> None:
+    """Context ids S^k (+ 1, a start or switch symbol) are int64."""
+    if order * math.log2(vocab_size) >= 62:
+        raise ValueError(f"{vocab_size}^{order} contexts do not fit a 64-bit index; "
+                         "lower task.order")
+
+
 # --- markov --------------------------------------------------------------------------------------
 MIN_REGION_MASS = 0.01  # prior mass each side of simplex_split must hold (rejection sampling)
 SIMPLEX_EVAL = ("complement", "training")  # where the held-out kernels of a split come from
@@ -38,12 +52,8 @@ class MarkovConfig:
     def __post_init__(self):
         if self.order < 1 or self.vocab_size < 2 or self.beta <= 0 or self.seq_len < 1:
             raise ValueError("markov needs order >= 1, vocab_size >= 2, beta > 0, seq_len >= 1")
-        if self.order * math.log2(self.vocab_size) >= 62:  # context ids S^k (+ 1) are int64
-            raise ValueError(f"{self.vocab_size}^{self.order} contexts do not fit a "
-                             "64-bit index; lower task.order")
-        if self.num_tasks < 0:
-            raise ValueError(f"markov needs num_tasks >= 0 (0: a fresh kernel per training "
-                             f"sequence), got {self.num_tasks}")
+        check_context_ids(self.order, self.vocab_size)
+        check_pool_size("markov", self.num_tasks, "a fresh kernel per training sequence")
         if self.simplex_eval not in SIMPLEX_EVAL:
             raise ValueError(f"markov simplex_eval must be one of {', '.join(SIMPLEX_EVAL)}, "
                              f"got '{self.simplex_eval}'")
@@ -75,9 +85,7 @@ class SwitchingMarkovConfig:
         if self.order < 1 or self.vocab_size < 2 or self.beta <= 0 or self.seq_len < 1:
             raise ValueError("switching_markov needs order >= 1, vocab_size >= 2, beta > 0, "
                              "seq_len >= 1")
-        if self.order * math.log2(self.vocab_size) >= 62:  # context ids S^k (+ 1) are int64
-            raise ValueError(f"{self.vocab_size}^{self.order} contexts do not fit a "
-                             "64-bit index; lower task.order")
+        check_context_ids(self.order, self.vocab_size)
         if not 0 <= self.p_switch < 1:
             raise ValueError("switching_markov needs 0 <= p_switch < 1")
 
@@ -95,9 +103,7 @@ class HMMConfig:
     def __post_init__(self):
         if self.num_states < 1 or self.vocab_size < 2 or self.seq_len < 1:
             raise ValueError("hmm needs num_states >= 1, vocab_size >= 2, seq_len >= 1")
-        if self.num_tasks < 0:
-            raise ValueError(f"hmm needs num_tasks >= 0 (0: a fresh HMM per training sequence), "
-                             f"got {self.num_tasks}")
+        check_pool_size("hmm", self.num_tasks, "a fresh HMM per training sequence")
         if self.transition_concentration <= 0 or self.emission_concentration <= 0:
             raise ValueError("hmm needs positive Dirichlet concentrations")
 
@@ -122,9 +128,7 @@ class LGSSMConfig:
     def __post_init__(self):
         if self.seq_len < 1 or self.state_dim < 1 or self.obs_dim < 1:
             raise ValueError("lgssm needs seq_len, state_dim, obs_dim >= 1")
-        if self.num_tasks < 0:
-            raise ValueError(f"lgssm needs num_tasks >= 0 (0: a fresh system per training "
-                             f"sequence), got {self.num_tasks}")
+        check_pool_size("lgssm", self.num_tasks, "a fresh system per training sequence")
         if not 0 <= self.eig_min <= self.eig_max < 1:
             raise ValueError("lgssm needs 0 <= eig_min <= eig_max < 1 (a stable A)")
         if not (0 < self.state_noise_min <= self.state_noise_max
@@ -215,9 +219,7 @@ class LinRegConfig:
 
     def __post_init__(self):
         check_score("linreg", self.score)
-        if self.num_tasks < 0:
-            raise ValueError(f"linreg needs num_tasks >= 0 (0: fresh weights per training "
-                             f"prompt), got {self.num_tasks}")
+        check_pool_size("linreg", self.num_tasks, "fresh weights per training prompt")
         if not self.eval_x_scale > 0:
             raise ValueError(f"linreg eval_x_scale must be > 0, got {self.eval_x_scale}")
         if self.prompt not in ("interleaved", "tokens"):
