@@ -111,6 +111,7 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
         first = seen.setdefault(tuple(sorted([*unless_given(entry), *entry])), number)
         if first != number:
             raise twice(first, number, entry)
+
     def in_entry(number: int, error: ConfigError) -> ConfigError:
         own = " ".join(entries[number - 1])
         return ConfigError(f"entry {number} of {what}" + (f" ({shown(own)})" if own else "")

@@ -167,12 +167,12 @@ def test_a_sweep_checks_each_value_of_a_list():
 
 def test_a_suite_over_the_cap_is_refused_before_an_entry_is_composed(nothing_runs, tmp_path,
                                                                       monkeypatch, capsys):
-    import bench.checks
+    import bench.suites
 
     def composed(*args, **kwargs):
         raise AssertionError("an entry was composed")
 
-    monkeypatch.setattr(bench.checks, "checked_run", composed)
+    monkeypatch.setattr(bench.suites, "compose", composed)  # what the suite runner composes with
     path = suite_file(tmp_path, [[f"seed={i}"] for i in range(MAX_RUNS + 1)])
     assert cli.main(["suite", f"name={path}"]) == 2
     line = one_error_line(capsys.readouterr().err)
