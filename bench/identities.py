@@ -119,7 +119,8 @@ def differing_parts(old: dict, new: dict) -> list[str]:
 @dataclass
 class Index:
     """code digest -> {"commit": the commit its identities were computed at, "torch": the torch
-    they were computed with, "probe": the probe's digest, "configs": {config key: probe result,
+    they were computed with, "probe": the probe's format (bench.identity.FORMAT), "configs":
+    {config key: probe result,
     or {"error": why}}}; `today`: the code digest of this checkout, when clean."""
     path: Path
     codes: dict[str, dict] = field(default_factory=dict)
@@ -160,9 +161,11 @@ class Index:
         return self.version(record)[0]
 
 
-def probe_digest() -> str:
-    """A digest of the probe's own code: identities measured by another probe are not compared."""
-    return hashlib.sha256(Path(probe_module.__file__).read_bytes()).hexdigest()[:16]
+def probe_format() -> str:
+    """What the probe measures, as its format version (bench.identity.FORMAT, bumped when a
+    measurement changes): identities measured by another format are not compared. Not a digest
+    of the probe's file: moving it, or editing a comment, leaves every stored identity usable."""
+    return probe_module.FORMAT
 
 
 def content_digest(codes: dict) -> str:
@@ -279,9 +282,9 @@ def fill(index: Index, wanted: dict[str, dict[str, dict]], commits: dict[str, st
     for code, specs in wanted.items():
         slot = index.codes.get(code)
         if slot is None or (slot.get("torch"), slot.get("probe")) != (torch_version,
-                                                                      probe_digest()):
+                                                                      probe_format()):
             slot = index.codes[code] = {"commit": commits[code], "torch": torch_version,
-                                        "probe": probe_digest(), "configs": {}}
+                                        "probe": probe_format(), "configs": {}}
         missing = [spec for key, spec in specs.items() if key not in slot["configs"]]
         if not missing:
             continue
@@ -414,7 +417,7 @@ def report_identities(out_dir: str, check: bool = False) -> int:
               "pyproject.toml) differs from its commit, or git cannot tell: today's identities "
               "are not computed (commit first)", file=sys.stderr)
     for code in [c for c, slot in index.codes.items()
-                 if (slot.get("torch"), slot.get("probe")) != (torch.__version__, probe_digest())]:
+                 if (slot.get("torch"), slot.get("probe")) != (torch.__version__, probe_format())]:
         del index.codes[code]  # probed with another torch (other random streams) or probe
     wanted, commits = wanted_probes(records, today)
     command = f"python -m bench identities out_dir={out_dir}"

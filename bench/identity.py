@@ -52,6 +52,9 @@ import sys
 import tempfile
 import time
 
+# The probe's format: the index keys stored identities by it (bench/identities.py), so bump it
+# whenever what the probe measures changes (a part, PROBE_STEPS, PROBE_SEQUENCES, summarize,
+# the probe trainer); a refactor, a move or a comment leaves it, and every stored identity, as is.
 FORMAT = "icl-bench/identity/2"
 PROBE_STEPS = 3
 PROBE_SEQUENCES = 8

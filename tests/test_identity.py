@@ -189,7 +189,7 @@ def indexed(tmp_path: Path, identity_of: dict[str, str], today: str | None = Non
     index = identities.Index(out / identities.INDEX_NAME)
     for code, found in identity_of.items():
         index.codes[code] = {"commit": code * 5, "torch": torch.__version__,
-                             "probe": identities.probe_digest(),
+                             "probe": identities.probe_format(),
                              "configs": {key: {"identity": found, "parts": {}}}}
     identities.save_index(index, "test")
     return out
@@ -295,7 +295,7 @@ def test_a_suite_entry_is_done_by_a_record_whose_identity_is_todays(tmp_path, mo
         key = identities.config_key(rec)
         for code, found in (("older", "1d" * 8), ("today", code_identity)):
             index.codes[code] = {"commit": code, "torch": torch.__version__,
-                                 "probe": identities.probe_digest(),
+                                 "probe": identities.probe_format(),
                                  "configs": {key: {"identity": found, "parts": {
                                      "init": {"/w": 1.0 if found == "1d" * 8 else 2.0}}}}}
         identities.save_index(index, "test")
