@@ -13,13 +13,13 @@ Three implementations of the same map, all returning (y, final_state):
   chunks the state is carried by a recurrence over chunk summaries. Any sequence length works:
   the tail is padded with dt = 0 steps, which neither decay nor write the state.
 - the Triton kernel `mamba_chunk_scan_combined` of the optional `mamba_ssm` package (CUDA only;
-  its parity test also runs it on the CPU under Triton's interpreter, bench/kernel_parity.py),
+  its parity test also runs it on the CPU under Triton's interpreter, bench/perf/kernel_parity.py),
   reached through `ssd_scan(..., kernel="mamba_ssm")`; `ssd_scan` also dispatches to the other
   two ("torch" = chunked, "sequential").
 
 `scan_override` makes every `ssd_scan` in a block run another function instead; with
 `kernel_footprint`, a stand-in that allocates what the kernel allocates and computes nothing,
-the pre-run memory estimate (bench/memory.py) measures a model as the kernel will run it, on a
+the pre-run memory estimate (bench/training/memory.py) measures a model as the kernel will run it, on a
 machine without the kernel or a GPU.
 
 Shapes: x (B, T, H, P), dt (B, T, H) positive (already softplus'd), A (H,) (negative for a
@@ -177,7 +177,7 @@ def _import_mamba_chunk_scan() -> Callable:
     huggingface_hub), so the kernel imports only from an ordinary install of mamba-ssm
     (KERNEL_INSTALL). An install built without the extension (MAMBA_SKIP_CUDA_BUILD) fails here
     with "No module named 'selective_scan_cuda'"; the kernel parity test's harness runs that
-    install with stand-ins on PYTHONPATH (bench/kernel_parity.py `stand_in_env`).
+    install with stand-ins on PYTHONPATH (bench/perf/kernel_parity.py `stand_in_env`).
 
     The outcome is cached; a failure raises a fresh RuntimeError with the cached reason each
     time (re-raising one stored exception object would grow its traceback on every call)."""
@@ -217,7 +217,7 @@ def _call_mamba_chunk_scan(x, dt, A, B, C, D, initial_state, chunk_size) -> tupl
     Like `ssd_chunked`, it computes in at least float32 with autocast off: under bf16-mixed, x, B
     and C arrive in bfloat16, and the kernel would carry its chunk states and write its output in
     bfloat16 (measured on CUDA: README, section GPU); upcast, only the returned y is rounded to
-    x's dtype. Its float32 dot products follow the process's TF32 policy (bench.train
+    x's dtype. Its float32 dot products follow the process's TF32 policy (bench.training.train
     `apply_tf32_policy`: Triton's TRITON_F32_DEFAULT)."""
     scan = _import_mamba_chunk_scan()
     out_dtype = x.dtype

@@ -255,7 +255,7 @@ class Task(L.LightningDataModule, abc.ABC):
         per-position losses (B, T) of the model ("model") and of every reference on the held-out
         batch, and from their other per-position scores (`scores[name]`: "loss", and for tokens
         "correct", the top-1 hits, and "l1", the L1 distance to the gap reference's
-        distribution, for vectors "error", the signed errors (B, T, d_out); bench/evaluate.py
+        distribution, for vectors "error", the signed errors (B, T, d_out); bench/training/evaluate.py
         position_scores; None when not known). The runner already records mean losses, gaps
         with CIs and per-position curves."""
         return {}
@@ -277,7 +277,7 @@ class Task(L.LightningDataModule, abc.ABC):
     def latent_floats(self) -> int:
         """Floats of hidden parameters (and per-sequence reference workspace beyond the
         predictions) one sequence needs: the part of the memory estimate made before a run
-        (bench/memory.py) that only the family knows. Override where it can be large."""
+        (bench/training/memory.py) that only the family knows. Override where it can be large."""
         return 0
 
     def memory_per_sequence(self) -> int:
@@ -303,7 +303,7 @@ class Task(L.LightningDataModule, abc.ABC):
 
     def cache_identity(self) -> dict:
         """What the held-out set and reference scores depend on beyond the config and the code
-        (bench/reference_cache.py), e.g. the files of a text corpus. Nothing for synthetic tasks."""
+        (bench/training/reference_cache.py), e.g. the files of a text corpus. Nothing for synthetic tasks."""
         return {}
 
     def config_dict(self) -> dict:
@@ -311,7 +311,7 @@ class Task(L.LightningDataModule, abc.ABC):
 
     # --- Lightning: training batches are sampled on the CPU, in loader workers -------------
     loader_workers: int = 0  # processes sampling training batches (bench sets it per run)
-    micro_batches: int = 1  # trainer.accumulate_grad_batches (bench.devices.rank_task sets it)
+    micro_batches: int = 1  # trainer.accumulate_grad_batches (bench.training.devices.rank_task sets it)
 
     @property
     def micro_batch_size(self) -> int:

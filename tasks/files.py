@@ -27,7 +27,7 @@ def shared_mode() -> int:
 def write_atomic(path: Path, write) -> None:
     """Call write(temporary path) and rename the result onto path, so readers see the old file
     or the new one, never half of one; the temporary file (hidden, `.tmp-<name>.*`) is removed
-    if anything fails. Every file but a run record (bench.records.write_record, which never
+    if anything fails. Every file but a run record (bench.records.store.write_record, which never
     replaces one) is written this way."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}.", suffix=path.suffix)
     os.close(fd)

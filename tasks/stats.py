@@ -2,7 +2,7 @@
 tasks, never the reverse): per-sequence and per-position means over scored positions, the
 percentile bootstrap interval and the paired difference of two runs, the mean across seeds with
 its t-interval, and means per context-length bin. Scoring itself (what a position's loss is, the
-gap to a reference) stays in bench/evaluate.py."""
+gap to a reference) stays in bench/training/evaluate.py."""
 from __future__ import annotations
 
 import math

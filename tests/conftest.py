@@ -8,7 +8,7 @@ import torch
 torch.set_num_threads(1)
 
 # Started under nohup, the tests inherit an ignored SIGHUP, and a run rightly leaves an ignored
-# signal ignored (bench/signals.py SignalGuard): the tests of what a run does on SIGHUP need the
+# signal ignored (bench/training/signals.py SignalGuard): the tests of what a run does on SIGHUP need the
 # default disposition, here and in the runs they start.
 if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
@@ -96,8 +96,8 @@ def check_score_last(every, final, last: int, sequences: int = 200) -> None:
     scored): the same held-out sequences with exactly one scored position per sequence, at
     `last`; the training loss is the squared error there alone; the held-out loss of every
     reference is the `all` run's per-position curve at that position."""
-    from bench.evaluate import score
-    from bench.evaluate import masked_loss
+    from bench.training.evaluate import score
+    from bench.training.evaluate import masked_loss
     a, b = every.held_out(sequences), final.held_out(sequences)
     assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
     expected = torch.zeros_like(b.loss_mask)
@@ -127,8 +127,8 @@ def nan_loss_from(step: int, monkeypatch) -> None:
     Keyed by the step, not by calls of the loss, which the pre-run memory check makes too."""
     import math
 
-    import bench.module
-    real = bench.module.ICLModule.training_step
+    import bench.training.module
+    real = bench.training.module.ICLModule.training_step
 
     def training_step(self, batch, batch_idx):
         if int(self.global_step) < step:
@@ -139,7 +139,7 @@ def nan_loss_from(step: int, monkeypatch) -> None:
         finally:
             hook.remove()
 
-    monkeypatch.setattr(bench.module.ICLModule, "training_step", training_step)
+    monkeypatch.setattr(bench.training.module.ICLModule, "training_step", training_step)
 
 
 def own_fields(config_class) -> set[str]:

@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
-from bench.__main__ import main
-from bench.checks import compose_checked
-from bench.train import build
+from bench.cli.main import main
+from bench.training.checks import compose_checked
+from bench.training.train import build
 from tasks.base import TrainingBatches
 
 TINY = ["task=markov", "task.seq_len=24", "model=mamba", "trainer.batch_size=8",

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import main
-from bench.checks import MULTI_NODE_LAUNCH
+from bench.cli.main import main
+from bench.training.checks import MULTI_NODE_LAUNCH
 
 REPO = Path(__file__).resolve().parents[1]
 HUGE = 10**9
@@ -374,7 +374,7 @@ def integer_fields() -> list[tuple[str, str, str, bool]]:
 
     import yaml
 
-    from bench.config import CONF_DIR, TrainerConfig, _families, choices
+    from bench.config import CONF_DIR, TrainerConfig, choices, families as _families
 
     def integers(schema) -> list[tuple[str, bool]]:
         hints = typing.get_type_hints(schema)
@@ -448,7 +448,7 @@ def test_every_integer_field_at_2_to_the_62_is_checked_or_harmless(group, conf, 
     """2^62 fits 64 bits but no tensor: the whole-run checks refuse it in one line (a size) or
     accept it (a step count, an interval, a cap); never an internal error (torch's 'Storage
     size calculation overflowed' in 26 of them) and never a hang."""
-    from bench.checks import compose_checked
+    from bench.training.checks import compose_checked
     from bench.config import ConfigError
     args = [*integer_override(group, conf, name, many, 2**62), f"out_dir={tmp_path / 'out'}"]
     if conf == "gd_ssm_constructed":
@@ -485,7 +485,7 @@ def test_the_memory_estimate_covers_drawing_the_pool_of_tasks(task):
     """The pool is drawn in chunks that are then concatenated (twice its size at once), with
     the sampling temporaries of a chunk: linreg num_tasks=10^9 held 18.6 GiB, peaked at 37,
     passed a check that counted it once on a 21 GiB host and was killed with no record."""
-    from bench.memory import Allocations, pool_peak_bytes
+    from bench.training.memory import Allocations, pool_peak_bytes
     from bench.config import compose
     from tasks import task_families
     config = compose([f"task={task}", "task.num_tasks=64"])

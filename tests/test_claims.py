@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.claims import render as claims_mod
-from bench.__main__ import main
-from bench.claims import Interval, Rule, decide_all, load_claims, write_claims
-from bench.claims.spec import default_rules
+from bench.reports.claims import render as claims_mod
+from bench.cli.main import main
+from bench.reports.claims import Interval, Rule, decide_all, load_claims, write_claims
+from bench.reports.claims.spec import default_rules
 from bench.config import ConfigError, choices, compose, load_suite
-from bench.leaderboard import select_runs
-from bench.records import SCHEMA
+from bench.reports.leaderboard import select_runs
+from bench.records.store import SCHEMA
 from tasks.stats import across_seeds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -663,7 +663,7 @@ def test_a_quantity_reads_the_records_that_carry_its_metric(tmp_path):
     del old["metrics"]["task"]["excess"]
     put(out, old, record(MAMBA, seed=1, gap=0.002), record(NOCONV, gap=0.06))
     rows = [runs for s in select_runs(str(out)).sections for runs in s.rows.values()]
-    from bench.claims.verdicts import pick
+    from bench.reports.claims.verdicts import pick
     (claim,) = load_claims(rules_file(tmp_path))
     quantity = claim.quantities["mamba"]
     assert len(pick(quantity, rows)) == 2  # the gap: both seeds
@@ -693,7 +693,7 @@ def test_claims_decided_on_the_same_records_say_so(tmp_path):
     put(out, record(MAMBA, gap=0.001), record(NOCONV, gap=0.06),
         record([*NOCONV, "model.d_model=32"], gap=0.06))
     claims_md = tmp_path / "claims.md"
-    from bench.claims import write_claims
+    from bench.reports.claims import write_claims
     write_claims(select_runs(str(out)), str(claims_md), rules)
     rows = {line.split("|")[1].strip(): line for line in claims_md.read_text().splitlines()
             if line.startswith("| t-")}

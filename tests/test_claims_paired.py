@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from bench.claims import Interval, Rule, load_claims
-from bench.claims.rules import Sample
-from bench.claims.verdicts import read_sequences
+from bench.reports.claims import Interval, Rule, load_claims
+from bench.reports.claims.rules import Sample
+from bench.reports.claims.verdicts import read_sequences
 from test_claims import MAMBA, NOCONV, decide, put, record, rules_file
 
 SWITCH = """\

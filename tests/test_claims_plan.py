@@ -5,8 +5,8 @@ import math
 import pytest
 import yaml
 
-from bench.__main__ import main
-from bench.claims.plan import MAX_SEEDS, seeds_to_decide
+from bench.cli.main import main
+from bench.reports.claims.plan import MAX_SEEDS, seeds_to_decide
 from bench.config import load_suite
 from test_claims import MAMBA, NOCONV, put, record, rules_file
 from tasks.stats import t_quantile

@@ -4,7 +4,7 @@ fail. Records are planted per quantity: each quantity's selector composes the re
 and its metric path receives the seed's value (records of one selector and seed are one run)."""
 import pytest
 
-from bench.claims import load_claims
+from bench.reports.claims import load_claims
 from test_claims import decide, put, record
 
 
@@ -32,7 +32,7 @@ def set_metric(rec: dict, quantity, value: float) -> None:
 
 
 def keep_interval_around(rec: dict, path: list[str], value: float) -> None:
-    """A record's own interval of a planted mean moves with it (bench.schema refuses a record
+    """A record's own interval of a planted mean moves with it (bench.records.schema refuses a record
     whose value lies far outside its interval)."""
     metrics, half = rec["metrics"], 0.01 * abs(value) + 1e-6
     if path == ["metrics", "bayes_gap"]:
@@ -64,7 +64,7 @@ def plant(tmp_path, name: str, claim, values: dict[str, list[float]]):
 
 def shipped_entry(claim) -> str:
     """The claim's own entry, cut from its shipped file."""
-    from bench.claims.spec import default_rules
+    from bench.reports.claims.spec import default_rules
     text = (default_rules() / claim.paper / "claims.yaml").read_text()
     start = text.index(f"  - id: {claim.id}\n")
     end = text.find("\n  - id: ", start + 1)
@@ -170,8 +170,8 @@ def test_switching_reset_is_judged_on_each_run(shipped, tmp_path, per_seed, expe
 
 
 def test_extensions_are_counted_apart(shipped):
-    from bench.claims.render import verdict_counts
-    from bench.claims.verdicts import Decision
+    from bench.reports.claims.render import verdict_counts
+    from bench.reports.claims.verdicts import Decision
     decisions = [Decision(shipped["004-thm2-bayes-beats-erm"], "holds"),
                  Decision(shipped["000-fig1a-mamba-order1"], "holds at reduced scale")]
     assert shipped["004-thm2-bayes-beats-erm"].extension  # true by definition: not a finding

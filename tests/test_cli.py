@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import main
-from bench.records import SCHEMA
+from bench.cli.main import main
+from bench.records.store import SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["task.seq_len=24", "trainer.max_steps=4", "trainer.warmup_steps=2",
@@ -75,7 +75,7 @@ def test_list_describes_a_file_without_a_comment_by_its_family(tmp_path, monkeyp
     (tmp_path / "task" / "markov.yaml").write_text("")
     (tmp_path / "model" / "mine.yaml").write_text("# my own\nfamily: lstm\n")
     (tmp_path / "trainer" / "mine.yaml").write_text("max_steps: 5\n")
-    monkeypatch.setattr(bench.config, "CONF_DIR", tmp_path)
+    monkeypatch.setattr(bench.config.conf, "CONF_DIR", tmp_path)
     described = bench.config.describe_choice
     assert described("task", "mine") == task_families()["markov"].description
     assert described("task", "markov") == task_families()["markov"].description
@@ -109,7 +109,7 @@ def test_bad_input_exit_code_from_the_shell():
 
 
 def test_suite_entries_are_valid_and_a_bad_shard_exits_2(capsys):
-    from bench.checks import compose_checked
+    from bench.training.checks import compose_checked
     from bench.config import load_suite
     for entry in load_suite("leaderboard"):
         compose_checked(entry)
@@ -150,7 +150,7 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
 def test_idle_threads_sleep_unless_the_user_says_otherwise(given, expected):
     """The CLI sets OMP_WAIT_POLICY=PASSIVE before torch loads (a run sharing the cores keeps
     most of its speed, README "Threads"); a value the user set is kept. Importing bench (and
-    bench.__main__, as `python -m bench` does before main) changes no environment and loads no
+    bench.cli.main, as `python -m bench` does before main) changes no environment and loads no
     torch: the policy is read when torch loads, which a run's main does after setting it."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if given:
@@ -159,7 +159,7 @@ def test_idle_threads_sleep_unless_the_user_says_otherwise(given, expected):
     probe = textwrap.dedent("""
         import os, sys
         before = dict(os.environ)
-        import bench, bench.__main__
+        import bench, bench.cli.main
         assert dict(os.environ) == before, "importing bench changed the environment"
         assert "torch" not in sys.modules, "importing bench loaded torch"
         seen = []
@@ -170,7 +170,7 @@ def test_idle_threads_sleep_unless_the_user_says_otherwise(given, expected):
                     seen.append(os.environ.get("OMP_WAIT_POLICY"))
 
         sys.meta_path.insert(0, Spy())
-        code = bench.__main__.main(["run", "print_config=true", "trainer.max_steps=1"])
+        code = bench.cli.main.main(["run", "print_config=true", "trainer.max_steps=1"])
         print("policy:", code, seen[0], os.environ["OMP_WAIT_POLICY"])""")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env=env, timeout=300)
@@ -197,8 +197,8 @@ def test_a_mistyped_command_line_is_answered_without_torch(argv):
     models/configs.py): a fraction of a second instead of seconds."""
     probe = textwrap.dedent(f"""
         import sys
-        import bench.__main__
-        code = bench.__main__.main({argv!r})
+        import bench.cli.main
+        code = bench.cli.main.main({argv!r})
         heavy = sorted(m for m in ("torch", "lightning", "tasks.base", "models.backbone")
                        if m in sys.modules)
         print("loaded:", code, heavy)""")
@@ -214,8 +214,8 @@ def test_the_reports_read_records_without_lightning(tmp_path):
     records = sorted((REPO / "results").glob("markov--mamba--s0--*.json"))[:1]
     probe = textwrap.dedent(f"""
         import sys
-        import bench.__main__
-        code = bench.__main__.main(["plot", {str(records[0])!r}, "out={tmp_path / 'p.png'}"])
+        import bench.cli.main
+        code = bench.cli.main.main(["plot", {str(records[0])!r}, "out={tmp_path / 'p.png'}"])
         print("loaded:", code, sorted(m for m in ("lightning", "tasks.base", "torch")
                                       if m in sys.modules))""")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench.__main__ import main
-from bench.compare import compare
-from bench.evaluate import score_predictions
-from bench.records import SCHEMA, json_safe
+from bench.cli.main import main
+from bench.reports.compare import compare
+from bench.training.evaluate import score_predictions
+from bench.records.store import SCHEMA, json_safe
 from tasks.markov import MarkovConfig, MarkovTask
 from tasks.stats import paired_difference
 

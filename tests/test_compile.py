@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from bench.__main__ import main
-from bench.checks import compose_checked
-from bench.train import build, scan_kernels
+from bench.cli.main import main
+from bench.training.checks import compose_checked
+from bench.training.train import build, scan_kernels
 
 TINY = ["task.seq_len=16", "trainer.max_steps=3", "trainer.warmup_steps=1",
         "trainer.eval_sequences=16", "trainer.eval_batch_size=16", "trainer.batch_size=16",

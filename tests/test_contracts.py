@@ -11,7 +11,7 @@ What the task contract says and what is checked here:
 - `held_out(n)`: the same batch at every call.
 - references: at least one `bayes` or `bound` (a task scored by perplexity, text, has none: its
   references are baselines that give per-position losses). base.py says nothing about infinite
-  log-probabilities; bench/evaluate.py position_scores takes an infinite loss at an unscored
+  log-probabilities; bench/training/evaluate.py position_scores takes an infinite loss at an unscored
   position (it selects with where(), not a product), so here the loss must be finite at every
   scored position and a token prediction a normalised distribution there (a -inf log-probability
   of a token that is not the target is allowed: a predictor may rule a symbol out).

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.__main__ import main
-from bench.checks import compose_checked
+from bench.cli.main import main
+from bench.training.checks import compose_checked
 from bench.config import compose
-from bench.evaluate import masked_loss
-from bench.train import build
+from bench.training.evaluate import masked_loss
+from bench.training.train import build
 from tasks.base import TRAIN_STREAM, make_generator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,8 +27,8 @@ TINY = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=37"
 EVAL_SCRIPT = textwrap.dedent("""
     import sys, torch, lightning as L
     from bench.config import compose
-    from bench.module import ICLModule
-    from bench.train import build, quiet_lightning
+    from bench.training.module import ICLModule
+    from bench.training.train import build, quiet_lightning
     devices, out = int(sys.argv[1]), sys.argv[2]
     quiet_lightning()
     config = compose(["trainer.accelerator=cpu", f"trainer.devices={devices}",
@@ -234,7 +234,7 @@ SUITE_SCRIPT = textwrap.dedent("""
     import bench.config
     # entry 1 diverges (lr 1e30), entry 2 trains
     bench.config.load_suite = lambda name: [["trainer.lr=1e30", "seed=1"], ["seed=2"]]
-    from bench.__main__ import main
+    from bench.cli.main import main
     sys.exit(main(sys.argv[1:]))
 """)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.__main__ import main
-from bench.leaderboard import select_runs
-from bench.weights import WEIGHTS_FORMAT
+from bench.cli.main import main
+from bench.reports.leaderboard import select_runs
+from bench.training.weights import WEIGHTS_FORMAT
 
 TINY = ["task=markov", "model=mamba", "task.seq_len=32", "trainer.max_steps=3",
         "trainer.warmup_steps=1", "trainer.eval_sequences=32", "trainer.bootstrap=100",

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from bench.evaluate import gap_closed, position_scores, score
-from bench.formats import ROUNDING_GAP, fmt_loss, fmt_sig, loss_resolution
+from bench.training.evaluate import gap_closed, position_scores, score
+from bench.config.formats import ROUNDING_GAP, fmt_loss, fmt_sig, loss_resolution
 from tasks.lgssm_colored import LGSSMColoredConfig, LGSSMColoredTask
 from tasks.markov import MarkovConfig, MarkovTask
 from tasks.stats import T_975, across_seeds, t_quantile, bootstrap_ci, position_means
@@ -60,7 +60,7 @@ def test_t_interval_across_seeds():
 
 
 def test_beating_bayes_is_flagged_only_when_the_held_out_set_follows_the_prior():
-    from bench.formats import is_suspicious
+    from bench.config.formats import is_suspicious
     below = {"gap_reference_role": "bayes", "bayes_gap_ci": [-0.02, -0.01]}
     assert is_suspicious({**below, "held_out_from_prior": True})
     assert not is_suspicious({**below, "held_out_from_prior": False})
@@ -142,7 +142,7 @@ def test_losses_show_the_models_gap_and_ignore_differences_within_rounding():
 def test_a_run_summary_says_what_the_gap_means(scored, capsys):
     """Beside the gap: whether its interval excludes 0, the share of the best baseline's gap
     closed and the gap by context band, each as the record holds it."""
-    from bench.report import print_run
+    from bench.reports.report import print_run
     task, batch, preds, _ = scored
     halfway = torch.log((preds["bayes"].exp() + preds["unigram"].exp()) / 2)
     m = score(task, batch, {**preds, "model": halfway}, resamples=500)["metrics"]

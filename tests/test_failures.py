@@ -18,11 +18,11 @@ import lightning as L
 import pytest
 import torch
 
-import bench.train
-from bench.__main__ import main
-from bench.checks import compose_checked
+import bench.training.train
+from bench.cli.main import main
+from bench.training.checks import compose_checked
 from bench.config import compose
-from bench.records import SCHEMA, RunFailed, write_record
+from bench.records.store import SCHEMA, RunFailed, write_record
 from conftest import nan_loss_from
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_a_diverged_run_stops_within_log_every_steps(tmp_path, monkeypatch):
 def test_any_exception_after_the_start_writes_one_failed_record(tmp_path, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise RuntimeError("held-out set exploded\nsecond line of the message")
-    monkeypatch.setattr(bench.train, "score_predictions", broken)
+    monkeypatch.setattr(bench.training.train, "score_predictions", broken)
     assert main(["run", f"out_dir={tmp_path}", *TINY]) == 1
     line = one_error_line(capsys.readouterr().err)
     assert "run failed: RuntimeError: held-out set exploded (record: " in line
@@ -153,7 +153,7 @@ def test_other_ranks_write_no_record(tmp_path, monkeypatch):
     config = compose_checked([f"out_dir={tmp_path}",
                               *tiny("trainer.max_steps=20", "trainer.log_every=1")])
     with pytest.raises(RunFailed) as failure:
-        bench.train.run(config)
+        bench.training.train.run(config)
     assert failure.value.path is None and failure.value.exit_code == 1
     assert failure.value.reason == "diverged at step 1: loss nan"
     assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
@@ -343,16 +343,16 @@ def test_a_suite_run_again_skips_the_runs_it_finished(tmp_path, monkeypatch, cap
     config and seed made by the current, clean code is skipped; other code, a dirty checkout or
     rerun=true run it again."""
     import bench.config
-    import bench.records
-    import bench.train
+    import bench.records.store
+    import bench.training.train
     tiny = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=32",
             "trainer.bootstrap=200", "trainer.progress=false", "trainer.max_steps=3"]
     monkeypatch.setattr(bench.config, "load_suite", lambda name: [["seed=0", *tiny],
                                                                   ["seed=1", *tiny]])
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
     # each main() call stands for a process of its own: the code it reports is `version` now
-    monkeypatch.setattr(bench.records, "provenance", lambda: dict(version))
-    monkeypatch.setattr(bench.train, "code_of_this_process", lambda: dict(version))
+    monkeypatch.setattr(bench.records.store, "provenance", lambda: dict(version))
+    monkeypatch.setattr(bench.training.train, "code_of_this_process", lambda: dict(version))
     suite = ["suite", "name=leaderboard", f"out_dir={tmp_path}"]
     # an ad-hoc run of entry 1's config does not finish it: boards and claims count suite runs
     assert main(["run", f"out_dir={tmp_path / 'adhoc'}", "seed=0", *tiny]) == 0
@@ -388,16 +388,16 @@ def test_a_suite_counts_a_run_done_only_in_the_environment_it_would_run_in(tmp_p
     """A CPU record does not finish a run that would train on a GPU here (`auto` would pick
     another device and SSD kernel), nor the reverse; a record of the same environment does, an
     old one without device_name, tf32, kernel, precision or compile included."""
-    import bench.checks
-    import bench.records
+    import bench.training.checks
+    import bench.records.store
     import models.ssd
-    from bench.suites import finished_runs
+    from bench.cli.suites import finished_runs
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
-    monkeypatch.setattr(bench.records, "provenance", lambda: dict(version))
+    monkeypatch.setattr(bench.records.store, "provenance", lambda: dict(version))
     config = compose_checked(["model=mamba", f"out_dir={tmp_path}", *TINY])
     config.origin = "suite:leaderboard"  # as `suite` sets it: records of its kind finish it
 
-    from test_leaderboard import record as scored  # what an ok record holds (bench.schema)
+    from test_leaderboard import record as scored  # what an ok record holds (bench.records.schema)
     shown = {k: v for k, v in scored().items()
              if k in ("metrics", "per_position", "params", "state_size")}
 
@@ -409,7 +409,7 @@ def test_a_suite_counts_a_run_done_only_in_the_environment_it_would_run_in(tmp_p
 
     put("cpu", {"device": "cpu"})  # as records before device_name, tf32 and kernel were
     assert finished_runs([config]) == {0: str(tmp_path / "cpu.json")}
-    monkeypatch.setattr(bench.checks, "check_hardware", lambda config: "cuda")
+    monkeypatch.setattr(bench.training.checks, "check_hardware", lambda config: "cuda")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     # the kernel imports and a call of it runs (kernel=auto resolves once per process)
     monkeypatch.setattr(models.ssd, "mamba_ssm_kernel_error", lambda: None)
@@ -429,9 +429,9 @@ def test_a_non_finite_loss_stops_a_run_at_once_except_an_overflow_under_16_mixed
                                                                                   patience):
     """Under 16-mixed GradScaler skips a step whose gradients overflowed (and lowers its scale),
     so one non-finite loss is not the end: only NONFINITE_PATIENCE checks in a row are."""
-    from bench.module import NONFINITE_PATIENCE, ICLModule
-    from bench.signals import Diverged
-    from bench.train import build
+    from bench.training.module import NONFINITE_PATIENCE, ICLModule
+    from bench.training.signals import Diverged
+    from bench.training.train import build
     assert NONFINITE_PATIENCE == 3
     # unchecked: 16-mixed needs CUDA to train; the decision needs none
     config = compose([f"trainer.precision={precision}", *tiny("trainer.max_steps=10",
@@ -454,13 +454,13 @@ def test_a_non_finite_loss_stops_a_run_at_once_except_an_overflow_under_16_mixed
 def test_every_record_of_a_process_names_the_code_it_loaded(tmp_path, monkeypatch, capsys):
     """A suite's later runs execute the code loaded at its first run: a commit or an edit made
     while it runs must not change the code their records name."""
-    import bench.records
-    import bench.train
-    monkeypatch.setattr(bench.train, "code_of_this_process",
-                        functools.cache(bench.train.code_of_this_process.__wrapped__))
+    import bench.records.store
+    import bench.training.train
+    monkeypatch.setattr(bench.training.train, "code_of_this_process",
+                        functools.cache(bench.training.train.code_of_this_process.__wrapped__))
     versions = iter([{"commit": c * 40, "code": c * 12, "dirty": False, "version": None,
                       "torch": "t"} for c in "ab"])
-    monkeypatch.setattr(bench.records, "provenance", lambda: next(versions))
+    monkeypatch.setattr(bench.records.store, "provenance", lambda: next(versions))
     for seed in (0, 1):
         assert main(["run", f"out_dir={tmp_path}", f"seed={seed}", *tiny("trainer.max_steps=2")]) == 0
     capsys.readouterr()
@@ -469,7 +469,7 @@ def test_every_record_of_a_process_names_the_code_it_loaded(tmp_path, monkeypatc
 
 
 def test_a_reference_that_is_not_finite_is_named_and_the_gap_reference_fails_the_run(capsys):
-    from bench.train import ReferenceNotFinite, check_references
+    from bench.training.train import ReferenceNotFinite, check_references
     fine = {"gap_reference": "bayes", "roles": {"bayes": "bayes", "gd5": "baseline"},
             "loss": {"bayes": 1.0, "gd5": 2.0, "model": 1.5}}
     check_references(fine)
@@ -500,14 +500,14 @@ def test_a_signal_while_the_record_is_written_says_the_record_is_complete(
         tmp_path, monkeypatch, capsys, signum):
     """The record is written whole and stays `ok`; the process then stops as the signal asked,
     with one line that says the record is complete (it said only 'interrupted')."""
-    import bench.train
-    real = bench.train.write_record
+    import bench.training.train
+    real = bench.training.train.write_record
 
     def signalled_while_writing(out_dir, record):
         signal.raise_signal(signum)
         return real(out_dir, record)
 
-    monkeypatch.setattr(bench.train, "write_record", signalled_while_writing)
+    monkeypatch.setattr(bench.training.train, "write_record", signalled_while_writing)
     code = main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=2")])
     line = one_error_line(capsys.readouterr().err)
     record = only_record(tmp_path)
@@ -522,8 +522,8 @@ def test_a_disk_that_refuses_the_ok_record_gets_a_smaller_failed_one(tmp_path, m
     """A full disk: the ok record cannot be written, and the failed record (with the trained
     metrics, without the per-position curves) is smaller than it, so it has room where the ok
     record had almost."""
-    import bench.train
-    real, sizes = bench.train.write_record, []
+    import bench.training.train
+    real, sizes = bench.training.train.write_record, []
 
     def full_for_ok_records(out_dir, record):
         sizes.append(len(json.dumps(record, default=str)))
@@ -531,7 +531,7 @@ def test_a_disk_that_refuses_the_ok_record_gets_a_smaller_failed_one(tmp_path, m
             raise OSError(28, "No space left on device")
         return real(out_dir, record)
 
-    monkeypatch.setattr(bench.train, "write_record", full_for_ok_records)
+    monkeypatch.setattr(bench.training.train, "write_record", full_for_ok_records)
     assert main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=2")]) == 1
     assert "No space left on device" in one_error_line(capsys.readouterr().err)
     record = only_record(tmp_path)
@@ -575,9 +575,9 @@ def test_sighup_in_every_phase_writes_one_failed_record(phase, tmp_path, monkeyp
     (training: test_a_signal_during_training_writes_a_failed_record; the record being written:
     test_a_signal_while_the_record_is_written...), one failed record, exit 129, and the metrics
     kept where they had been computed (it killed the run with no record)."""
-    import bench.train
-    target, name = {"building": (bench.train, "build"), "evaluation": (L.Trainer, "test"),
-                    "probe": (bench.train, "probe_summary")}[phase]
+    import bench.training.train
+    target, name = {"building": (bench.training.train, "build"), "evaluation": (L.Trainer, "test"),
+                    "probe": (bench.training.train, "probe_summary")}[phase]
     _signalled_in(target, name, signal.SIGHUP, monkeypatch)
     assert main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=2")]) == 129
     line = one_error_line(capsys.readouterr().err)
@@ -621,8 +621,8 @@ def test_a_reference_cache_that_cannot_be_written_warns_and_keeps_the_result(
     """The references computed, the cache write fails: a warning, the scores returned as if
     written, no temporary file (exit 1 and a failed record threw the trained result away; a
     full disk said only 'RuntimeError: [enforce fail at inline_container.cc:672]')."""
-    import bench.reference_cache as cache
-    from bench.train import build
+    import bench.training.reference_cache as cache
+    from bench.training.train import build
     config = compose([f"out_dir={tmp_path}", *tiny("trainer.eval_sequences=16")])
     task, _ = build(config)
     batch, cached = cache.held_out_set(config, task)
@@ -657,8 +657,8 @@ def test_a_reference_cache_that_cannot_be_written_warns_and_keeps_the_result(
 
 def test_a_damaged_cache_is_named_and_recomputed(tmp_path, capsys):
     """A cache whose bytes do not match their digest is said to be recomputed, not used."""
-    import bench.reference_cache as cache
-    from bench.train import build
+    import bench.training.reference_cache as cache
+    from bench.training.train import build
     config = compose([f"out_dir={tmp_path}", *tiny("trainer.eval_sequences=16")])
     task, _ = build(config)
     batch, _ = cache.held_out_set(config, task)
@@ -749,7 +749,7 @@ def test_64_true_trains_and_scores_every_vector_task(task, tmp_path, capsys):
 def test_records_and_reports_get_the_mode_the_umask_gives(umask, tmp_path):
     """Records were written 0600 (mkstemp's mode) while caches and boards were 0644: every
     file now gets what an ordinary file gets under the umask."""
-    from bench.records import write_json
+    from bench.records.store import write_json
     previous = os.umask(umask)
     try:
         record = write_record(tmp_path, {"run_id": "r", "value": 1.0})
@@ -776,9 +776,9 @@ def test_an_edited_corpus_is_tokenized_and_its_references_keyed_again(offline_hf
     tokens and baselines were used)."""
     import numpy as np
 
-    import bench.reference_cache as cache
+    import bench.training.reference_cache as cache
     import tasks.text
-    from bench.train import build
+    from bench.training.train import build
     data = tmp_path / "data"
     data.mkdir()
     for split in ("train", "validation", "test"):

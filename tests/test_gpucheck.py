@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from bench import gpucheck
-from bench.__main__ import main
+from bench.perf import gpucheck
+from bench.cli.main import main
 
 
 def alive(pid: int) -> bool:
@@ -54,7 +54,7 @@ def test_the_environment_section_reports_and_the_others_say_why_not(tmp_path, ca
 
 HANGING_SECTION = """
 import json, subprocess, sys, time
-from bench.gpucheck import emit
+from bench.perf.gpucheck import emit
 args = json.loads(sys.argv[1])
 emit(args, {"label": "measured before the hang", "ms_per_step": 1.5})
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from scipy.stats import chi2, norm
 
 from bench.config import compose
-from bench.evaluate import score
+from bench.training.evaluate import score
 from tasks import task_families
 from tasks.base import Batch, make_generator
 from tasks.hmm import HMMConfig, HMMTask
@@ -283,7 +283,7 @@ def test_accuracy_by_context_length_on_constructed_hits():
 
 
 def test_accuracy_by_context_length_in_the_scored_record():
-    """Through bench.evaluate.score: the record's metrics.task curve is the per-position top-1
+    """Through bench.training.evaluate.score: the record's metrics.task curve is the per-position top-1
     curve averaged over each bin (every position scored), for the model and each reference."""
     task = make_task(seq_len=64)
     batch = task.held_out(200)

@@ -2,14 +2,14 @@
 read back (item, bool, int, float, tolist), no op has a data-dependent output size (nonzero,
 boolean-mask indexing), no copy to the device blocks (every tensor of a Batch is copied with
 non_blocking=True; the progress bar's loss is a float, not a logged device tensor). Counted on
-the CPU by bench.speed.step_profile, the way a GPU run would wait, for one whole step (fetch,
+the CPU by bench.perf.speed.step_profile, the way a GPU run would wait, for one whole step (fetch,
 copy, step, callbacks, progress bar, logger) of every task family and of every model family, as
 Lightning runs it."""
 import pytest
 
-from bench.checks import compose_checked
+from bench.training.checks import compose_checked
 from bench.config import ConfigError
-from bench.speed import step_profile
+from bench.perf.speed import step_profile
 from models import model_families
 from tasks import task_families
 
@@ -47,9 +47,9 @@ def test_no_host_sync_in_a_training_step_of_any_model(model):
 
 def test_the_counter_sees_a_host_sync(monkeypatch):
     """The check can fail: a loss that reads a value back is counted."""
-    import bench.module
+    import bench.training.module
 
-    real = bench.module.masked_loss
+    real = bench.training.module.masked_loss
 
     def reading(task, output, batch):
         loss = real(task, output, batch)
@@ -57,7 +57,7 @@ def test_the_counter_sees_a_host_sync(monkeypatch):
             return loss
         return loss
 
-    monkeypatch.setattr(bench.module, "masked_loss", reading)
+    monkeypatch.setattr(bench.training.module, "masked_loss", reading)
     profile = step_profile(compose_checked(["task.seq_len=32", *TINY]))
     assert profile["sync_ops"] == {"_local_scalar_dense": 1}  # float() reads the value
 
@@ -67,8 +67,8 @@ def test_a_training_batch_is_a_few_hundred_ops_not_a_loop_over_time(task):
     """The samplers are vectorised over time: a batch of 32 default-sized sequences (T 256 or
     128) costs < 1,500 aten calls (nested calls counted; measured 593-976), where the loops they
     replace made 4,500-19,000 (one per op per time step)."""
-    from bench.speed import sampler_cost
-    from bench.train import build
+    from bench.perf.speed import sampler_cost
+    from bench.training.train import build
     sampled, _ = build(compose_checked([f"task={task}"]))
     assert sampler_cost(sampled, repeats=1)["aten_calls"] < 1500
 
@@ -87,16 +87,16 @@ def test_the_counter_sees_a_blocking_copy_of_the_batch(monkeypatch):
 def test_the_counter_sees_a_logged_device_tensor_read_by_the_progress_bar(monkeypatch):
     """The loss logged the usual Lightning way (self.log(..., prog_bar=True) of a device tensor)
     is read back with .item() by the progress bar at every step: counted."""
-    import bench.module
+    import bench.training.module
 
-    real = bench.module.ICLModule.training_step
+    real = bench.training.module.ICLModule.training_step
 
     def logging(self, batch, batch_idx):
         loss = real(self, batch, batch_idx)
         self.log("loss_every_step", loss.detach(), prog_bar=True, logger=False)
         return loss
 
-    monkeypatch.setattr(bench.module.ICLModule, "training_step", logging)
+    monkeypatch.setattr(bench.training.module.ICLModule, "training_step", logging)
     profile = step_profile(compose_checked(["task.seq_len=32", *TINY]))
     assert profile["sync_ops"].get("_local_scalar_dense", 0) >= 1, profile["sync_ops"]
 
@@ -108,7 +108,7 @@ def test_every_tensor_of_a_batch_is_copied_without_blocking():
     import torch
     from torch.overrides import TorchFunctionMode
 
-    from bench.train import build
+    from bench.training.train import build
 
     calls = []
 

@@ -1,7 +1,8 @@
-"""The behavioural identity (bench/identity.py) and its index (bench/identities.py): a refactor
+"""The behavioural identity (bench/reports/identity.py) and its index (bench/reports/identities.py): a refactor
 that changes no number keeps every identity, a planted change in each layer changes the identity
 of exactly the configs it affects, rows and suites pool by identity, and an index that cannot be
 trusted is not used."""
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -9,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench.module
-import bench.train
-from bench import identities
+import bench.training.module
+import bench.training.train
+from bench.reports import identities
 from bench.config import compose
-from bench.identity import PARTS, SCALE, agrees, differing, label, probe, summarize
-from bench.leaderboard import select_runs, write_leaderboard
+from bench.reports.identity import PARTS, SCALE, agrees, differing, label, probe, summarize
+from bench.reports.leaderboard import select_runs, write_leaderboard
 from tasks.markov import MarkovTask
 
 from test_leaderboard import model_rows, put, record
@@ -122,7 +123,7 @@ def test_a_planted_reference_change_moves_only_references_and_scoring(baseline, 
 
 
 def test_a_planted_init_change_moves_only_that_model(baseline, monkeypatch):
-    original = bench.train.build_model
+    original = bench.training.train.build_model
 
     def build_model(family, config, io):
         model = original(family, config, io)
@@ -130,31 +131,31 @@ def test_a_planted_init_change_moves_only_that_model(baseline, monkeypatch):
             with torch.no_grad():
                 next(model.parameters()).view(-1)[0] += 1e-3
         return model
-    monkeypatch.setattr(bench.train, "build_model", build_model)
+    monkeypatch.setattr(bench.training.train, "build_model", build_model)
     moved = changed(baseline, identities_of())
     assert set(moved) == {"markov-mamba-800"}
     assert {"init", "steps", "scoring"} <= moved["markov-mamba-800"]
 
 
 def test_a_planted_late_schedule_change_moves_only_the_longer_runs(baseline, monkeypatch):
-    original = bench.module.cosine_with_warmup
+    original = bench.training.module.cosine_with_warmup
 
     def schedule(step, warmup, total, floor):  # differs from step 500 on only
         return original(step, warmup, total, floor) * (0.9 if step >= 500 else 1.0)
-    monkeypatch.setattr(bench.module, "cosine_with_warmup", schedule)
+    monkeypatch.setattr(bench.training.module, "cosine_with_warmup", schedule)
     moved = changed(baseline, identities_of())
     assert moved == {"markov-mamba-800": {"schedule"}, "linreg-transformer-800": {"schedule"}}
 
 
 def test_a_planted_scoring_change_moves_only_the_scoring(baseline, monkeypatch):
     """The bootstrap's intervals, which every config's scoring uses."""
-    import bench.evaluate
-    original = bench.evaluate.bootstrap_ci
+    import bench.training.evaluate
+    original = bench.training.evaluate.bootstrap_ci
 
     def bootstrap_ci(values, resamples, *args, **kwargs):
         lo, hi = original(values, resamples, *args, **kwargs)
         return lo, hi * (1 + 1e-3) if hi else hi
-    monkeypatch.setattr(bench.evaluate, "bootstrap_ci", bootstrap_ci)
+    monkeypatch.setattr(bench.training.evaluate, "bootstrap_ci", bootstrap_ci)
     moved = changed(baseline, identities_of())
     assert moved == {name: {"scoring"} for name in CONFIGS}
 
@@ -165,12 +166,12 @@ def test_a_refactor_that_moves_a_function_keeps_the_identity(baseline, tmp_path)
     tree = tmp_path / "tree"
     for path in identities.CODE_PATHS:
         (shutil.copytree if (REPO / path).is_dir() else shutil.copyfile)(REPO / path, tree / path)
-    module = (tree / "bench" / "module.py").read_text()
+    module = (tree / "bench" / "training" / "module.py").read_text()
     start = module.index("def cosine_with_warmup(")
     end = module.index("class ICLModule(")
-    (tree / "bench" / "schedule.py").write_text("import math\n\n\n" + module[start:end])
-    (tree / "bench" / "module.py").write_text(
-        module[:start] + "from bench.schedule import cosine_with_warmup\n\n\n" + module[end:])
+    (tree / "bench" / "training" / "schedule.py").write_text("import math\n\n\n" + module[start:end])
+    (tree / "bench" / "training" / "module.py").write_text(
+        module[:start] + "from bench.training.schedule import cosine_with_warmup\n\n\n" + module[end:])
     argv = CONFIGS["markov-mamba-800"]
     (result,) = identities.run_probes(tree, [spec(argv)]).values()
     assert "error" not in result, result
@@ -198,6 +199,43 @@ def indexed(tmp_path: Path, identity_of: dict[str, str], today: str | None = Non
 def made_by(code: str, **extra) -> dict:
     return record(provenance={"commit": (code * 40)[:40], "code": code, "dirty": False,
                               "torch": torch.__version__}, **extra)
+
+
+def test_moving_the_probe_keeps_every_stored_identity(tmp_path, monkeypatch):
+    """The index keys identities by the probe's format (bench.reports.identity.FORMAT), not by
+    its file: the probe moved to another folder, with a comment added, leaves every stored entry
+    usable, and filling the index probes nothing again (a digest of the file would have)."""
+    code = "a" * 12
+    out = indexed(tmp_path, {code: "id-a"})
+    moved = tmp_path / "elsewhere" / "probe_moved.py"
+    moved.parent.mkdir()
+    moved.write_text(Path(identities.probe_module.__file__).read_text() + "\n# a comment\n")
+    spec_ = importlib.util.spec_from_file_location("probe_moved", moved)
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    monkeypatch.setattr(identities, "probe_module", module)
+    index = identities.load_index(out)
+    key = identities.config_key(record())
+    ran = identities.fill(index, {code: {key: spec(CONFIGS["markov-mamba-800"])}},
+                          {code: code * 5}, torch.__version__)
+    assert ran == 0
+    assert index.entry(code, key)["identity"] == "id-a"
+
+
+def test_the_probe_finds_modules_where_old_and_new_checkouts_keep_them(tmp_path, monkeypatch):
+    """_first_module takes the first name a checkout has (bench/training/train.py today,
+    bench/train.py before the folders) and does not hide a module that fails inside."""
+    from bench.reports import identity
+    (tmp_path / "oldpkg").mkdir()
+    (tmp_path / "oldpkg" / "__init__.py").write_text("")
+    (tmp_path / "oldpkg" / "train.py").write_text("WHERE = 'old'\n")
+    (tmp_path / "oldpkg" / "broken.py").write_text("import no_such_module_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert identity._first_module("oldpkg.training.train", "oldpkg.train").WHERE == "old"
+    with pytest.raises(ModuleNotFoundError, match="no_such_module_here"):
+        identity._first_module("oldpkg.broken", "oldpkg.train")
+    with pytest.raises(ModuleNotFoundError, match="none of"):
+        identity._first_module("oldpkg.nothing", "oldpkg.training.nothing")
 
 
 def test_records_of_different_commits_with_one_identity_pool_into_one_row(tmp_path):
@@ -275,9 +313,9 @@ def test_standing_names_the_parts_that_differ(tmp_path):
 def test_a_suite_entry_is_done_by_a_record_whose_identity_is_todays(tmp_path, monkeypatch):
     """A record made by older code counts as done when its identity is today's code's (the
     suite then runs only what is stale); with another identity it does not."""
-    import bench.records
-    from bench.suites import finished_runs
-    monkeypatch.setattr(bench.records, "provenance",
+    import bench.records.store
+    from bench.cli.suites import finished_runs
+    monkeypatch.setattr(bench.records.store, "provenance",
                         lambda: {"commit": "t" * 40, "code": "today", "dirty": False})
     argv = ["task=markov", "model=mamba", "trainer.max_steps=10", "trainer.progress=false"]
     config = compose([*argv, f"out_dir={tmp_path / 'results'}"])
@@ -309,14 +347,14 @@ def test_a_suite_entry_is_done_by_a_record_whose_identity_is_todays(tmp_path, mo
     (["identities", "out_dir=/nonexistent/x"], "is not a directory"),
 ])
 def test_identities_options_are_checked(argv, needle, capsys):
-    from bench.__main__ import main
+    from bench.cli.main import main
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
 
 
 def test_the_index_is_not_read_as_a_run_record(tmp_path):
-    from bench.records import read_records
+    from bench.records.store import read_records
     out = indexed(tmp_path, {"c0de1": "1d" * 8})
     put(out, made_by("c0de1"))
     records, bad = read_records(out)
@@ -327,7 +365,7 @@ def test_a_probe_that_hangs_is_killed_and_named(tmp_path, monkeypatch):
     """A checkout whose code never returns (here: its config module sleeps) costs at most
     PROBE_TIMEOUT_S: the process is killed and its configs are named not computed."""
     tree = tmp_path / "tree"
-    for path in ("bench/reference_cache.py", "bench/evaluate.py", "bench/train.py",
+    for path in ("bench/training/reference_cache.py", "bench/training/evaluate.py", "bench/training/train.py",
                  "bench/__init__.py"):
         (tree / path).parent.mkdir(parents=True, exist_ok=True)
         (tree / path).write_text("")

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.__main__ import main
+from bench.cli.main import main
 
 MARKOV = ["task=markov", "task.seq_len=16", "model.d_model=16", "trainer.warmup_steps=1",
           "trainer.eval_sequences=16", "trainer.bootstrap=50", "trainer.progress=false",
@@ -154,7 +154,7 @@ def test_a_checkpoint_vouched_for_by_sha256sum_resumes(trained, tmp_path, capsys
 def test_lightning_loads_a_checkpoint_only_through_its_digest(trained, tmp_path):
     """The Trainer's CheckpointIO checks the digest again where Lightning reads the file (a
     file replaced after the checks), and removes the digest with the checkpoint."""
-    from bench.train import DigestCheckpointIO
+    from bench.training.train import DigestCheckpointIO
     from tasks.files import DamagedFile
     io = DigestCheckpointIO()
     good = checkpoint_at_step_2(trained)
@@ -246,7 +246,7 @@ def test_a_split_too_small_to_score_what_was_asked_is_refused_before_training(
 def test_task_eval_windows_may_ask_for_every_window_and_no_more(windows, refused, offline_hf,
                                                                  tmp_path):
     """1,000 byte tokens in windows of 32 + 1: 31 whole windows and the tail's, 32 in all."""
-    from bench.checks import compose_checked
+    from bench.training.checks import compose_checked
     from bench.config import ConfigError
     data = corpus(tmp_path / "data", validation="y" * 1000)
     args = [*TEXT, f"task.data_dir={data}", f"task.eval_windows={windows}",

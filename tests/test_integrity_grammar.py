@@ -16,13 +16,14 @@ import pytest
 import torch
 import yaml
 
-import bench.__main__ as cli
-from bench import gpucheck, suites
-from bench.claims import load_claims
+import bench.cli.main as cli
+from bench.perf import gpucheck
+from bench.cli import suites
+from bench.reports.claims import load_claims
 from bench.config import (MAX_RUNS, ConfigError, check_path, compose, load_suite,
                           load_yaml_text)
-from bench.sweep import grid
-from bench.weights import WEIGHTS_FORMAT
+from bench.config.sweep import grid
+from bench.training.weights import WEIGHTS_FORMAT
 
 REPO = Path(__file__).resolve().parents[1]
 LONG_PATH = "/tmp/" + "/".join(["a" * 200] * 25)  # 25 names of 200 bytes: over PATH_MAX
@@ -82,13 +83,13 @@ def one_error_line(err: str) -> str:
 def nothing_runs(monkeypatch, tmp_path):
     """A command that would start training or a gpucheck section fails the test instead; the
     working directory is an empty folder (the default out_dir lands there)."""
-    import bench.train
+    import bench.training.train
 
     def would_run(*args, **kwargs):
         raise AssertionError("a malformed input reached the runner")
 
     monkeypatch.setattr(suites, "run_suite", would_run)
-    monkeypatch.setattr(bench.train, "run", would_run)
+    monkeypatch.setattr(bench.training.train, "run", would_run)
     monkeypatch.setattr(gpucheck, "run_sections", would_run)
     work = tmp_path / "work"
     work.mkdir()
@@ -167,12 +168,12 @@ def test_a_sweep_checks_each_value_of_a_list():
 
 def test_a_suite_over_the_cap_is_refused_before_an_entry_is_composed(nothing_runs, tmp_path,
                                                                       monkeypatch, capsys):
-    import bench.suites
+    import bench.cli.suites
 
     def composed(*args, **kwargs):
         raise AssertionError("an entry was composed")
 
-    monkeypatch.setattr(bench.suites, "compose", composed)  # what the suite runner composes with
+    monkeypatch.setattr(bench.cli.suites, "compose", composed)  # what the suite runner composes with
     path = suite_file(tmp_path, [[f"seed={i}"] for i in range(MAX_RUNS + 1)])
     assert cli.main(["suite", f"name={path}"]) == 2
     line = one_error_line(capsys.readouterr().err)

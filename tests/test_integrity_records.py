@@ -1,5 +1,5 @@
-"""A record that cannot be right is refused wherever records are read (bench.schema through
-bench.records.read_record): leaderboard, claims, compare, plot and the suite runner all leave it
+"""A record that cannot be right is refused wherever records are read (bench.records.schema through
+bench.records.store.read_record): leaderboard, claims, compare, plot and the suite runner all leave it
 out with one line naming the file and the field — never pooled, never the winner of a tie.
 
 The first tests are the outside audit's cases (a `bayes_gap` of 1e308 outside its own interval
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import main
-from bench.records import read_records
+from bench.cli.main import main
+from bench.records.store import read_records
 from test_claims import MAMBA, NOCONV, put, record, rules_file
 
 
@@ -109,7 +109,7 @@ def test_identical_duplicates_are_counted_not_warned_about(tmp_path, capsys):
 
 def test_a_consistent_record_passes_the_check():
     """The planted record itself is well-formed: every case below changes one thing."""
-    from bench.schema import problem
+    from bench.records.schema import problem
     assert problem(json.loads(json.dumps(good()))) is None
 
 

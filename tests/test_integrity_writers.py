@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import bench.leaderboard
-from bench.__main__ import main
+import bench.reports.leaderboard
+from bench.cli.main import main
 from test_claims import MAMBA, NOCONV, put, record, rules_file
 from test_integrity_records import good
 
@@ -66,7 +66,7 @@ def test_a_disk_that_fills_up_while_the_board_is_written_leaves_nothing(results,
                                                                        capsys, monkeypatch):
     def full(path, write):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(bench.leaderboard, "write_atomic", full)
+    monkeypatch.setattr(bench.reports.leaderboard, "write_atomic", full)
     out = tmp_path / "board.md"
     assert main(["leaderboard", f"out_dir={results}", f"out={out}"]) == 2
     assert capsys.readouterr().err.splitlines() == [
@@ -79,7 +79,7 @@ def test_a_full_disk_keeps_a_figures_folder_that_was_there(results, tmp_path, mo
     out = tmp_path / "board.md"
     assert main(["leaderboard", f"out_dir={results}", f"out={out}"]) == 0
     before = sorted(p.name for p in (tmp_path / "board-figures").iterdir())
-    monkeypatch.setattr(bench.leaderboard, "write_atomic",
+    monkeypatch.setattr(bench.reports.leaderboard, "write_atomic",
                         lambda path, write: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     assert main(["leaderboard", f"out_dir={results}", f"out={out}"]) == 2
     assert sorted(p.name for p in (tmp_path / "board-figures").iterdir()) == before
@@ -104,9 +104,9 @@ def test_the_memory_check_counts_the_live_validation_set(tmp_path, capsys):
 
 
 def test_a_validation_set_that_fits_is_no_reason_to_refuse(tmp_path):
-    from bench.checks import checked_task
+    from bench.training.checks import checked_task
     from bench.config import compose
-    from bench.memory import memory_estimate
+    from bench.training.memory import memory_estimate
     small, large = (compose(["trainer.val_every=10", f"trainer.val_sequences={n}"])
                     for n in (64, 10**6))
     part, grown = ([term for term in memory_estimate(c, checked_task(c), "cpu").terms

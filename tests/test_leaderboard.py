@@ -14,13 +14,14 @@ import matplotlib.colors
 import matplotlib.pyplot as plt
 import pytest
 
-from bench import leaderboard, records
-from bench.__main__ import main
+from bench.reports import leaderboard
+from bench.records import store as records
+from bench.cli.main import main
 from bench.config import ConfigError
-from bench.formats import fmt_sig
-from bench.leaderboard import select_runs, write_leaderboard
-from bench.plot import curve_styles, gap_figure
-from bench.records import SCHEMA, provenance, read_records
+from bench.config.formats import fmt_sig
+from bench.reports.leaderboard import select_runs, write_leaderboard
+from bench.reports.plot import curve_styles, gap_figure
+from bench.records.store import SCHEMA, provenance, read_records
 
 REPO = Path(__file__).resolve().parents[1]
 _ids = itertools.count()
@@ -207,7 +208,7 @@ def test_cpu_and_gpu_runs_of_one_config_are_separate_rows(tmp_path):
 
 
 def test_the_code_digest_follows_the_code_not_the_commit(tmp_path, monkeypatch):
-    import bench.records as records
+    import bench.records.store as records
     repo = tmp_path / "repo"
     for path in records.CODE_PATHS[:-1]:
         (repo / path).mkdir(parents=True)
@@ -366,7 +367,7 @@ def test_unreadable_and_failed_records_are_named_and_counted(tmp_path, capsys):
     (results / ".tmp-abc.json").write_text("{half a rec")  # write_record's temporary: ignored
 
     found, bad = read_records(results)
-    assert len(found) == 2  # a record that fails bench.schema is refused where it is read
+    assert len(found) == 2  # a record that fails bench.records.schema is refused where it is read
     assert bad == [(str(results / "broken.json"), "not valid JSON"),
                    (str(results / "list.json"), "not a JSON object"),
                    (str(results / "other.json"),
@@ -499,9 +500,9 @@ def test_a_record_nested_too_deeply_is_named(tmp_path, capsys):
     assert f"warning: skipped {deep}: JSON nested too deeply" in capsys.readouterr().err
 
 
-# --- figures (bench/plot.py) and python -m bench plot -----------------------------------------
+# --- figures (bench/reports/plot.py) and python -m bench plot -----------------------------------------
 def test_the_gap_axis_turns_symlog_only_when_references_are_off_the_models_scale():
-    from bench.plot import gap_scale
+    from bench.reports.plot import gap_scale
     models = {"a": [1e-4, -2e-4, None], "b": [5e-4]}
     assert gap_scale(models, {"erm": [5.0]}) == ("symlog", pytest.approx(5e-5))
     assert gap_scale(models, {"unigram": [5e-3]}) == ("linear", None)  # 10x: still readable
@@ -559,7 +560,7 @@ def test_boards_of_other_records_go_beside_them_and_a_tracked_board_says_so(tmp_
     """leaderboard and claims without out=: from results/ the published files at the top (one
     line says when they rewrite a file git tracks); from any other folder (runs/) a board and
     claims beside those records, never over the published ones."""
-    from bench.__main__ import main
+    from bench.cli.main import main
     monkeypatch.chdir(tmp_path)
     put(tmp_path / "runs", record(seed=0), record(seed=1, gap=0.3))
     assert main(["leaderboard", "out_dir=runs"]) == 0  # claims alike: tests/test_readme.py

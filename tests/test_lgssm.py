@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from bench.evaluate import score
+from bench.training.evaluate import score
 from tasks import task_families
 from tasks.base import Batch, make_generator
 from tasks.lgssm import (ERROR_BIN_EDGES, LGSSMConfig, LGSSMPrior, LGSSMTask, error_distribution,

@@ -14,7 +14,7 @@ import torch
 import yaml
 from scipy import integrate
 
-from bench.__main__ import main
+from bench.cli.main import main
 from bench.config import compose
 from tasks.base import make_generator
 from tasks.lgssm_colored import LGSSMColoredConfig, LGSSMColoredTask

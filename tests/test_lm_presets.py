@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from bench.__main__ import main
+from bench.cli.main import main
 from bench.config import compose
 from models import IOSpec, build_model, model_families
 

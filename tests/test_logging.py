@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.__main__ import main
-from bench.module import cosine_with_warmup
+from bench.cli.main import main
+from bench.training.module import cosine_with_warmup
 from conftest import nan_loss_from
 
 # 20 steps, a row every 3 (0, 3, ..., 18), a checkpoint at step 10: the resume cuts an interval

@@ -381,9 +381,9 @@ def test_constructed_preset_through_the_runner():
     """`model=mambazero_constructed` as a run builds it (float32): add-β to float32 rounding on
     the task's held-out sequences (β = 0.5 set on both sides), and the constructed parameters
     stay trainable (every one gets a gradient)."""
-    from bench.checks import compose_checked
-    from bench.evaluate import masked_loss
-    from bench.train import build
+    from bench.training.checks import compose_checked
+    from bench.training.evaluate import masked_loss
+    from bench.training.train import build
     task, net = build(compose_checked(["task=markov", "task.beta=0.5", "task.seq_len=64",
                                        "model=mambazero_constructed", "model.beta=0.5"]))
     batch = task.held_out(32)
@@ -403,7 +403,7 @@ def test_constructed_preset_through_the_runner():
     (["task=lgssm"], "tokens task"),
 ])
 def test_constructed_preset_refuses_what_the_theorems_do_not_cover(overrides, message):
-    from bench.checks import compose_checked
+    from bench.training.checks import compose_checked
     from bench.config import ConfigError
     args = ["task=markov", "model=mambazero_constructed"]
     args = [a for a in args if not any(o.split("=")[0] == a.split("=")[0] for o in overrides)]
@@ -580,7 +580,7 @@ def test_mambazero_probe_is_the_scan_inputs_and_writes_out_the_logit(monkeypatch
 
 def fig5_summary(model, symbols: int, beta: float) -> dict:
     """metrics.probe of `model` on the task's held-out sequences, as a run records it (float32)."""
-    from bench.evaluate import probe_summary
+    from bench.training.evaluate import probe_summary
     task, batch = markov_batch(symbols, beta, seq_len=48, n=32)
     return probe_summary(task, model, batch, batch_size=16)
 
@@ -628,8 +628,8 @@ def test_fig5_probe_can_fail():
 
 def test_fig5_probe_reaches_the_run_record(tmp_path):
     """A markov run of MambaZero with the L1 head writes Fig. 5's scalars into metrics.probe."""
-    from bench.checks import compose_checked
-    from bench.train import run
+    from bench.training.checks import compose_checked
+    from bench.training.train import run
     record, _ = run(compose_checked(["task=markov", "task.seq_len=32", "model=mambazero",
                                      "model.l1_prediction=true", "trainer.max_steps=2",
                                      "trainer.eval_sequences=16", "trainer.bootstrap=20",
@@ -668,9 +668,9 @@ def test_d_conv_is_the_window_of_the_convolution(w):
 def test_d_conv_composes_with_every_markov_order(model, w, order):
     """Paper 000 Fig. 3b's grid (w ∈ {2, 3, 4} × k ∈ {1, 2, 3}; the paper needs w >= k + 1 to
     learn): each pair composes from the CLI keys and takes a finite training step."""
-    from bench.checks import compose_checked
-    from bench.evaluate import masked_loss
-    from bench.train import build
+    from bench.training.checks import compose_checked
+    from bench.training.evaluate import masked_loss
+    from bench.training.train import build
     config = compose_checked(["task=markov", f"task.order={order}", "task.seq_len=24",
                               f"model={model}", f"model.d_conv={w}", "trainer.batch_size=4"])
     assert config.model.d_conv == w and config.task.order == order

@@ -208,9 +208,9 @@ def test_hold_out_split_validation_and_pool():
 
 
 def test_hold_out_summary_is_table_2_distance_by_context_length():
-    """Through bench.evaluate.score: the distance of each predictor to add-β per bin is the mean
+    """Through bench.training.evaluate.score: the distance of each predictor to add-β per bin is the mean
     over the bin's positions of |P(1) - P_add-β(1)| (binary: TV = |Δ P(1)|), 0 for add-β."""
-    from bench.evaluate import score
+    from bench.training.evaluate import score
     t = split_task(T=16)
     batch = t.held_out(300)
     predictions = {name: ref.predict(batch) for name, ref in t.references().items()}

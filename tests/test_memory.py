@@ -1,16 +1,17 @@
-"""The pre-run memory estimate (bench/memory.py; bench/checks.py compares it with what is free):
+"""The pre-run memory estimate (bench/training/memory.py; bench/training/checks.py compares it with what is free):
 passes measured on models without storage in the precision and with the SSD kernel that will
 run, the training loss of a large vocabulary, the GPU and the host each compared with their own
 free memory, text evaluation sized by the windows it scores, and the GPU a DDP rank asks about."""
 import pytest
 import torch
 
-from bench import checks, memory
+from bench.training import checks
+from bench.training import memory
 from bench.config import CheckFailed
-from bench.memory import GIB, Allocations, memory_estimate, model_footprint
-from bench.checks import compose_checked
+from bench.training.memory import GIB, Allocations, memory_estimate, model_footprint
+from bench.training.checks import compose_checked
 from bench.config import ConfigError, compose
-from bench.evaluate import masked_loss
+from bench.training.evaluate import masked_loss
 from models import build_model
 from models import ssd
 from models.backbone import IOSpec
@@ -189,8 +190,8 @@ def test_a_refused_text_evaluation_names_task_eval_windows(corpus_dir, monkeypat
 def test_a_float64_run_is_checked_like_any_other(task):
     """64-true: the model without storage is built in float64 (module.double() cannot swap the
     parameters of fake tensors), and its weights count 8 bytes each."""
-    from bench.checks import compose_checked
-    from bench.memory import memory_estimate
+    from bench.training.checks import compose_checked
+    from bench.training.memory import memory_estimate
     from tasks import task_families
     config = compose_checked([f"task={task}", "trainer.precision=64-true"])  # the whole check runs
     single = compose_checked([f"task={task}"])

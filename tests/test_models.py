@@ -3,9 +3,9 @@ predictions are causal, and the state size is reported."""
 import pytest
 import torch
 
-from bench.checks import compose_checked
-from bench.evaluate import masked_loss
-from bench.train import build
+from bench.training.checks import compose_checked
+from bench.training.evaluate import masked_loss
+from bench.training.train import build
 from conftest import model_task_cases
 from tasks.base import make_generator
 

@@ -1,14 +1,14 @@
-"""The optimiser's parameter groups (bench/module.py parameter_groups): weight decay on matrices
+"""The optimiser's parameter groups (bench/training/module.py parameter_groups): weight decay on matrices
 only, the recurrent parameters the models tag at lr · trainer.recurrent_lr_ratio (paper 002
 A.5), AdamW's β2 from trainer.adam_beta2 (paper 004 B.1)."""
 from __future__ import annotations
 
 import pytest
 
-from bench.checks import compose_checked
+from bench.training.checks import compose_checked
 from bench.config import ConfigError
-from bench.module import ICLModule, parameter_groups
-from bench.train import build
+from bench.training.module import ICLModule, parameter_groups
+from bench.training.train import build
 
 RECURRENT = {"gd_ssm": {"core.blocks.0.layer.A"},
              "mamba": {"core.layers.0.mixer.A_log", "core.layers.0.mixer.dt_bias"},

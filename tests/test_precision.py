@@ -23,11 +23,11 @@ import math
 import pytest
 import torch
 
-from bench.__main__ import main
-from bench.checks import compose_checked
+from bench.cli.main import main
+from bench.training.checks import compose_checked
 from bench.config import choices
-from bench.evaluate import masked_loss
-from bench.train import build
+from bench.training.evaluate import masked_loss
+from bench.training.train import build
 from models import IOSpec, model_families
 from models.griffin import rotary, rotary_angles
 from models.ssd import ssd_chunked, ssd_sequential

@@ -9,7 +9,7 @@ import re
 import shlex
 from pathlib import Path
 
-from bench.__main__ import main
+from bench.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-from bench import reference_cache
-from bench.__main__ import main
-from bench.checks import compose_checked
-from bench.evaluate import score_predictions
-from bench.train import build
+from bench.training import reference_cache
+from bench.cli.main import main
+from bench.training.checks import compose_checked
+from bench.training.evaluate import score_predictions
+from bench.training.train import build
 
 TINY = ["task.seq_len=16", "trainer.max_steps=3", "trainer.warmup_steps=1",
         "trainer.eval_sequences=24", "trainer.bootstrap=100", "trainer.progress=false",

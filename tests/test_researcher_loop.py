@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.__main__ import main
+from bench.cli.main import main
 from test_claims import MAMBA, put, record
 
 
@@ -21,7 +21,7 @@ def test_a_key_that_changes_nothing_of_the_result_does_not_split_a_row(tmp_path,
 
 
 def plotted(tmp_path, *records) -> "object":
-    from bench.plot import runs_figure
+    from bench.reports.plot import runs_figure
     return runs_figure(list(records))
 
 
@@ -146,7 +146,7 @@ def test_compare_by_selection_says_what_it_cannot_find(two_models, capsys, args,
 def test_a_text_run_prints_its_weights_and_whether_it_beat_its_best_baseline(capsys, model_ppl,
                                                                            says):
     import math
-    from bench.report import print_run
+    from bench.reports.report import print_run
     from test_leaderboard import record as board_record
     rec = board_record(task="pydoc", weights="weights/x.pt", wall_time_s=1.0,
                        train={"steps": 10, "wall_time_s": 1.0, "device": "cpu"})

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench.__main__ import main
+from bench.cli.main import main
 
 SMALL = ["steps=2", "task.seq_len=16", "trainer.batch_size=4", "trainer.max_steps=10",
          "trainer.eval_sequences=8", "trainer.eval_batch_size=4", "trainer.bootstrap=50"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import kernel_parity
+from bench.perf import kernel_parity
 from models import ssd
 from models.ssd import mamba_ssm_available, ssd_chunked, ssd_scan, ssd_sequential
 
@@ -184,10 +184,10 @@ def test_kernel_mamba_ssm_without_the_cuda_extension_is_a_one_line_config_error(
         fake_mamba_ssm, monkeypatch, capsys, tmp_path):
     """`run model.kernel=mamba_ssm` on a CUDA machine (one GPU, pretended) whose mamba_ssm lacks
     its CUDA extension: exit 2 before training, one line naming the import error and the install."""
-    import bench.devices
-    from bench.__main__ import main
+    import bench.training.devices
+    from bench.cli.main import main
     fake_mamba_ssm(init_fails=True)
-    monkeypatch.setattr(bench.devices, "cuda_devices", lambda: 1)
+    monkeypatch.setattr(bench.training.devices, "cuda_devices", lambda: 1)
     assert main(["run", "model.kernel=mamba_ssm", f"out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err
@@ -212,7 +212,7 @@ def test_kernel_imports_from_a_package_that_imports_whole(fake_mamba_ssm):
 
 # ---------------------------------------------------------------------------------------------
 # The kernel against the pure-PyTorch scans, forward and backward, on the shipped configs'
-# shapes (bench/kernel_parity.py says how). Every error is a max abs error over the
+# shapes (bench/perf/kernel_parity.py says how). Every error is a max abs error over the
 # quantity (y, final state, each gradient) divided by the float64 oracle's max abs value of it.
 #
 # CPU, under Triton's interpreter (numpy, true float32 arithmetic):
@@ -247,7 +247,7 @@ def assert_parity(result: dict, tolerance: float) -> None:
 
 @pytest.fixture(scope="module")
 def interpreter_parity() -> dict:
-    """Runs bench/kernel_parity.py once, in a subprocess with TRITON_INTERPRET=1 (it must
+    """Runs bench/perf/kernel_parity.py once, in a subprocess with TRITON_INTERPRET=1 (it must
     be set before triton is imported, and must not reach any other test), with the stand-ins of
     what the CPU install of mamba-ssm lacks on its PYTHONPATH (kernel_parity.stand_in_env)."""
     missing = [m for m in ("triton", "einops", "mamba_ssm") if importlib.util.find_spec(m) is None]
@@ -257,7 +257,7 @@ def interpreter_parity() -> dict:
     root = Path(__file__).resolve().parents[1]
     env = kernel_parity.stand_in_env(dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1"))
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    done = subprocess.run([sys.executable, "-m", "bench.kernel_parity"], env=env, cwd=root,
+    done = subprocess.run([sys.executable, "-m", "bench.perf.kernel_parity"], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -347,8 +347,8 @@ def test_a_run_resolves_auto_when_it_builds_its_model_at_the_models_own_scan_sha
     scan shape (the per-rank batch, the sequence length, heads, headdim, groups, states, chunk),
     so the autotuning of that call is the one training needs; each shape is tested once. The CPU
     keeps resolving at the scan, so a model trained on CUDA still runs on the CPU."""
-    import bench.train
-    from bench.checks import compose_checked
+    import bench.training.train
+    from bench.training.checks import compose_checked
     from models.mamba import Mamba2Mixer
 
     monkeypatch.setattr(ssd, "_auto_cache", {})
@@ -358,18 +358,18 @@ def test_a_run_resolves_auto_when_it_builds_its_model_at_the_models_own_scan_sha
     shapes = []
     monkeypatch.setattr(ssd, "_smoke_test_kernel",
                         lambda device, shape=None: shapes.append((device.type, shape)))
-    monkeypatch.setattr(bench.train, "training_device", lambda config: "cuda")
+    monkeypatch.setattr(bench.training.train, "training_device", lambda config: "cuda")
     config = compose_checked(["model=mamba", "model.n_layers=2", "task.seq_len=48",
                               "trainer.batch_size=6", "trainer.compile=false"])
-    task, model = bench.train.build(config)
+    task, model = bench.training.train.build(config)
     mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
     assert len(mixers) == 2 and all(m.kernel == "auto" for m in mixers)
     assert all(m.scan_kernel(torch.device("cuda")) == "mamba_ssm" for m in mixers)
     assert all(m.scan_kernel(torch.device("cpu")) == "auto" for m in mixers)  # resolved at scan
     m = mixers[0]
     assert shapes == [("cuda", (6, 48, m.nheads, m.headdim, m.ngroups, m.d_state, m.chunk_size))]
-    assert bench.train.scan_kernels(model, "cuda:0") == "mamba_ssm"
-    assert bench.train.scan_kernels(model, "cpu") == "torch"
+    assert bench.training.train.scan_kernels(model, "cuda:0") == "mamba_ssm"
+    assert bench.training.train.scan_kernels(model, "cpu") == "torch"
     model(task.training_batch(0).inputs)  # the CPU forward of the CUDA-resolved model runs
 
 
@@ -377,7 +377,7 @@ def test_a_shape_whose_smoke_test_fails_falls_back_with_its_reason(monkeypatch):
     from models.mamba import resolve_scan_kernels
     from models.backbone import IOSpec
     from models import build_model
-    from bench.checks import compose_checked
+    from bench.training.checks import compose_checked
 
     monkeypatch.setattr(ssd, "_auto_cache", {"cuda": "mamba_ssm"})
     monkeypatch.setattr(ssd, "_auto_fallback", {})

@@ -7,11 +7,11 @@ import json
 import pytest
 import yaml
 
-import bench.records
-import bench.train
-from bench.__main__ import main
+import bench.records.store
+import bench.training.train
+from bench.cli.main import main
 from bench.config import ConfigError, load_suite, suite_label
-from bench.sweep import grid, split_top_level
+from bench.config.sweep import grid, split_top_level
 
 TINY = ["task.seq_len=16", "trainer.max_steps=2", "trainer.warmup_steps=1",
         "trainer.eval_sequences=16", "trainer.bootstrap=50", "trainer.progress=false",
@@ -98,7 +98,7 @@ def test_shards_of_a_sweep_split_its_entries(tmp_path, monkeypatch, capsys):
         ran.append((config.model_name, config.task.seq_len, config.seed, config.origin))
         return {"metrics": {"bayes_gap": 0.0, "bayes_gap_ci": [0.0, 0.0]}, "wall_time_s": 0.0}, "x"
 
-    monkeypatch.setattr(bench.train, "run", fake_run)
+    monkeypatch.setattr(bench.training.train, "run", fake_run)
     monkeypatch.chdir(tmp_path)  # no records of an earlier sweep in runs/
     args = ["sweep", "model=lstm,transformer", "task.seq_len=16,32,64", "seed=0-1",
             "trainer.max_steps=2", "trainer.progress=false"]
@@ -164,7 +164,7 @@ def test_two_suites_of_one_name_are_refused(tmp_path, monkeypatch):
     (tmp_path / "papers" / "000" / "suites").mkdir(parents=True)
     for path in (tmp_path / "suite" / "a.yaml", tmp_path / "papers/000/suites/a.yaml"):
         path.write_text("runs: [[seed=0]]\n")
-    monkeypatch.setattr(bench.config, "CONF_DIR", tmp_path)
+    monkeypatch.setattr(bench.config.conf, "CONF_DIR", tmp_path)
     with pytest.raises(ConfigError, match="two suites named 'a': conf/suite/a.yaml and "
                                           "conf/papers/000/suites/a.yaml"):
         load_suite("a")
@@ -177,8 +177,8 @@ def test_what_a_run_of_one_kind_writes_never_makes_another_kind_skip(tmp_path, m
     and suite write to runs/ by default (a suite publishes with out_dir=results); the progress
     bar goes to stderr."""
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
-    monkeypatch.setattr(bench.records, "provenance", lambda: dict(version))  # a clean checkout
-    monkeypatch.setattr(bench.train, "code_of_this_process", lambda: dict(version))
+    monkeypatch.setattr(bench.records.store, "provenance", lambda: dict(version))  # a clean checkout
+    monkeypatch.setattr(bench.training.train, "code_of_this_process", lambda: dict(version))
     monkeypatch.chdir(tmp_path)
     suite_file = tmp_path / "tiny.yaml"
     suite_file.write_text(yaml.safe_dump({"runs": [["seed=0", *TINY]]}))

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from scipy.stats import norm
 
-from bench.checks import compose_checked
-from bench.evaluate import probe_summary
-from bench.train import run
+from bench.training.checks import compose_checked
+from bench.training.evaluate import probe_summary
+from bench.training.train import run
 from models import IOSpec, build_model, model_families
 from tasks import task_families
 from tasks.base import make_generator
@@ -289,7 +289,7 @@ def constructed_mamba(switch: int):
 
 
 def test_decay_probe_at_switch_tokens_on_a_constructed_mamba():
-    """metrics.probe (bench.evaluate.probe_summary → SwitchingMarkovTask.summarize_probes) on a
+    """metrics.probe (bench.training.evaluate.probe_summary → SwitchingMarkovTask.summarize_probes) on a
     Mamba whose a_t is known: mean a_t over switch positions and elsewhere, per head."""
     task = make_task(vocab_size=2, order=1, p_switch=0.05, seq_len=64)
     batch = task.held_out(24)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench.config import compose
-from bench.memory import memory_estimate, pool_peak_bytes
+from bench.training.memory import memory_estimate, pool_peak_bytes
 from tasks.base import POOL_STREAM, TRAIN_STREAM, make_generator
 from tasks.hmm import HMMConfig, HMMTask
 from tasks.lgssm import LGSSMConfig, LGSSMTask
@@ -108,7 +108,7 @@ def test_a_large_pool_is_drawn_in_chunks_of_distinct_tasks():
 def test_memory_estimate_counts_the_pool():
     """num_tasks = 10^5 LG-SSMs hold (16 + 8 + 16 + 4) float64 each, 35.2 MB; drawn in chunks
     that are then joined, with a chunk's sampling temporaries: more than twice that for
-    training (bench.memory.pool_peak_bytes, measured against a draw in tests/test_bad_input.py)."""
+    training (bench.training.memory.pool_peak_bytes, measured against a draw in tests/test_bad_input.py)."""
     small = compose(["task=lgssm", "model=lstm"])
     large = compose(["task=lgssm", "model=lstm", "task.num_tasks=100000"])
     tasks = [LGSSMTask(c.task, batch_size=c.trainer.batch_size) for c in (small, large)]

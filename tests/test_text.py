@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from bench.__main__ import main
-from bench.checks import compose_checked
-from bench.evaluate import score_predictions, token_scores
-from bench.train import build
+from bench.cli.main import main
+from bench.training.checks import compose_checked
+from bench.training.evaluate import score_predictions, token_scores
+from bench.training.train import build
 from tasks.base import TRAIN_STREAM, make_generator
 
 pytest.importorskip("datasets")

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.__main__ import main
-from bench.checks import compose_checked
+from bench.cli.main import main
+from bench.training.checks import compose_checked
 from bench.config import ConfigError, compose
 from models import IOSpec, build_model, model_families
 from models.mamba import Mamba, MambaConfig

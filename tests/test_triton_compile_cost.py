@@ -1,4 +1,4 @@
-"""bench/triton_compile_cost.py compiles Triton kernels for an H100 (sm_90) on a machine without
+"""bench/perf/triton_compile_cost.py compiles Triton kernels for an H100 (sm_90) on a machine without
 a GPU: its compile-only driver gets a real cubin out of Triton's whole pipeline (front end, LLVM,
 ptxas) and launches nothing, and Triton's public compile hooks see each compilation."""
 import importlib.util
@@ -18,7 +18,7 @@ os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
 import torch, triton, triton.language as tl
 from triton import knobs
 from triton.runtime.driver import driver
-from bench.triton_compile_cost import compile_only_driver
+from bench.perf.triton_compile_cost import compile_only_driver
 
 @triton.jit
 def add(x, y, out, n, BLOCK: tl.constexpr):
@@ -44,7 +44,7 @@ def test_a_kernel_compiles_for_sm90_without_a_gpu_and_the_hooks_see_it(tmp_path)
 
 
 def test_bad_options_are_one_line_errors(capsys):
-    from bench.triton_compile_cost import main
+    from bench.perf.triton_compile_cost import main
     assert main(["shape=big"]) == 2
     err = capsys.readouterr().err
     assert "unknown or empty option 'shape=big'" in err and err.count("\n") == 1

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-import bench.validation
-from bench.__main__ import main
+import bench.training.validation
+from bench.cli.main import main
 from tasks.base import TEST_STREAM
 from test_logging import read_log, records, with_overrides
 
@@ -95,7 +95,7 @@ def test_validation_changes_nothing_of_the_result(validated, tmp_path):
 def test_validation_scores_as_the_final_evaluation_does(tmp_path, monkeypatch):
     """Validating on the final evaluation's own sequences (the test stream, as many) at the last
     step gives the record's Bayes gap exactly: the same code scores both."""
-    monkeypatch.setattr(bench.validation, "VAL_STREAM", TEST_STREAM)
+    monkeypatch.setattr(bench.training.validation, "VAL_STREAM", TEST_STREAM)
     assert main(["run", f"out_dir={tmp_path}", *tiny("trainer.max_steps=6"),
                  "trainer.val_every=6", "trainer.val_sequences=32", "trainer.logger=none"]) == 0
     (record,) = records(tmp_path)
@@ -143,7 +143,7 @@ def test_a_bad_validation_setting_is_one_line_and_exit_2(override, message, tmp_
 
 
 def test_the_plot_draws_the_val_curve_with_what_it_holds(validated):
-    from bench.plot import runs_figure, validation_label
+    from bench.reports.plot import runs_figure, validation_label
     _, record = validated
     figure = runs_figure([record])
     axes = figure.axes

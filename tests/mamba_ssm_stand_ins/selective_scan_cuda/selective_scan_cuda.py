@@ -1,5 +1,5 @@
 """A placeholder for mamba-ssm's compiled CUDA extension `selective_scan_cuda` (Mamba-1's selective
-scan), for the kernel parity harness only (bench/kernel_parity.py `stand_in_env`).
+scan), for the kernel parity harness only (bench/perf/kernel_parity.py `stand_in_env`).
 
 mamba-ssm built with MAMBA_SKIP_CUDA_BUILD=TRUE (no nvcc: the CPU CI, the wheel a GPU check
 carries) has no such extension, yet the package's `__init__` imports it, so `import mamba_ssm`, and

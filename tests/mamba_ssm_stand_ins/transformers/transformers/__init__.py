@@ -1,5 +1,5 @@
 """A placeholder for the `transformers` package, for the kernel parity harness only
-(bench/kernel_parity.py `stand_in_env` puts it on PYTHONPATH only where transformers is not
+(bench/perf/kernel_parity.py `stand_in_env` puts it on PYTHONPATH only where transformers is not
 installed).
 
 mamba-ssm's `__init__` imports its language-model classes, which import three names from

@@ -1,0 +1,204 @@
+"""The suite runner: the entries of a suite or a sweep composed and checked before the first
+runs, each run in turn unless a record already finishes it (finished_runs), and a sweep's table
+at the end. `python -m bench suite` and `sweep` (bench/cli/main.py) parse their command lines and
+call run_entries."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from bench.config import MAX_RUNS, ConfigError, compose, entry_numbers, shown
+
+
+def origin_kind(origin) -> str:
+    """"suite", "sweep" or "adhoc" (records without an origin predate it: ad hoc)."""
+    return str(origin or "adhoc").split(":", 1)[0]
+
+
+def finished_runs(configs: list) -> dict[int, str]:
+    """{index in configs: record path} of the configs that have an `ok` record of their own kind
+    in their out_dir — a suite entry a suite's record (any suite's: boards and claims pool
+    them), a sweep entry a sweep's; an ad-hoc run finishes nothing — with the same seed, in the
+    environment the run would train in here (checks.planned_environment: a CPU record does not
+    finish a GPU run, nor the reverse), made by the current code version (records.code_digest)
+    from a clean checkout, or by code whose behavioural identity for the config is today's
+    (<out_dir>/identities.json; today's identity is computed here, a few seconds per config,
+    where such a record waits for it). Nothing counts as finished when the code version is
+    unknown or dirty: then nobody can tell that the record's code is the code about to run."""
+    from bench.reports.leaderboard import code_version
+    from bench.training.checks import planned_environment
+    from bench.reports.identities import fill_current, load_index
+    from bench.records.store import environment, provenance, read_records, record_matches
+    here = provenance()
+    if not here["code"] or here["dirty"] is not False:
+        return {}
+    by_dir: dict[str, list[dict]] = {}
+    candidates: dict[int, list[dict]] = {}  # config -> its records, by whatever code
+    for i, config in enumerate(configs):
+        planned = planned_environment(config)
+        if config.out_dir not in by_dir:
+            found = read_records(config.out_dir)[0] if os.path.isdir(config.out_dir) else []
+            by_dir[config.out_dir] = [r for r in found if r.get("status") == "ok"]
+        for record in by_dir[config.out_dir]:
+            try:
+                same = (type(record.get("seed")) is int and record["seed"] == config.seed
+                        # a suite's record counts where boards and claims count it: an
+                        # ad-hoc run or a sweep of the same config does not finish a suite entry
+                        and origin_kind(config.origin) != "adhoc"
+                        and origin_kind(record.get("origin")) == origin_kind(config.origin)
+                        and record_matches(record, config)
+                        and environment(record) == planned)
+            except (KeyError, TypeError):  # a malformed record proves nothing
+                same = False
+            if same:
+                candidates.setdefault(i, []).append(record)
+    done = {}
+    indexes = {}
+    for i, records in candidates.items():
+        out_dir = configs[i].out_dir
+        if out_dir not in indexes:
+            indexes[out_dir] = load_index(out_dir, today=here["code"])
+        index = indexes[out_dir]
+        for record in records:
+            if code_version(record) == (here["code"], False):
+                done[i] = record["_path"]
+                break
+        else:  # records of other code: done if today's code reproduces what theirs did
+            known = [r for r in records if index.own(r) is not None]
+            if known and fill_current(index, known, (here["code"], here["commit"])):
+                print(f"computed today's identity of a config with records of other code in "
+                      f"{out_dir}", file=sys.stderr)
+            same = [r for r in known if index.is_current(r)]
+            if same:
+                done[i] = same[0]["_path"]
+    return done
+
+
+def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tuple[int, int],
+                chosen: str | None, rerun: bool, origin: str, defaults: list[str] = ()) -> int:
+    """Runs the entries (override lists) of a suite or sweep chosen by `chosen` (entries=) and
+    `shard`, each with argv's overrides over its own and `defaults` under both; all are
+    composed and validated before the first one runs."""
+    size = len(entries)
+    if size > MAX_RUNS:  # what load_suite and the sweep's grid refuse, whoever made the list
+        raise ConfigError(f"{what} has {size} runs; at most {MAX_RUNS}")
+    numbers = entry_numbers(chosen, size) if chosen is not None else list(range(1, size + 1))
+    index, count = shard
+    numbers = numbers[index::count]
+    if not numbers:
+        raise ConfigError(f"shard {index}/{count} of {what} holds no run")
+    keys = {arg.split("=", 1)[0] for arg in argv}
+
+    def merged(entry: list[str]) -> list[str]:  # a command-line key replaces the entry's own
+        return [arg for arg in entry if arg.split("=", 1)[0] not in keys] + argv
+
+    def unless_given(entry: list[str]) -> list[str]:
+        given = {arg.split("=", 1)[0] for arg in entry}
+        return [arg for arg in defaults if arg.split("=", 1)[0] not in given]
+
+    def twice(first: int, number: int, run: list[str]) -> ConfigError:
+        why = (f"; the command line's {shown(' '.join(argv))} replaces what tells them apart"
+               if argv else "")
+        return ConfigError(f"entries {first} and {number} of {what} are the same run "
+                           f"({shown(' '.join(run) or '(defaults)')}){why}; list each run once")
+
+    runs = [merged(entries[n - 1]) for n in numbers]
+    seen: dict = {}
+    for number, entry in zip(numbers, runs):  # before composing: that is the slow part
+        first = seen.setdefault(tuple(sorted([*unless_given(entry), *entry])), number)
+        if first != number:
+            raise twice(first, number, entry)
+
+    def in_entry(number: int, error: ConfigError) -> ConfigError:
+        own = " ".join(entries[number - 1])
+        return ConfigError(f"entry {number} of {what}" + (f" ({shown(own)})" if own else "")
+                           + f": {error}")
+
+    configs = []
+    for number, entry in zip(numbers, runs):  # composed first (no torch): a typo fails at once
+        try:
+            configs.append(compose([*unless_given(entry), *entry]))
+        except ConfigError as error:
+            raise in_entry(number, error) from None
+    from bench.training.checks import checked_task_of
+    tasks, composed = [], {}
+    started = last = time.monotonic()
+    for i, (number, entry, config) in enumerate(zip(numbers, runs, configs)):
+        if time.monotonic() - last > 5:  # a long list: say it is being checked, not stuck
+            last = time.monotonic()
+            print(f"checking the entries of {what}: {i} of {len(numbers)} in "
+                  f"{last - started:.0f} s", flush=True)
+        try:
+            tasks.append(checked_task_of(config))
+        except ConfigError as error:
+            raise in_entry(number, error) from None
+        described = config.describe()
+        described.pop("overrides")  # `task=markov` and the default task are one run
+        first = composed.setdefault(json.dumps([described, config.out_dir, config.resume],
+                                               sort_keys=True, default=str), number)
+        if first != number:  # written differently (a default given): said, not refused, as a
+            # shipped suite has such pairs (paper000_gpu: model.d_conv=4 is mamba's default)
+            print(f"warning: entries {first} and {number} of {what} compose the same run "
+                  f"({shown(' '.join(entry) or '(defaults)')}); both run", file=sys.stderr)
+    for config in configs:
+        config.origin = origin
+    from bench.training.signals import end_distributed
+    try:
+        return run_suite(what, size, numbers, runs, configs, rerun, tasks)
+    finally:
+        end_distributed()
+
+
+def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
+              configs: list, rerun: bool, tasks: list | None = None) -> int:
+    """Runs the entries of a suite or sweep in turn (one process group for all of them under
+    DDP), each unless finished_runs finds it done; `tasks`: each entry's task as the checks
+    built it (checked_task_of), which its run trains on and then lets go (a pool of training
+    tasks can be large)."""
+    from bench.records.store import RunFailed
+    from bench.training.train import run
+    done = {} if rerun else finished_runs(configs)
+    tasks = dict(enumerate(tasks)) if tasks is not None else {}
+    failed, paths = [], []
+    for i, (number, entry, config) in enumerate(zip(numbers, suite, configs)):
+        print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}", flush=True)
+        if i in done:
+            print(f"    done already -> {done[i]}", flush=True)
+            paths.append(done[i])
+            tasks.pop(i, None)
+            continue
+        try:
+            record, path = run(config, task=tasks.pop(i, None))
+        except RunFailed as error:
+            if error.exit_code > 128:  # interrupted: the user wants the whole suite to stop
+                raise
+            # one run's failure (its record says why) does not cost the rest of the suite
+            print(f"    failed: {error.reason}" + (f" -> {error.path}" if error.path else ""),
+                  flush=True)
+            failed.append(number)
+            continue
+        if not path:  # a DDP rank other than 0: rank 0 reports
+            continue
+        from bench.reports.report import headline
+        print(f"    {headline(record['metrics'])} in {record['wall_time_s']:.0f} s -> {path}",
+              flush=True)
+        paths.append(path)
+    if what == "the sweep" and paths:  # what a sweep is for: its table, seeds pooled per config
+        print_sweep_table(paths)
+    if failed:
+        print(f"error: {len(failed)} of {len(configs)} runs of {what} failed (entries "
+              f"{', '.join(map(str, failed))}); their failed records say why", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_sweep_table(paths: list[str]) -> None:
+    from bench.records.store import read_record
+    from bench.reports.report import config_table
+    records = [record for path in paths if (record := read_record(Path(path))[0]) is not None
+               and record.get("status") == "ok"]
+    if records:
+        print("\n" + "\n".join(config_table(records)))

@@ -1,0 +1,1 @@
+"""Speed benchmarks and the GPU checks (kernel parity, compile cost, gpucheck)."""

@@ -1,0 +1,1 @@
+"""The run record: its schema, writing and reading records, and the code version that made them."""

@@ -1,0 +1,1 @@
+"""What reads run records and shapes no result: identities, leaderboard, claims, compare, plots."""

@@ -1,0 +1,391 @@
+"""From run records to verdicts: each quantity of a claim read from the records that match its
+selector (pooled as on the leaderboard: one environment, one version — behavioural identity,
+else code version — each seed once; all quantities of a claim from one machine), then the
+claim's control and rule evaluated on the quantities' intervals (bench/reports/claims/rules.py).
+
+Verdicts, in the order a claim is decided:
+- **not measured**: a quantity has no record (or the claim needs a protocol the code lacks);
+- **not reached at reduced scale**: the control did not hold — the models that had to train under
+  the claim's protocol did not, at our (reduced) budget: no evidence either way about the paper;
+  at the paper's scale the same is **undecided**; also an `attainment` claim (a model reaches a
+  level) whose model did not reach it at reduced scale;
+- **undecided**: the rule's intervals overlap, or a quantity it needs is not a number;
+- **holds** (at the paper's scale, or a claim about the task itself) / **holds at reduced scale**;
+- **fails**: the control held and the rule is false with separated intervals."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from bench.reports.claims.rules import Interval, Sample, Test
+from bench.reports.claims.spec import Claim, Quantity
+from bench.reports.leaderboard import Selection, current_version, version_label
+from bench.records.store import Environment, environment, record_matches
+from tasks.stats import across_seeds
+
+VERDICTS = ("holds", "holds at reduced scale", "fails", "not reached at reduced scale",
+            "undecided", "not measured")
+
+
+def number(value) -> float | None:
+    """A metric value as a float (records store non-finite numbers as strings); None if it is no
+    number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if value in ("NaN", "Infinity", "-Infinity"):
+        return float(value.replace("Infinity", "inf"))
+    return None
+
+
+def lookup(node, parts: list[str]) -> tuple[object, list[str]] | None:
+    """Follow parts through nested dicts; a key may itself hold dots (per_position's
+    "accuracy.model"), the longest key that exists wins. Returns (value, the keys used)."""
+    keys = []
+    while parts:
+        if not isinstance(node, dict):
+            return None
+        for j in range(len(parts), 0, -1):
+            key = ".".join(parts[:j])
+            if key in node:
+                node, parts = node[key], parts[j:]
+                keys.append(key)
+                break
+        else:
+            return None
+    return node, keys
+
+
+class MetricMissing(LookupError):
+    pass
+
+
+def read_metric(record: dict, quantity: Quantity) -> tuple[float, tuple[float, float] | None]:
+    """(value, interval or None) of quantity's metric in one record."""
+    found = lookup(record, quantity.path)
+    if found is None:
+        node, have = record, []
+        for part in quantity.path:  # the deepest level that exists, for the message
+            nxt = lookup(node, [part])
+            if nxt is None:
+                break
+            node, have = nxt[0], have + [part]
+        options = (", ".join(sorted(map(str, node)))[:300] if isinstance(node, dict) else "")
+        raise MetricMissing(f"'{quantity.metric}' is not in the records"
+                            + (f"; {'.'.join(have) or 'the record'} has: {options}"
+                               if options else ""))
+    value, keys = found
+    index, interval = quantity.index, None
+    if isinstance(value, list):
+        if index is None:
+            raise MetricMissing(f"'{quantity.metric}' is a list of {len(value)}: give an index "
+                                "[i], a slice [a:b] (its mean) or [last]")
+        items = [number(v) for v in value]
+        if index == "last":
+            present = [v for v in items if v is not None]
+            if not present:
+                raise MetricMissing(f"'{quantity.metric}' has no number")
+            return present[-1], None
+        if ":" in index:
+            lo, hi = (int(x) if x else None for x in index.split(":"))
+            chosen = [v for v in items[lo:hi] if v is not None]
+            if not chosen:
+                raise MetricMissing(f"'{quantity.metric}' selects no number")
+            return sum(chosen) / len(chosen), None
+        i = int(index)
+        if not -len(items) <= i < len(items) or items[i] is None:
+            raise MetricMissing(f"'{quantity.metric}': no number at index {i} of {len(items)}")
+        parent = lookup(record, keys[:-2] + [keys[-2] + "_stderr", keys[-1]]) \
+            if len(keys) >= 2 else None
+        if parent is not None and isinstance(parent[0], list) and len(parent[0]) == len(items):
+            se = number(parent[0][i])
+            if se is not None and math.isfinite(se):
+                interval = (items[i] - 1.96 * se, items[i] + 1.96 * se)
+        return items[i], interval
+    if index is not None:
+        raise MetricMissing(f"'{quantity.metric}' is not a list: drop the [{index}]")
+    if isinstance(value, dict):
+        raise MetricMissing(f"'{quantity.metric}' is a mapping; name one of its keys: "
+                            f"{', '.join(sorted(map(str, value)))[:300]}")
+    if value is None:  # recorded as undefined (e.g. a log-log slope of a non-positive excess)
+        return math.nan, None
+    result = number(value)
+    if result is None:
+        raise MetricMissing(f"'{quantity.metric}' is not a number ({value!r})")
+    for ci_path in (keys[:-1] + [keys[-1] + "_ci"],
+                    keys[:-2] + [keys[-2] + "_ci", keys[-1]] if len(keys) >= 2 else None):
+        ci = lookup(record, ci_path) if ci_path else None
+        if ci and isinstance(ci[0], list) and len(ci[0]) == 2:
+            lo, hi = (number(v) for v in ci[0])
+            if lo is not None and hi is not None:
+                interval = (lo, hi)
+                break
+    return result, interval
+
+
+@dataclass
+class Measured:
+    value: float
+    interval: tuple[float, float] | None
+    seeds: list[int]
+    code: str
+    across_seeds: bool
+    kernel: str | None  # the SSD kernel its runs used
+    per_seed: list[float] = field(default_factory=list)  # in the order of seeds
+    runs: list[str] = field(default_factory=list)  # the run ids of its records
+    # seed -> (held-out digest, per-sequence values), where the records carry them
+    sequences: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
+    seed_intervals: list[tuple[float, float] | None] = field(default_factory=list)  # own, by seed
+    wall_time_s: float | None = None  # a record's mean wall time (what one more seed costs)
+
+    def as_interval(self) -> Interval:
+        """What an unpaired comparison uses: the 95% interval, or the value where there is
+        none."""
+        if self.interval is None or not math.isfinite(self.value):
+            return Interval.point(self.value)
+        return Interval(*self.interval)
+
+    def as_sample(self) -> Sample:
+        return Sample(dict(zip(self.seeds, self.per_seed)), self.as_interval(), self.sequences)
+
+    def seed_sample(self, seed: int) -> Sample:
+        """The quantity on one seed: its record's value and own interval."""
+        i = self.seeds.index(seed)
+        value, interval = self.per_seed[i], self.seed_intervals[i]
+        return Sample({seed: value}, Interval(*interval) if interval is not None and
+                      math.isfinite(value) else Interval.point(value),
+                      {seed: self.sequences[seed]} if seed in self.sequences else {})
+
+
+def pick(quantity: Quantity, rows: list[list[dict]]) -> list[dict] | None:
+    """The records of quantity among rows: of the rows (each one version: identity or code, in one
+    environment) matching its selector (and suite), the current one (leaderboard
+    current_version: the newest, unless an older one has more seeds: a partial re-run never
+    downgrades a verdict); None when no record matches. A row that pools records of several
+    commits by their identity may hold older records without a metric added since: the
+    quantity reads the records that have it (when none has, read_metric says what is missing)."""
+    matching = []
+    for row in rows:
+        if not record_matches(row[0], quantity.config):
+            continue
+        if quantity.suite:
+            row = [r for r in row if r.get("origin") == f"suite:{quantity.suite}"]
+        if row:
+            matching.append(row)
+    if not matching:
+        return None
+    carrying = [kept for row in matching
+                if (kept := [r for r in row if lookup(r, quantity.path) is not None])]
+    return current_version(carrying or matching)
+
+
+def on_one_machine(quantities: dict[str, Quantity], rows: list[list[dict]]
+                   ) -> tuple[Environment | None, dict[str, list[dict]]]:
+    """(machine, {quantity name: its records}) with every quantity's records from one machine
+    (records.Environment.machine), so no verdict compares or pools CPU and GPU runs: the machine
+    where the most quantities have records, then the most seeds, then the newest record. Unlike
+    a code version, a newer machine is no better than an older one: a seed re-run on a GPU does
+    not displace a CPU measurement of more seeds."""
+    by_machine: dict[Environment, list[list[dict]]] = defaultdict(list)
+    for row in rows:
+        by_machine[environment(row[0]).machine].append(row)
+    best, best_key = (None, {}), None
+    for machine, machine_rows in by_machine.items():
+        picked = {name: found for name, q in quantities.items()
+                  if (found := pick(q, machine_rows)) is not None}
+        key = (len(picked), sum(map(len, picked.values())),
+               max((r["_age"] for found in picked.values() for r in found), default=()))
+        if best_key is None or key > best_key:
+            best, best_key = (machine, picked), key
+    return best
+
+
+def read_sequences(record: dict, quantity: Quantity) -> tuple[str, torch.Tensor] | None:
+    """(held-out digest, per-sequence values) of quantity's metric in record, where it is a mean
+    over held-out sequences that the record keeps per sequence: a predictor's loss
+    (metrics.loss.<name>), its gap to the gap reference (metrics.gap.<name>) or the model's
+    (metrics.bayes_gap); None otherwise (an older record keeps only the model's losses)."""
+    metrics, per_sequence = record.get("metrics"), record.get("per_sequence")
+    if quantity.index is not None or not isinstance(metrics, dict) \
+            or not isinstance(per_sequence, dict) or not isinstance(per_sequence.get("loss"), dict):
+        return None
+    path, losses = quantity.path, per_sequence["loss"]
+    reference = metrics.get("gap_reference")
+    if path == ["metrics", "bayes_gap"]:
+        name, minus = "model", reference
+    elif len(path) == 3 and path[:2] in (["metrics", "loss"], ["metrics", "gap"]):
+        name, minus = path[2], reference if path[1] == "gap" else None
+    else:
+        return None
+    wanted = [name] + ([minus] if minus is not None else [])
+    vectors = [losses.get(n) for n in wanted]
+    digest = metrics.get("held_out_digest")
+    if not isinstance(digest, str) or not all(
+            isinstance(v, list) and v and len(v) == len(vectors[0])
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+            for v in vectors):
+        return None
+    values = torch.tensor(vectors[0], dtype=torch.float64)
+    if minus is not None:
+        values = values - torch.tensor(vectors[1], dtype=torch.float64)
+    return digest, values
+
+
+def wall_time(row: list[dict]) -> float | None:
+    times = [number(r.get("wall_time_s")) for r in row]
+    times = [t for t in times if t is not None and math.isfinite(t) and t >= 0]
+    return sum(times) / len(times) if times else None
+
+
+def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
+    """The quantity pooled over the seeds of row (one version in one environment)."""
+    read = [read_metric(record, quantity) for record in row]  # MetricMissing: decide's
+    values = [v for v, _ in read]
+    mean, half = across_seeds(values)
+    if half is not None:
+        interval = (mean - half, mean + half)
+    else:
+        interval = read[0][1]
+    if interval is not None and quantity.range is not None:
+        # a t-interval of a bounded quantity (a probability) can reach past its bounds
+        low, high = quantity.range
+        interval = (max(interval[0], low), min(interval[1], high))
+    order = sorted(range(len(row)), key=lambda i: row[i]["seed"])
+    sequences = {record["seed"]: found for record in row
+                 if (found := read_sequences(record, quantity)) is not None}
+    return Measured(mean, interval, [row[i]["seed"] for i in order],
+                    version_label(row[-1]), half is not None, environment(row[0]).kernel,
+                    [values[i] for i in order], sorted(str(r.get("run_id")) for r in row),
+                    sequences, [read[i][1] for i in order], wall_time(row))
+
+
+@dataclass
+class Decision:
+    claim: Claim
+    verdict: str
+    scale: str | None = None  # the scale of the records used: paper or cpu
+    values: dict[str, Measured] = field(default_factory=dict)
+    machine: Environment | None = None  # where the records used ran
+    missing: list[str] = field(default_factory=list)
+    note: str = ""
+    control: bool | None = None  # whether the control held (None: undecided; no control: True)
+    tests: list[Test] = field(default_factory=list)  # the comparisons of control, then rule
+
+
+def rows_of(selection: Selection) -> list[list[dict]]:
+    """Every row, those of older code versions too: a claim picks its code version itself."""
+    return [runs for section in selection.sections
+            for runs in [*section.rows.values(), *section.superseded.values()]]
+
+
+def _evaluate(rule, samples: dict[str, Sample], tests: list[Test]
+              ) -> tuple[bool | None, str]:
+    """A rule's outcome, each comparison on its paired difference where it can be
+    (bench/reports/claims/rules.py), and why it is undecided when it is; its tests join `tests`."""
+    undefined = [name for name in rule.used if not samples[name].defined]
+    if undefined:
+        return None, f"not a number: {', '.join(undefined)}"
+    outcome, done = rule.decide(samples)
+    tests.extend(done)
+    if outcome is not None:
+        return outcome, ""
+    undefined = sorted({t.why for t in done if t.why.startswith("undefined")})
+    open_ = [f"`{t.text}`" for t in done if t.outcome is None and not t.why.startswith("undefined")]
+    return None, "; ".join(undefined) or (
+        f"the interval of a difference holds 0 ({', '.join(open_)})")
+
+
+def judge(claim: Claim, reduced: bool, samples: dict[str, Sample]
+          ) -> tuple[str, str, bool | None, list[Test]]:
+    """(verdict, note, whether the control held, the tests) of claim on samples: the control
+    first (not reached at reduced scale when it failed, else undecided), then the rule."""
+    tests: list[Test] = []
+    if claim.control is not None:
+        control, why = _evaluate(claim.control, samples, tests)
+        if control is not True:
+            held = "did not hold" if control is False else f"is undecided ({why})"
+            verdict = "not reached at reduced scale" if reduced and control is False \
+                else "undecided"
+            return verdict, f"control {held}", control, tests
+    outcome, why = _evaluate(claim.rule, samples, tests)
+    if outcome is None:
+        verdict = "undecided"
+    elif outcome:
+        verdict = "holds at reduced scale" if reduced else "holds"
+    elif claim.kind == "attainment" and reduced:
+        verdict, why = "not reached at reduced scale", "the model did not reach it at our budget"
+    else:
+        verdict = "fails"
+    return verdict, why, True, tests
+
+
+def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
+                    ) -> tuple[str, str, bool | None, list[Test]]:
+    """A claim about each trained model (`per_seed: true`), judged seed by seed on that seed's
+    record (its own interval, or a paired bootstrap over its sequences): it holds when it holds
+    on every seed, fails (or is not reached) when it does on every seed, and is undecided when
+    the seeds disagree — the row then says k of n."""
+    seeds = sorted(set.intersection(*(set(m.seeds) for m in values.values())))
+    verdicts, controls = {}, set()
+    for seed in seeds:
+        one = {name: m.seed_sample(seed) for name, m in values.items()}
+        verdict, _, control, _ = judge(claim, reduced, one)
+        verdicts[seed] = verdict
+        controls.add(control)
+    control = controls.pop() if len(controls) == 1 else None  # held on every seed, or on none
+    kinds = set(verdicts.values())
+    counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS if v in kinds}
+    each = ", ".join(f"{n} of {len(seeds)} seeds {v}" for v, n in counts.items())
+    marks = " / ".join(f"{seed} {_MARK[v]}" for seed, v in verdicts.items())
+    note = f"per seed: {each} ({marks})"
+    return (kinds.pop() if len(kinds) == 1 else "undecided"), note, control, []
+
+
+_MARK = {"holds": "✓", "holds at reduced scale": "✓", "fails": "✗",
+         "not reached at reduced scale": "not reached", "undecided": "?"}
+
+
+def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
+    if claim.needs:
+        return Decision(claim, "not measured", note=f"needs {claim.needs}")
+    attempts = []
+    if claim.paper_quantities:
+        attempts.append(("paper", claim.paper_quantities))
+    attempts.append((claim.scale, claim.quantities))
+    for scale, quantities in attempts:
+        machine, found = on_one_machine(quantities, rows)
+        missing = [name for name in quantities if name not in found]
+        if not missing:
+            break
+    values, lacking = {}, []
+    for name in quantities:
+        if name in found:
+            try:
+                values[name] = measure(quantities[name], found[name], claim.id)
+            except MetricMissing as error:  # records of older code: rerun, not a crash
+                lacking.append(f"{name}: {error}")
+    if missing or lacking:
+        note = "; ".join(["needs a GPU"] * bool(claim.gpu and missing) +
+                         [f"records lack the metric ({'; '.join(lacking)}): rerun with the "
+                          "current code"] * bool(lacking))
+        return Decision(claim, "not measured", missing=missing + [m.split(":")[0] for m in lacking],
+                        note=note, values=values, machine=machine)
+    reduced = scale == "cpu"
+    if claim.per_seed:
+        verdict, note, control, tests = judge_each_seed(claim, reduced, values)
+    else:
+        verdict, note, control, tests = judge(
+            claim, reduced, {name: m.as_sample() for name, m in values.items()})
+    return Decision(claim, verdict, scale, values, machine, note=note, control=control,
+                    tests=tests)
+
+
+def decide_all(claims: list[Claim], selection: Selection) -> list[Decision]:
+    rows = rows_of(selection)
+    return [decide(claim, rows) for claim in claims]
+
+

@@ -1,0 +1,193 @@
+"""python -m bench compare A B: two runs' models on the same held-out sequences, paired.
+
+Every run of a task configuration is scored on the same held-out sequences: they are drawn from
+a seed of the test split alone, never the run's seed (Task.held_out), and a record's
+metrics.held_out_digest says which sequences it scored. The difference of two models' mean
+losses, which is the difference of their gaps (the reference cancels), then has a bootstrap
+interval over sequences of the per-sequence differences: far narrower than either gap's own
+interval when the two models find the same sequences hard. The same is done for each context
+length band of the records (bench/training/evaluate.py BAND_STARTS), where short contexts often separate
+models that the full average does not."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from bench.config import ConfigError, TrainerConfig
+from bench.config.formats import fmt_sig
+from bench.records.store import read_record
+from tasks.stats import paired_difference
+
+
+def load(path: str) -> dict:
+    """The `ok` run record at path with what a paired comparison needs; ConfigError (one line,
+    exit 2) when it is not one."""
+    if not Path(path).is_file():
+        raise ConfigError(f"compare: {path}: no such record file")
+    record, reason = read_record(Path(path))
+    if record is None:
+        raise ConfigError(f"compare: {path}: {reason}")
+    if record.get("status") != "ok":
+        why = f" ({record['reason']})" if record.get("reason") else ""
+        raise ConfigError(f"compare: {path}: a {record.get('status')!r} run record{why}; only "
+                          "ok runs have held-out losses to compare")
+    metrics = record.get("metrics")
+    if isinstance(metrics, dict) and metrics.get("scoring") == "perplexity":
+        raise ConfigError(f"compare: {path}: a text record; text is scored per token over the "
+                          "whole split (perplexity), not per sequence, so its runs do not pair "
+                          "by sequence")
+    if not isinstance(record.get("per_sequence"), dict) or "held_out_digest" not in metrics:
+        raise ConfigError(f"compare: {path} has no per-sequence losses (written before bench "
+                          "compare existed); re-run it, or re-evaluate its weights with python "
+                          "-m bench eval weights=<file>")
+    if not well_formed(record):
+        raise ConfigError(f"compare: {path}: malformed per_sequence or metrics.gap_by_band")
+    return record
+
+
+def well_formed(record: dict) -> bool:
+    """Whether per_sequence holds one number (or null, in a band) per held-out sequence."""
+    n = record["metrics"].get("sequences")
+    per_sequence = record["per_sequence"]
+
+    def numbers(values, nullable: bool) -> bool:
+        return (isinstance(values, list) and len(values) == n
+                and all((v is None and nullable) or (isinstance(v, (int, float))
+                                                     and not isinstance(v, bool)) for v in values))
+    try:
+        bands = per_sequence["bands"]
+        band_loss = per_sequence["band_loss"]["model"]
+        return (numbers(per_sequence["loss"]["model"], nullable=False)
+                and isinstance(bands, list) and isinstance(band_loss, list)
+                and len(bands) == len(band_loss) == len(record["metrics"]["gap_by_band"])
+                and all(numbers(values, nullable=True) for values in band_loss))
+    except (KeyError, TypeError):
+        return False
+
+
+def verdict(paired: dict) -> str:
+    lo, hi = paired["ci"]
+    if lo > 0:
+        return "A better"  # B's loss is higher on these sequences
+    if hi < 0:
+        return "B better"
+    return f"not distinguishable at {paired['sequences']} sequences"
+
+
+def resamples_of(record: dict) -> int:
+    """The record's trainer.bootstrap, or the default where a record has none usable."""
+    given = record["trainer"]["config"].get("bootstrap")
+    return given if type(given) is int and given >= 1 else TrainerConfig.bootstrap
+
+
+def label(record: dict) -> str:
+    return (f"{record['model']['name']}, seed {record['seed']}, {record['train']['steps']} steps "
+            f"({record.get('run_id')})")
+
+
+def compare(path_a: str, path_b: str) -> dict:
+    """The paired comparison of two records: overall and per context-length band."""
+    a, b = load(path_a), load(path_b)
+    if os.path.samefile(path_a, path_b):  # a run against itself: zero by construction
+        raise ConfigError(f"compare: {path_a} and {path_b} are the same file; give two runs")
+    if a["metrics"]["held_out_digest"] != b["metrics"]["held_out_digest"]:
+        raise ConfigError("compare: the two records scored different held-out sets (another task "
+                          "configuration or eval_sequences); their sequences do not pair")
+    # the runs' own number of resamples (the larger: more never hurt)
+    resamples = max(resamples_of(a), resamples_of(b))
+    rows = [{"positions": "all", "gap_a": a["metrics"]["bayes_gap"],
+             "gap_b": b["metrics"]["bayes_gap"],
+             "paired": paired_difference(a["per_sequence"]["loss"]["model"],
+                                         b["per_sequence"]["loss"]["model"], resamples)}]
+    same_bands = a["per_sequence"]["bands"] == b["per_sequence"]["bands"]
+    if same_bands:
+        for i, band in enumerate(a["per_sequence"]["bands"]):
+            rows.append({"positions": f"{band[0]}–{band[1]}",
+                         "gap_a": a["metrics"]["gap_by_band"][i]["gap"],
+                         "gap_b": b["metrics"]["gap_by_band"][i]["gap"],
+                         "paired": paired_difference(a["per_sequence"]["band_loss"]["model"][i],
+                                                     b["per_sequence"]["band_loss"]["model"][i],
+                                                     resamples)})
+    return {"a": a, "b": b, "rows": rows, "same_bands": same_bands,
+            "same_run": a["run_id"] == b["run_id"]}
+
+
+def print_comparison(result: dict) -> None:
+    a, b = result["a"], result["b"]
+    m = a["metrics"]
+    print(f"A: {label(a)}\nB: {label(b)}")
+    if result.get("same_run"):
+        print("(A and B are records of the same run — a copy, or a record and its edit)")
+    print(f"task {a['task']['name']}: {m['sequences']} held-out sequences, the same in both "
+          f"(digest {m['held_out_digest'][:12]}); gap = loss − loss of '{m['gap_reference']}'")
+    print(f"{'positions':<11}{'gap A':>11}{'gap B':>11}{'B − A':>12}{'95% paired CI':>26}  "
+          "verdict")
+    for row in result["rows"]:
+        paired = row["paired"]
+        if paired is None:
+            print(f"{row['positions']:<11}{'-':>11}{'-':>11}{'-':>12}{'-':>26}  "
+                  "no scored position in this band")
+            continue
+        lo, hi = paired["ci"]
+        print(f"{row['positions']:<11}{fmt_sig(row['gap_a']):>11}{fmt_sig(row['gap_b']):>11}"
+              f"{fmt_sig(paired['difference']):>12}"
+              f"{'[' + fmt_sig(lo) + ', ' + fmt_sig(hi) + ']':>26}  {verdict(paired)}")
+    reference_a, reference_b = (r["metrics"]["loss"].get(m["gap_reference"]) for r in (a, b))
+    same_reference = (b["metrics"]["gap_reference"] == m["gap_reference"]
+                      and reference_a == reference_b)
+    if not same_reference:
+        print("(the records' gap references differ (another task config or code version): gap A "
+              "and gap B are to different references; B − A still compares the models' losses)")
+    if not result["same_bands"]:
+        print("(the records' context-length bands differ (other code versions): overall only)")
+    equals_gaps = ", = gap B − gap A" if same_reference else ""
+    print(f"(B − A: difference of the models' mean losses{equals_gaps}; the interval is a "
+          "bootstrap over the paired sequences)")
+
+
+def select_pair(argv: list[str]) -> tuple[str, str]:
+    """The two records `compare task=lgssm_colored model=mamba,transformer [seed=N]
+    [out_dir=runs] ...` names: one override holds the two values compared (a comma between
+    them), the others are shared; each side is the newest `ok` training record of its config
+    (evaluations aside) in out_dir, on the given seed, else on the newest seed both have."""
+    from bench.config import compose
+    from bench.records.store import read_records, record_matches
+    options = dict(arg.split("=", 1) for arg in argv)
+    out_dir = options.pop("out_dir", "runs")
+    seed = options.pop("seed", None)
+    if seed is not None and not seed.isdigit():
+        raise ConfigError(f"compare: seed must be a number, got '{seed}'")
+    varied = [key for key, value in options.items() if "," in value]
+    if len(varied) != 1 or len(options[varied[0]].split(",")) != 2:
+        raise ConfigError("compare by selection needs one setting with the two values compared, "
+                          "e.g. model=mamba,transformer (the others shared); got "
+                          f"{' '.join(argv) or 'none'}")
+    key = varied[0]
+    shared = [f"{k}={v}" for k, v in options.items() if k != key]
+    configs = [compose([*shared, f"{key}={value}"]) for value in options[key].split(",")]
+    if not Path(out_dir).is_dir():
+        raise ConfigError(f"compare: out_dir '{out_dir}' is not a directory")
+    records, _ = read_records(out_dir)
+    found = [[r for r in records if r["status"] == "ok" and r.get("origin") != "eval"
+              and record_matches(r, config)] for config in configs]
+    for side, config in zip(found, options[key].split(",")):
+        if not side:
+            raise ConfigError(f"compare: no ok run record of {key}={config} "
+                              f"{' '.join(shared)} in {out_dir}".rstrip())
+    seeds = [{r["seed"] for r in side} for side in found]
+    if seed is not None:
+        chosen = int(seed)
+        if not all(chosen in s for s in seeds):
+            raise ConfigError(f"compare: seed {chosen} has no record on both sides (seeds "
+                              f"{sorted(seeds[0])} and {sorted(seeds[1])})")
+    else:
+        common = seeds[0] & seeds[1]
+        if not common:
+            raise ConfigError(f"compare: the two sides share no seed (seeds {sorted(seeds[0])} "
+                              f"and {sorted(seeds[1])}): runs of one seed pair")
+        chosen = max(common, key=lambda s: max(r["run_id"][-22:] for side in found
+                                               for r in side if r["seed"] == s))
+    newest = [max((r for r in side if r["seed"] == chosen), key=lambda r: r["run_id"][-22:])
+              for side in found]
+    return newest[0]["_path"], newest[1]["_path"]
+

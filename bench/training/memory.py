@@ -1,0 +1,380 @@
+"""The memory a run needs, estimated before anything runs (bench/training/checks.py compares it with
+what each side has free).
+
+The model is built under FakeTensorMode (shapes and dtypes without storage), so a model that would
+need 100 GB is measured in a fraction of a second, and its passes are measured as they will run
+(precision, SSD kernel): a training step's forward pass, loss and backward pass and an evaluation
+call, following every allocation to its peak. With the buffers it counts, the estimate is per
+side, the training device of this rank and the host."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from bench.config import CheckFailed, first_line
+from bench.training.devices import loader_workers, local_rank, world_size
+
+GIB = 2**30
+MIB = 2**20
+
+
+def available_bytes(side: str) -> int | None:
+    """Free memory of `side`: "cuda", this rank's GPU (LOCAL_RANK; asking opens a CUDA context on
+    that GPU only), or "host", the node's available RAM; None when it cannot be read."""
+    if side == "cuda":
+        free, _ = torch.cuda.mem_get_info(local_rank())
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# Allowances for what a run allocates beyond the tensors measured here, after the checks. Host:
+# Lightning's loops, the threads' malloc arenas, allocator slack (the default run's peak RSS is
+# 155 MB above its RSS when checked, with ~40 MB of tensors). CUDA: the host memory of the
+# libraries a run's first kernels load (cuBLAS, cuDNN), and on the GPU their workspaces and the
+# caching allocator's rounding (neither measured: no GPU was lent to this work).
+HOST_RUNTIME = 256 * MIB
+CUDA_HOST_RUNTIME = GIB
+CUDA_RUNTIME = 512 * MIB
+
+
+def parameter_bytes(precision: str) -> int:
+    """Bytes of a parameter, a gradient or an AdamW moment: float64 under 64-true, else float32
+    (*-mixed keeps float32 weights and computes under autocast)."""
+    return 8 if precision in ("64-true", "64") else 4
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype | None):
+    """torch's default floating dtype set to `dtype` inside (None: unchanged), restored after."""
+    previous = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@contextlib.contextmanager
+def precision_context(precision: str):
+    """The forward context Lightning's precision plugin gives a step: autocast for *-mixed (on the
+    CPU device type, where the fake tensors live; as on CUDA, matmuls run in half precision and
+    losses and reductions in float32), float64 as the default dtype for 64-true."""
+    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    if half is not None:
+        with torch.autocast("cpu", dtype=half):
+            yield
+    elif parameter_bytes(precision) == 8:
+        with default_dtype(torch.float64):
+            yield
+    else:
+        yield
+
+
+class Allocations(TorchDispatchMode):
+    """Bytes of the tensors that ops allocate while it is active: `live` now, `peak` so far.
+
+    A storage counts from the op that creates it until it is freed (a weak reference's
+    callback), so what autograd saves counts until the backward pass releases it; results that
+    alias an input (views, in-place ops: the op's schema says so) allocate nothing. Runs on fake
+    tensors, so a model's peak is measured without its memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _free(self, size: int) -> None:
+        self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        returns = func._schema.returns
+        for result, declared in zip(out if len(returns) > 1 else (out,), returns):
+            if declared.alias_info is None:
+                for tensor in tree_leaves(result):
+                    if isinstance(tensor, torch.Tensor):
+                        storage = tensor.untyped_storage()
+                        size = storage.nbytes()
+                        self.live += size
+                        weakref.finalize(storage, self._free, size)
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """A model's parameters, and the peak bytes its passes allocate on one rank (measured on a
+    model without storage): the training forward pass with its loss, that and the backward pass
+    (the new gradients included), and one evaluation call (an evaluation batch; for text, the
+    first chunk of it, bench/training/evaluate.py token_scores)."""
+
+    params: int
+    forward: int = 0
+    backward: int = 0
+    evaluation: int = 0
+
+
+def scan_kernel(config, device: str, mamba_ssm: bool | None = None) -> str | None:
+    """The SSD scan the run's model will use on `device` (models.ssd.resolve_kernel): "auto" is
+    the mamba_ssm kernel on CUDA when it imports (`mamba_ssm`: whether it does, default: ask
+    this machine) and the precision is not float64. None for a model without an SSD scan."""
+    kernel = getattr(config.model, "kernel", None)
+    if kernel != "auto":
+        return kernel
+    if device != "cuda" or parameter_bytes(config.trainer.precision) == 8:
+        return "torch"
+    if mamba_ssm is None:
+        from models.ssd import mamba_ssm_available
+        mamba_ssm = mamba_ssm_available()
+    return "mamba_ssm" if mamba_ssm else "torch"
+
+
+def model_footprint(config, task, kernel: str | None, eval_rows: int,
+                    budget: int | None = None) -> Footprint:
+    """The Footprint of the run's model at one rank's batch, with the SSD scan `kernel`. A deep
+    model is measured at depths 1 and 2 and extrapolated linearly (its layers are identical), so
+    10^5 layers cost no more to check than 2."""
+    depth = getattr(config.model, "n_layers", None)
+    if not isinstance(depth, int) or depth <= 2:
+        return _footprint(config, config.model, task, kernel, eval_rows, budget)
+    one, two = (_footprint(config, dataclasses.replace(config.model, n_layers=layers), task, kernel,
+                           eval_rows, None) for layers in (1, 2))
+    return Footprint(*(a + (depth - 1) * (b - a)
+                       for a, b in zip(dataclasses.astuple(one), dataclasses.astuple(two))))
+
+
+def _footprint(config, model_config, task, kernel: str | None, eval_rows: int,
+               budget: int | None) -> Footprint:
+    """Builds the model without storage and measures its passes (Allocations); a model
+    constructor's ValueError (a model that does not fit the task) becomes CheckFailed. The passes
+    are skipped when the weights, gradients and AdamW state alone exceed `budget` bytes, and
+    measure nothing for a model whose forward pass depends on the data (no estimate)."""
+    import logging
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bench.training.evaluate import masked_loss, token_scores
+    from models import build_model
+    from models.backbone import IOSpec
+    from models.ssd import kernel_footprint, scan_override
+    from tasks.base import Batch
+    precision = config.trainer.precision
+    io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        try:
+            # a float64 run's model is built in float64: module.double() cannot swap the
+            # parameters of a model without storage
+            with default_dtype(torch.float64 if parameter_bytes(precision) == 8 else None):
+                model = build_model(config.model_family, model_config, io)
+        except ValueError as error:
+            raise CheckFailed(f"model {config.model_name} cannot be built for task "
+                              f"{config.task_name}: {first_line(error) or type(error).__name__}") from None
+        params = sum(p.numel() for p in model.parameters())
+        if budget is not None and 4 * parameter_bytes(precision) * params > budget:
+            return Footprint(params)
+
+        def batch(rows: int) -> Batch:
+            shape = (rows, task.seq_len)
+            inputs = (torch.zeros(shape, dtype=torch.long) if task.kind == "tokens"
+                      else torch.zeros(*shape, task.input_dim))
+            targets = (torch.zeros(shape, dtype=torch.long) if task.kind == "tokens"
+                       else torch.zeros(*shape, task.output_dim))
+            return Batch(inputs, targets, torch.ones(shape, dtype=torch.bool))
+
+        # an op that cannot run on fake tensors logs a traceback before raising: not for users
+        fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+        level, fake_log.level = fake_log.level, logging.CRITICAL
+        scan = scan_override(kernel_footprint) if kernel == "mamba_ssm" else contextlib.nullcontext()
+        try:
+            with scan, precision_context(precision):
+                train = batch(task.micro_batch_size)
+                with Allocations() as allocated:
+                    output = model(train.inputs)
+                    loss = masked_loss(task, output, train)  # the run's loss, no data-sized op
+                    del output
+                    forward = allocated.peak
+                    loss.backward()
+                    backward = allocated.peak
+                held_out = batch(eval_rows)
+                model.eval()
+                with torch.no_grad(), Allocations() as allocated:
+                    if task.scoring == "perplexity":
+                        token_scores(model, held_out, task.output_dim)
+                    else:
+                        model.predict(held_out.inputs).float()
+                return Footprint(params, forward, backward, allocated.peak)
+        except ValueError as error:
+            raise CheckFailed(f"model {config.model_name} does not fit task {config.task_name}: "
+                              f"{first_line(error) or type(error).__name__}") from None
+        except Exception:  # a data-dependent forward pass cannot run without data: no estimate
+            return Footprint(params)
+        finally:
+            fake_log.setLevel(level)
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+    """A part of the estimate: bytes that live on `side` ("device": one rank's training device;
+    "host": the node's RAM, every rank on it) during `phase` ("training" or "evaluation"), what
+    they hold, and the option that shrinks them (named when the run does not fit)."""
+
+    side: str
+    phase: str
+    what: str
+    option: str
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """A run's memory at the peak of each phase on each side: a CUDA run's "device" (one rank's
+    GPU) and "host"; a CPU run has only the host, where the device terms of its `ranks`
+    processes add to the host's."""
+
+    device: str
+    params: int
+    ranks: int  # training processes on this node
+    terms: tuple[Term, ...]
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return ("device", "host") if self.device == "cuda" else ("host",)
+
+    def parts(self, side: str, phase: str) -> list[Term]:
+        """The terms of `phase` on `side`, largest first."""
+        if self.device == "cuda":
+            parts = [t for t in self.terms if t.phase == phase and t.side == side]
+        else:
+            parts = [dataclasses.replace(t, bytes=t.bytes * self.ranks) if t.side == "device"
+                     else t for t in self.terms if t.phase == phase]
+        return sorted(parts, key=lambda t: -t.bytes)
+
+    def need(self, side: str, phase: str) -> int:
+        return sum(t.bytes for t in self.parts(side, phase))
+
+
+def pool_peak_bytes(task, probe: int = 64, chunk_floats: int = 1 << 24) -> int:
+    """Peak bytes of drawing the pool of training tasks (tasks/base.py `_draw_pool`), not just
+    of holding it: the chunks and their concatenation live together (twice the pool), and the
+    chunk being drawn has its sampling temporaries, measured on a draw of `probe` tasks and
+    scaled to a chunk (`chunk_floats`, _draw_pool's default). Counting the pool once let
+    linreg num_tasks=10^9 (18.6 GiB held, 37 GiB at the peak) past the check on a 21 GiB host,
+    where the kernel killed it with no record."""
+    pool = task.pool_bytes()
+    if pool == 0:
+        return 0
+    generator = torch.Generator().manual_seed(0)
+    with Allocations() as allocated:
+        drawn = task.draw_latent(probe, generator)
+    kept = sum(v.numel() * v.element_size() for v in drawn.values())
+    per_task = max(0, allocated.peak - kept) / probe
+    floats = max(1, sum(v[0].numel() for v in drawn.values()))
+    chunk = min(task.num_tasks, max(1, chunk_floats // floats))
+    return 2 * pool + int(per_task * chunk)
+
+
+def batches_in_flight(config) -> int:
+    """Training batches of one rank alive on the host at once: each loader worker's prefetch
+    and the pinned copy, or the one being made and the one training when sampled in-process."""
+    from tasks.base import Task
+    workers = loader_workers(config)
+    return 2 if workers == 0 else workers * Task.PREFETCH + 1
+
+
+def memory_estimate(config, task, device: str, kernel: str | None = None,
+                    budget: int | None = None) -> Estimate:
+    """Bytes the run needs at its peaks (an upper estimate from measured passes and counted
+    buffers), for training on `device` ("cpu" or "cuda": this machine need not have it) at the
+    configured precision, with the SSD scan `kernel` (default: scan_kernel on this machine).
+
+    Device, per rank. Training: weights, gradients and two AdamW moments (the last step's
+    gradients live until the next backward pass; AdamW's foreach step adds a parameter-sized
+    temporary), DDP's gradient buckets, the activations and loss measured at their peak, the
+    batch and the pool of training tasks. Evaluation: weights and gradients, one evaluation
+    call, the model outputs gathered from every rank (and their sorted float32 and float64
+    copies).
+    Host, per node. Training: the batches the loader prefetches. Evaluation: on every rank the
+    held-out set, the gathered predictions in float64 and the AdamW state (and on a GPU, the
+    model), which Lightning moves to the host after fitting; on rank 0 the references' float64
+    predictions (and a few same-sized intermediates) and the bootstrap's resampled index.
+    Both sides and phases: the allowances for what is not a tensor counted here (HOST_RUNTIME,
+    CUDA_HOST_RUNTIME, CUDA_RUNTIME)."""
+    t = config.trainer
+    kernel = kernel if kernel is not None else scan_kernel(config, device)
+    world = world_size(config)
+    ranks = world // t.num_nodes
+    held_out = task.held_out_size(t.eval_sequences)
+    eval_rows = max(1, min(t.eval_batch_size, -(-held_out // world)))
+    model = model_footprint(config, task, kernel, eval_rows, budget)
+    weights = parameter_bytes(t.precision) * model.params  # one parameter-sized buffer
+    per_sequence = task.memory_per_sequence()
+    size = task.eval_size_option
+    if task.scoring == "perplexity":  # per-position losses and top-1 hits, never distributions
+        outputs, prediction = 2, task.seq_len * 16
+    else:
+        outputs, prediction = task.output_dim, task.seq_len * task.output_dim * 8
+    predictors = len(task.references()) + 1
+    runtime = HOST_RUNTIME + (CUDA_HOST_RUNTIME if device == "cuda" else 0)
+    activations = max(model.forward, model.backward - weights, weights)
+    terms = [
+        Term("device", "training", "weights, gradients and AdamW state", "the model size",
+             (5 if world > 1 else 4) * weights),
+        Term("device", "training", "activations and loss",
+             "trainer.batch_size, task.seq_len or trainer.accumulate_grad_batches", activations),
+        Term("device", "training", "the batch", "trainer.batch_size",
+             task.micro_batch_size * per_sequence),
+        Term("device", "training", "the pool of training tasks", "task.num_tasks",
+             pool_peak_bytes(task)),
+        Term("device", "evaluation", "weights and gradients", "the model size", 2 * weights),
+        Term("device", "evaluation", "an evaluation batch's forward pass",
+             "trainer.eval_batch_size", model.evaluation),
+        Term("device", "evaluation", "the gathered model outputs", size,
+             24 * held_out * task.seq_len * outputs),
+        Term("host", "training", "the processes' runtime", "", ranks * runtime),
+        Term("host", "training", "training batches sampled ahead (loader workers, pinned)",
+             "trainer.batch_size or trainer.loader_workers",
+             ranks * batches_in_flight(config) * (t.batch_size // world) * per_sequence),
+        Term("host", "evaluation", "the processes' runtime", "", ranks * runtime),
+        Term("host", "evaluation", "the AdamW state (and a GPU run's model) after fitting",
+             "the model size", ranks * (4 if device == "cuda" else 2) * weights),
+        Term("host", "evaluation", "the held-out set and predictions on every rank", size,
+             ranks * held_out * (per_sequence + prediction)),
+        Term("host", "evaluation", "the references' float64 predictions", size,
+             held_out * 3 * predictors * prediction),
+        Term("host", "evaluation", "the bootstrap", f"trainer.bootstrap or {size}",
+             24 * t.bootstrap * held_out),
+    ]
+    if t.val_every > 0:  # bench/training/validation.py keeps it on rank 0 for the whole of training
+        val = min(t.val_sequences, task.held_out_size(t.val_sequences))
+        terms.append(Term("host", "training", "the live-validation set, its references' scores "
+                          "and their bootstrap", "trainer.val_sequences",
+                          val * (per_sequence + prediction * (1 + 3 * predictors))
+                          + 24 * t.bootstrap * val))
+    if device == "cuda":
+        terms += [Term("device", phase, "CUDA workspaces", "", CUDA_RUNTIME)
+                  for phase in ("training", "evaluation")]
+    return Estimate(device, model.params, ranks, tuple(terms))
+
+
+def free_memory(device: str) -> dict[str, int | None]:
+    """What each side a run on `device` uses has free, in bytes (None: cannot be read)."""
+    free = {"host": available_bytes("host")}
+    if device == "cuda":
+        free["device"] = available_bytes("cuda")
+    return free
