@@ -10,8 +10,20 @@ import time
 
 import pytest
 
-from bench.perf import gpucheck
+from bench.perf.gpucheck import ddp, driver, kernel, plan, processes, throughput
+from bench.perf.gpucheck import runs as run_sections
+from bench.perf.gpucheck.rows import read_rows
 from bench.cli.main import main
+
+
+GPUCHECK_MODULES = (ddp, driver, kernel, plan, processes, run_sections, throughput)
+
+
+def patch_all(monkeypatch, name: str, value) -> None:
+    """name replaced in every gpucheck module that imported it (each looks it up in its own)."""
+    for module in GPUCHECK_MODULES:
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, value)
 
 
 def alive(pid: int) -> bool:
@@ -54,7 +66,7 @@ def test_the_environment_section_reports_and_the_others_say_why_not(tmp_path, ca
 
 HANGING_SECTION = """
 import json, subprocess, sys, time
-from bench.perf.gpucheck import emit
+from bench.perf.gpucheck.rows import emit
 args = json.loads(sys.argv[1])
 emit(args, {"label": "measured before the hang", "ms_per_step": 1.5})
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
@@ -68,10 +80,10 @@ def test_a_section_killed_at_its_cap_keeps_its_rows_and_leaves_no_process(tmp_pa
     """A planted section that measures a row, starts a child and hangs: at its cap the whole
     process group goes (the child too), its rows are in rows.jsonl and gpucheck.json, the
     driver goes on to the next section."""
-    monkeypatch.setitem(gpucheck.CAPS, "tiny", 6)
-    monkeypatch.setitem(gpucheck.NEEDS, "tiny", 1)
-    real = gpucheck.section_command
-    monkeypatch.setattr(gpucheck, "section_command", lambda name, args: (
+    monkeypatch.setitem(plan.CAPS, "tiny", 6)
+    monkeypatch.setitem(plan.NEEDS, "tiny", 1)
+    real = plan.section_command
+    patch_all(monkeypatch, "section_command", lambda name, args: (
         [sys.executable, "-c", HANGING_SECTION, json.dumps(args)] if name == "tiny"
         else real(name, args)))
     start = time.monotonic()
@@ -90,7 +102,7 @@ def test_a_section_killed_at_its_cap_keeps_its_rows_and_leaves_no_process(tmp_pa
 def test_a_finished_sections_orphans_are_killed_too():
     script = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
               "'import time; time.sleep(300)']); print(p.pid)")
-    done = gpucheck.run_group([sys.executable, "-c", script], timeout=30)
+    done = processes.run_group([sys.executable, "-c", script], timeout=30)
     assert done["exit"] == 0
     assert gone_within(int(done["stdout"].strip()), 5)
 
@@ -125,9 +137,9 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_anything_runs(tm
 
 def test_out_defaults_to_the_device_calls_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("OUT", str(tmp_path))
-    assert gpucheck.parse_options([])["out"] == str(tmp_path)
+    assert plan.parse_options([])["out"] == str(tmp_path)
     monkeypatch.delenv("OUT")
-    assert gpucheck.parse_options([])["out"] == os.path.join("runs", "gpucheck")
+    assert plan.parse_options([])["out"] == os.path.join("runs", "gpucheck")
 
 
 def test_sigterm_to_the_driver_kills_the_running_section_and_keeps_the_figures(
@@ -137,8 +149,8 @@ def test_sigterm_to_the_driver_kills_the_running_section_and_keeps_the_figures(
     import signal
     import threading
 
-    monkeypatch.setitem(gpucheck.NEEDS, "tiny", 1)
-    monkeypatch.setattr(gpucheck, "section_command", lambda name, args: (
+    monkeypatch.setitem(plan.NEEDS, "tiny", 1)
+    patch_all(monkeypatch, "section_command", lambda name, args: (
         [sys.executable, "-c", HANGING_SECTION, json.dumps(args)]))
     rows = tmp_path / "rows.jsonl"
 
@@ -179,21 +191,21 @@ def test_every_command_line_a_section_builds_composes(tmp_path, monkeypatch):
         def send_signal(self, signum):
             pass
 
-    def start(argv, env=None, cwd=gpucheck.REPO):
+    def start(argv, env=None, cwd=processes.REPO):
         started.append(argv)
         return Process()
 
-    monkeypatch.setattr(gpucheck, "start_group", start)
-    monkeypatch.setattr(gpucheck, "finish_group", lambda process, timeout: {
+    patch_all(monkeypatch, "start_group", start)
+    patch_all(monkeypatch, "finish_group", lambda process, timeout: {
         "exit": 0, "wait_s": 0.0, "stdout": "", "stderr": ""})
-    monkeypatch.setattr(gpucheck, "_wait_for_training", lambda process, timeout: True)
-    monkeypatch.setattr(gpucheck.time, "sleep", lambda seconds: None)
+    patch_all(monkeypatch, "wait_for_training", lambda process, timeout: True)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
     for cuda in (True, False):
         args = {"section": "check", "rows": str(tmp_path / "rows.jsonl"),
                 "runs": str(tmp_path / "runs"), "scratch": str(tmp_path), "cuda": cuda,
                 "deadline": time.monotonic() + 600, "steps": 20, "tokenizer_file": ""}
-        for section in (gpucheck.section_tiny, gpucheck.section_paper, gpucheck.section_ddp,
-                        gpucheck.section_text):
+        for section in (run_sections.section_tiny, run_sections.section_paper, ddp.section_ddp,
+                        run_sections.section_text):
             section(args)
     runs = [argv[4:] for argv in started if argv[1:4] == ["-m", "bench", "run"]]
     # tiny, paper, 2 ranks, 2 ranks signalled, 1 process signalled, text; NCCL on CUDA alone
@@ -202,36 +214,36 @@ def test_every_command_line_a_section_builds_composes(tmp_path, monkeypatch):
     for argv in runs:
         compose(argv)  # a ConfigError names what is wrong
     args["tokenizer_file"] = ""
-    for argv in [*gpucheck.SPEED_CONFIGS.values(),
-                 *(gpucheck.lm_argv(args, model) for model in gpucheck.LM_MODELS)]:
+    for argv in [*throughput.SPEED_CONFIGS.values(),
+                 *(throughput.lm_argv(args, model) for model in throughput.LM_MODELS)]:
         compose([*argv, "trainer.accelerator=gpu"])
 
 
 def test_speed_times_what_needs_no_autotune_first():
-    plan = gpucheck.speed_plan(cuda=True, kernel=True, tuned={"mamba_4x256_T1024"})
+    plan = throughput.speed_plan(cuda=True, kernel=True, tuned={"mamba_4x256_T1024"})
     kernels = [(kernel, compiled) for _, kernel, _, compiled in plan]
     assert kernels == sorted(kernels, key=lambda k: (k[1], k[0] == "mamba_ssm"))
     first_kernel_row = next(row for row in plan if row[1] == "mamba_ssm")
     assert first_kernel_row[0] == "mamba_4x256_T1024"  # the tuned shape before the other
-    assert gpucheck.speed_plan(cuda=False, kernel=False, tuned=set()) == [
+    assert throughput.speed_plan(cuda=False, kernel=False, tuned=set()) == [
         ("markov_paper", "torch", "32-true", False), ("markov_paper", "torch", "bf16-mixed", False)]
 
 
 def test_the_language_models_use_the_kernel_only_where_it_was_tuned():
-    plan = gpucheck.lm_plan({"mamba_lm14m"})
+    plan = throughput.lm_plan({"mamba_lm14m"})
     assert [compiled for _, compiled, _ in plan] == [False] * 4 + [True] * 2
     assert {(model, kernel) for model, _, kernel in plan} == {
         ("mamba_lm14m", "mamba_ssm"), ("transformer_lm14m", None), ("mamba_lm110m", "torch"),
         ("mamba_lm200m", "torch")}
-    assert {kernel for _, _, kernel in gpucheck.lm_plan(set())} == {"torch", None}
+    assert {kernel for _, _, kernel in throughput.lm_plan(set())} == {"torch", None}
 
 
 def test_warm_counts_what_compiled_what_the_gpu_cannot_hold_and_what_the_budget_cut(
         tmp_path, monkeypatch):
     """The H100 call: one config per shape over the GPU's shared memory (the autotuner skips it
     too, so not a failure), and jobs still running or never started when the budget ran out."""
-    monkeypatch.setattr(gpucheck, "warm_shapes", lambda: {"small": (2, 8, 1, 4, 1, 2, 4)})
-    monkeypatch.setattr(gpucheck.time, "sleep", lambda seconds: None)
+    patch_all(monkeypatch, "warm_shapes", lambda: {"small": (2, 8, 1, 4, 1, 2, 4)})
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
     deadline = time.monotonic() + 600
 
     class Process:
@@ -241,7 +253,7 @@ def test_warm_counts_what_compiled_what_the_gpu_cannot_hold_and_what_the_budget_
         def poll(self):
             return None if self.index == 9 else 0  # job 9 never ends
 
-    def start(argv, env=None, cwd=gpucheck.REPO):
+    def start(argv, env=None, cwd=processes.REPO):
         return Process(json.loads(argv[-1])["index"] if "warm_one" in argv else -1)
 
     def finish(process, timeout):
@@ -253,14 +265,14 @@ def test_warm_counts_what_compiled_what_the_gpu_cannot_hold_and_what_the_budget_
     def run(argv, timeout, env=None):
         return {"exit": 0, "stdout": "", "stderr": "", "wall_s": 0.0}
 
-    monkeypatch.setattr(gpucheck, "start_group", start)
-    monkeypatch.setattr(gpucheck, "finish_group", finish)
-    monkeypatch.setattr(gpucheck, "run_group", run)
+    patch_all(monkeypatch, "start_group", start)
+    patch_all(monkeypatch, "finish_group", finish)
+    patch_all(monkeypatch, "run_group", run)
     clock = iter(range(10**6))  # the budget ends after a few polls of job 9
-    monkeypatch.setattr(gpucheck, "_left", lambda args: 1000 if next(clock) < 40 else 20)
+    patch_all(monkeypatch, "seconds_left", lambda args: 1000 if next(clock) < 40 else 20)
     args = {"section": "warm", "rows": str(tmp_path / "rows.jsonl"), "deadline": deadline}
-    gpucheck.section_warm(args)
-    rows = {row["label"]: row for row in gpucheck.read_rows(tmp_path / "rows.jsonl")}
+    kernel.section_warm(args)
+    rows = {row["label"]: row for row in read_rows(tmp_path / "rows.jsonl")}
     compiled = rows["compile small"]
     assert compiled["jobs"] == 17 and compiled["over_shared_memory"] == 1
     assert compiled["compiled"] + compiled["not_compiled"] == 16 and compiled["not_compiled"] >= 1

@@ -17,7 +17,7 @@ import torch
 import yaml
 
 import bench.cli.main as cli
-from bench.perf import gpucheck
+from bench.perf.gpucheck import driver as gpucheck_driver
 from bench.cli import suites
 from bench.reports.claims import load_claims
 from bench.config import (MAX_RUNS, ConfigError, check_path, compose, load_suite,
@@ -90,7 +90,7 @@ def nothing_runs(monkeypatch, tmp_path):
 
     monkeypatch.setattr(suites, "run_suite", would_run)
     monkeypatch.setattr(bench.training.train, "run", would_run)
-    monkeypatch.setattr(gpucheck, "run_sections", would_run)
+    monkeypatch.setattr(gpucheck_driver, "run_sections", would_run)
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

@@ -125,7 +125,7 @@ USAGE = {
                 "  Every check of the GPU path in one call sized for a borrowed, cold GPU: "
                 "sections most valuable first, each killed whole at its cap, every figure "
                 "written to out/rows.jsonl as measured; without CUDA, a rehearsal of the "
-                "sections that run on the CPU (bench/perf/gpucheck.py).",
+                "sections that run on the CPU (bench/perf/gpucheck/).",
 }
 
 
@@ -446,7 +446,7 @@ def cmd_compare(argv: list[str]) -> int:
 
 
 def cmd_gpucheck(argv: list[str]) -> int:
-    from bench.perf.gpucheck import main as gpucheck
+    from bench.perf.gpucheck.driver import main as gpucheck
     return gpucheck(argv)
 
 

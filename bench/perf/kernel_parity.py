@@ -4,7 +4,7 @@ mamba_lm14m.yaml).
 
 Used three ways:
 - imported by tests/test_ssd.py, for the CUDA parity tests (`parity(..., device="cuda")`);
-- imported by bench/perf/gpucheck.py, for the error tables of a GPU check;
+- imported by bench/perf/gpucheck/, for the error tables of a GPU check;
 - run as a script in a subprocess, for the CPU parity test under Triton's interpreter:
 
       TRITON_INTERPRET=1 python -m bench.perf.kernel_parity [case ...]
@@ -94,7 +94,7 @@ def missing_stand_ins() -> list[str]:
 def stand_in_env(env: Mapping[str, str]) -> dict[str, str]:
     """A copy of `env` for a subprocess that imports mamba_ssm from the harness's install: its
     PYTHONPATH starts with missing_stand_ins(), then what it held before. For test and check
-    harnesses only (tests/test_ssd.py, bench/perf/gpucheck.py), never a run's own environment."""
+    harnesses only (tests/test_ssd.py, bench/perf/gpucheck/), never a run's own environment."""
     paths = missing_stand_ins() + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     out = dict(env)
     if paths:
