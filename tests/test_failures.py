@@ -18,6 +18,8 @@ import lightning as L
 import pytest
 import torch
 
+import bench.cli.suites
+import bench.records.store
 import bench.training.train
 from bench.cli.main import main
 from bench.training.checks import compose_checked
@@ -321,10 +323,10 @@ def test_a_resumed_record_covers_the_whole_run(first_run, tmp_path, capsys):
 def test_a_failed_suite_entry_does_not_stop_the_suite(tmp_path, monkeypatch, capsys):
     """The first entry diverges (lr 1e30), the second runs: both records are written, the suite
     ends with exit 1 and one error line naming the failed entry."""
-    import bench.config
+    import bench.cli.run_commands
     tiny = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=32",
             "trainer.bootstrap=200", "trainer.progress=false", "trainer.max_steps=4"]
-    monkeypatch.setattr(bench.config, "load_suite",
+    monkeypatch.setattr(bench.cli.run_commands, "load_suite",
                         lambda name: [["trainer.lr=1e30", *tiny], ["seed=1", *tiny]])
     assert main(["suite", "name=leaderboard", f"out_dir={tmp_path}"]) == 1
     captured = capsys.readouterr()
@@ -342,16 +344,17 @@ def test_a_suite_run_again_skips_the_runs_it_finished(tmp_path, monkeypatch, cap
     """An interrupted suite goes on where it stopped: an entry with an `ok` record of the same
     config and seed made by the current, clean code is skipped; other code, a dirty checkout or
     rerun=true run it again."""
-    import bench.config
+    import bench.cli.run_commands
     import bench.records.store
     import bench.training.train
     tiny = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=32",
             "trainer.bootstrap=200", "trainer.progress=false", "trainer.max_steps=3"]
-    monkeypatch.setattr(bench.config, "load_suite", lambda name: [["seed=0", *tiny],
+    monkeypatch.setattr(bench.cli.run_commands, "load_suite", lambda name: [["seed=0", *tiny],
                                                                   ["seed=1", *tiny]])
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
     # each main() call stands for a process of its own: the code it reports is `version` now
     monkeypatch.setattr(bench.records.store, "provenance", lambda: dict(version))
+    monkeypatch.setattr(bench.cli.suites, "provenance", bench.records.store.provenance)
     monkeypatch.setattr(bench.training.train, "code_of_this_process", lambda: dict(version))
     suite = ["suite", "name=leaderboard", f"out_dir={tmp_path}"]
     # an ad-hoc run of entry 1's config does not finish it: boards and claims count suite runs
@@ -394,6 +397,7 @@ def test_a_suite_counts_a_run_done_only_in_the_environment_it_would_run_in(tmp_p
     from bench.cli.suites import finished_runs
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
     monkeypatch.setattr(bench.records.store, "provenance", lambda: dict(version))
+    monkeypatch.setattr(bench.cli.suites, "provenance", bench.records.store.provenance)
     config = compose_checked(["model=mamba", f"out_dir={tmp_path}", *TINY])
     config.origin = "suite:leaderboard"  # as `suite` sets it: records of its kind finish it
 
@@ -461,6 +465,7 @@ def test_every_record_of_a_process_names_the_code_it_loaded(tmp_path, monkeypatc
     versions = iter([{"commit": c * 40, "code": c * 12, "dirty": False, "version": None,
                       "torch": "t"} for c in "ab"])
     monkeypatch.setattr(bench.records.store, "provenance", lambda: next(versions))
+    monkeypatch.setattr(bench.cli.suites, "provenance", bench.records.store.provenance)
     for seed in (0, 1):
         assert main(["run", f"out_dir={tmp_path}", f"seed={seed}", *tiny("trainer.max_steps=2")]) == 0
     capsys.readouterr()

@@ -159,11 +159,11 @@ def test_the_gpt2_path_loads_a_local_tokenizer_file(tmp_path, corpus_dir, capsys
 
 
 def test_a_suite_of_text_runs_reports_perplexity(corpus_dir, tmp_path, monkeypatch, capsys):
-    import bench.config
+    import bench.cli.run_commands
     entry = ["task=text", f"task.data_dir={corpus_dir}", "task.tokenizer=byte",
              "task.seq_len=32", "model.d_model=16",
              "trainer.batch_size=8", "trainer.max_steps=2", "trainer.warmup_steps=1",
              "trainer.progress=false", "trainer.logger=none", "trainer.bootstrap=50"]
-    monkeypatch.setattr(bench.config, "load_suite", lambda name: [entry, ["seed=1", *entry]])
+    monkeypatch.setattr(bench.cli.run_commands, "load_suite", lambda name: [entry, ["seed=1", *entry]])
     assert main(["suite", "name=text_cpu", f"out_dir={tmp_path}"]) == 0
     assert capsys.readouterr().out.count("    perplexity ") == 2

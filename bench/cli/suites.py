@@ -11,6 +11,11 @@ import time
 from pathlib import Path
 
 from bench.config import MAX_RUNS, ConfigError, compose, entry_numbers, shown
+from bench.records.store import (RunFailed, environment, provenance, read_record, read_records,
+                                 record_matches)
+from bench.reports.identities import fill_current, load_index
+from bench.reports.leaderboard import code_version
+from bench.reports.report import config_table, headline
 
 
 def origin_kind(origin) -> str:
@@ -28,10 +33,7 @@ def finished_runs(configs: list) -> dict[int, str]:
     (<out_dir>/identities.json; today's identity is computed here, a few seconds per config,
     where such a record waits for it). Nothing counts as finished when the code version is
     unknown or dirty: then nobody can tell that the record's code is the code about to run."""
-    from bench.reports.leaderboard import code_version
     from bench.training.checks import planned_environment
-    from bench.reports.identities import fill_current, load_index
-    from bench.records.store import environment, provenance, read_records, record_matches
     here = provenance()
     if not here["code"] or here["dirty"] is not False:
         return {}
@@ -158,7 +160,6 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
     DDP), each unless finished_runs finds it done; `tasks`: each entry's task as the checks
     built it (checked_task_of), which its run trains on and then lets go (a pool of training
     tasks can be large)."""
-    from bench.records.store import RunFailed
     from bench.training.train import run
     done = {} if rerun else finished_runs(configs)
     tasks = dict(enumerate(tasks)) if tasks is not None else {}
@@ -182,7 +183,6 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
             continue
         if not path:  # a DDP rank other than 0: rank 0 reports
             continue
-        from bench.reports.report import headline
         print(f"    {headline(record['metrics'])} in {record['wall_time_s']:.0f} s -> {path}",
               flush=True)
         paths.append(path)
@@ -196,8 +196,6 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
 
 
 def print_sweep_table(paths: list[str]) -> None:
-    from bench.records.store import read_record
-    from bench.reports.report import config_table
     records = [record for path in paths if (record := read_record(Path(path))[0]) is not None
                and record.get("status") == "ok"]
     if records:

@@ -1,0 +1,206 @@
+"""The commands that read records: leaderboard, claims (and claims plan), compare, identities,
+plot. Their modules load only when the command runs (compare's bootstrap loads torch, plot
+matplotlib), so that every other command starts without them."""
+from __future__ import annotations
+
+import math
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.cli.options import check_paths, take_option
+from bench.config import ConfigError
+from bench.records.store import output_path, read_record, read_records
+
+
+def default_report(out_dir: str, name: str) -> str:
+    """Where leaderboard and claims write without out=: the published report at the top of the
+    repository (leaderboard.md, claims.md) from the published records (out_dir=results), and a
+    report of any other records beside them (runs/leaderboard.md), never over the published."""
+    return name if Path(out_dir) == Path("results") else str(Path(out_dir) / name)
+
+
+def previous_text(path: str) -> str | None:
+    """The text of the report at `path` before it is rewritten: only a regular file's, never
+    through a link, a FIFO or a device (which the writer refuses anyway), and at most 64 MiB."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        with open(path, "rb") as handle:
+            return handle.read(64 << 20).decode(errors="replace")
+    except OSError:
+        return None
+
+
+def tracked_note(path: Path, before: str | None) -> None:
+    """One line when a report rewrote a file that git tracks (a published report)."""
+    try:
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "--", path.name],
+                                 cwd=path.resolve().parent, capture_output=True,
+                                 timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return
+    if tracked:
+        after = previous_text(str(path))
+        what = ("unchanged" if after == before else "rewritten: `git diff` shows what changed")
+        print(f"note: {path} is tracked by git (a published report), {what}")
+
+
+def cmd_leaderboard(argv: list[str]) -> int:
+    argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, out = take_option(argv, "out", default_report(out_dir, "leaderboard.md"))
+    argv, include = take_option(argv, "include", "suite")  # suite: suite records only
+    if argv:
+        raise ConfigError(f"unknown argument '{argv[0]}'; leaderboard takes out_dir=<dir>, "
+                          "out=<file>, include=suite|all")
+    from bench.reports.leaderboard import select_runs, write_leaderboard
+    selection = select_runs(out_dir, include)
+    for line in selection.warnings():  # before a possible error: they may be why it is empty
+        print(line, file=sys.stderr)
+    before = previous_text(out)
+    path = write_leaderboard(selection, out)
+    print(f"{path}: {selection.summary()}")
+    tracked_note(Path(path), before)
+    return 0
+
+
+def cmd_claims_plan(argv: list[str]) -> int:
+    given = [a for a in argv if not a.startswith("out=")]  # named in the suite file it writes
+    argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, out = take_option(argv, "out", "")
+    argv, include = take_option(argv, "include", "suite")
+    argv, rules = take_option(argv, "rules", "")
+    argv, budget = take_option(argv, "budget_h", "")
+    if argv:
+        raise ConfigError(f"unknown argument '{argv[0]}'; claims plan takes out_dir=<dir>, "
+                          "out=<suite.yaml>, budget_h=<hours>, include=suite|all, "
+                          "rules=<file or folder>")
+    check_paths(out_dir=out_dir, out=out, rules=rules)
+    budget_s = None
+    if budget:
+        try:
+            budget_s = float(budget) * 3600
+        except ValueError:
+            budget_s = math.nan
+        if not (math.isfinite(budget_s) and budget_s > 0):
+            raise ConfigError(f"budget_h: invalid value '{budget}'; expected a positive number "
+                              "of hours")
+    if out and not out.endswith((".yaml", ".yml")):
+        raise ConfigError(f"out '{out}' must be a suite file ending in .yaml")
+    out_path = output_path(out) if out else None
+    from bench.reports.claims import decide_all, load_claims
+    from bench.reports.claims.plan import power_plan
+    from bench.reports.leaderboard import select_runs
+    claims = load_claims(rules or None)
+    selection = select_runs(out_dir, include)
+    for line in selection.warnings():
+        print(line, file=sys.stderr)
+    command = " ".join(["python -m bench claims plan", *given])
+    print(power_plan(decide_all(claims, selection), budget_s, out_path, command, out_dir))
+    return 0
+
+
+def cmd_claims(argv: list[str]) -> int:
+    if argv[:1] == ["plan"]:
+        return cmd_claims_plan(argv[1:])
+    argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, out = take_option(argv, "out", default_report(out_dir, "claims.md"))
+    argv, include = take_option(argv, "include", "suite")
+    argv, rules = take_option(argv, "rules", "")
+    argv, check = take_option(argv, "check", "false")
+    if argv:
+        raise ConfigError(f"unknown argument '{argv[0]}'; claims takes out_dir=<dir>, "
+                          "out=<file>, include=suite|all, rules=<file or folder>, "
+                          "check=true|false")
+    check_paths(out_dir=out_dir, out=out, rules=rules)
+    if check not in ("true", "false"):
+        raise ConfigError(f"check must be true or false, got '{check}'")
+    from bench.reports.claims import decide_all, load_claims, write_claims
+    from bench.reports.claims.check import problems
+    from bench.reports.claims.render import verdict_counts
+    from bench.reports.leaderboard import plural, select_runs
+    claims = load_claims(rules or None)  # bad rules are reported before the records are read
+    selection = select_runs(out_dir, include)
+    for line in selection.warnings():
+        print(line, file=sys.stderr)
+    if check == "true":  # the research checks of the records; claims.md is not written
+        found = problems(decide_all(claims, selection))
+        for problem in found:
+            print(f"error: {problem}", file=sys.stderr)
+        print(f"{plural(len(claims), 'claim')} checked against {selection.summary()}: "
+              f"{plural(len(found), 'problem')}")
+        return 1 if found else 0
+    before = previous_text(out)
+    path, decisions = write_claims(selection, out, rules or None, claims)
+    print(f"{path}: {verdict_counts(decisions)} from {selection.summary()}")
+    tracked_note(Path(path), before)
+    return 0
+
+
+def cmd_compare(argv: list[str]) -> int:
+    from bench.reports.compare import compare, print_comparison, select_pair
+    options = [arg for arg in argv if "=" in arg and not os.path.exists(arg)]
+    if options and len(options) == len(argv):  # by selection: model=mamba,transformer ...
+        print_comparison(compare(*select_pair(argv)))
+        return 0
+    if options:
+        raise ConfigError(f"unknown argument '{options[0]}'; compare takes two record files, "
+                          "or settings that select them (model=mamba,transformer ...)")
+    if len(argv) != 2:
+        raise ConfigError(f"compare needs two run records (A.json B.json), got {len(argv)}; or "
+                          "settings that select them: compare task=<task> model=<a>,<b> [seed=N]")
+    print_comparison(compare(*argv))
+    return 0
+
+
+def cmd_identities(argv: list[str]) -> int:
+    argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, check = take_option(argv, "check", "false")
+    if argv:
+        raise ConfigError(f"unknown argument '{argv[0]}'; identities takes out_dir=<dir>, "
+                          "check=true|false")
+    if check not in ("true", "false"):
+        raise ConfigError(f"check must be true or false, got '{check}'")
+    if not os.path.isdir(out_dir):
+        raise ConfigError(f"out_dir '{out_dir}' is not a directory")
+    from bench.reports.identities import report_identities
+    return report_identities(out_dir, check == "true")
+
+
+def cmd_plot(argv: list[str]) -> int:
+    argv, out = take_option(argv, "out", "")
+    options = [arg for arg in argv if "=" in arg and not os.path.exists(arg)]
+    if options:
+        raise ConfigError(f"unknown argument '{options[0]}'; plot takes record files or "
+                          "directories and out=<file.png>")
+    if not argv:
+        raise ConfigError("plot needs a run record (.json) or a directory of them")
+    from bench.reports.plot import plot_runs
+    records, bad = [], []
+    for arg in argv:
+        path = Path(arg)
+        if path.is_dir():
+            found, skipped = read_records(path)
+            records += found
+            bad += skipped
+        elif path.is_file():
+            record, reason = read_record(path)
+            (records.append(record) if record else bad.append((arg, reason)))
+        else:
+            raise ConfigError(f"plot: '{arg}' is neither a record file nor a directory")
+    usable = []
+    for record in records:
+        why = f"status {record.get('status')!r}" if record.get("status") != "ok" else None
+        (bad.append((record["_path"], why)) if why else usable.append(record))
+    for path, reason in bad:
+        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    if not usable:
+        raise ConfigError("plot: no usable `ok` run record among the paths given")
+    if not out:
+        first = Path(argv[0])
+        out = str(first.with_suffix(".png") if first.is_file() and len(usable) == 1
+                  else (first / "curves.png" if first.is_dir() else Path("curves.png")))
+    print(plot_runs(usable, output_path(out)))
+    return 0
