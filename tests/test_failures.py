@@ -18,7 +18,6 @@ import lightning as L
 import pytest
 import torch
 
-import bench.cli.suites
 import bench.records.store
 import bench.training.train
 from bench.cli.main import main
@@ -354,7 +353,6 @@ def test_a_suite_run_again_skips_the_runs_it_finished(tmp_path, monkeypatch, cap
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
     # each main() call stands for a process of its own: the code it reports is `version` now
     monkeypatch.setattr(bench.records.store, "provenance", lambda: dict(version))
-    monkeypatch.setattr(bench.cli.suites, "provenance", bench.records.store.provenance)
     monkeypatch.setattr(bench.training.train, "code_of_this_process", lambda: dict(version))
     suite = ["suite", "name=leaderboard", f"out_dir={tmp_path}"]
     # an ad-hoc run of entry 1's config does not finish it: boards and claims count suite runs
@@ -397,7 +395,6 @@ def test_a_suite_counts_a_run_done_only_in_the_environment_it_would_run_in(tmp_p
     from bench.cli.suites import finished_runs
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
     monkeypatch.setattr(bench.records.store, "provenance", lambda: dict(version))
-    monkeypatch.setattr(bench.cli.suites, "provenance", bench.records.store.provenance)
     config = compose_checked(["model=mamba", f"out_dir={tmp_path}", *TINY])
     config.origin = "suite:leaderboard"  # as `suite` sets it: records of its kind finish it
 
@@ -465,7 +462,6 @@ def test_every_record_of_a_process_names_the_code_it_loaded(tmp_path, monkeypatc
     versions = iter([{"commit": c * 40, "code": c * 12, "dirty": False, "version": None,
                       "torch": "t"} for c in "ab"])
     monkeypatch.setattr(bench.records.store, "provenance", lambda: next(versions))
-    monkeypatch.setattr(bench.cli.suites, "provenance", bench.records.store.provenance)
     for seed in (0, 1):
         assert main(["run", f"out_dir={tmp_path}", f"seed={seed}", *tiny("trainer.max_steps=2")]) == 0
     capsys.readouterr()

@@ -7,7 +7,6 @@ import json
 import pytest
 import yaml
 
-import bench.cli.suites
 import bench.records.store
 import bench.training.train
 from bench.cli.main import main
@@ -179,7 +178,6 @@ def test_what_a_run_of_one_kind_writes_never_makes_another_kind_skip(tmp_path, m
     bar goes to stderr."""
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
     monkeypatch.setattr(bench.records.store, "provenance", lambda: dict(version))  # a clean checkout
-    monkeypatch.setattr(bench.cli.suites, "provenance", bench.records.store.provenance)
     monkeypatch.setattr(bench.training.train, "code_of_this_process", lambda: dict(version))
     monkeypatch.chdir(tmp_path)
     suite_file = tmp_path / "tiny.yaml"

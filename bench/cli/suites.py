@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from bench.config import MAX_RUNS, ConfigError, compose, entry_numbers, shown
-from bench.records.store import (RunFailed, environment, provenance, read_record, read_records,
-                                 record_matches)
+from bench.records import store
+from bench.records.store import RunFailed, environment, read_record, read_records, record_matches
 from bench.reports.identities import fill_current, load_index
 from bench.reports.leaderboard import code_version
 from bench.reports.report import config_table, headline
@@ -34,7 +34,7 @@ def finished_runs(configs: list) -> dict[int, str]:
     where such a record waits for it). Nothing counts as finished when the code version is
     unknown or dirty: then nobody can tell that the record's code is the code about to run."""
     from bench.training.checks import planned_environment
-    here = provenance()
+    here = store.provenance()  # looked up at the call: tests stand in other code versions
     if not here["code"] or here["dirty"] is not False:
         return {}
     by_dir: dict[str, list[dict]] = {}

@@ -23,6 +23,10 @@ from bench.config.errors import ConfigError, first_line, shown
 from bench.config.grammar import (BOOLEANS, GROUPS, IDENTIFIER, YAML11_NUMBER, check_override,
                                   check_path, check_value, load_yaml_text, parse_seed)
 from bench.config.run import RunConfig, TrainerConfig
+from models import model_families
+from models.configs import CONFIGS as MODEL_CONFIGS
+from tasks import task_families
+from tasks.configs import CONFIGS as TASK_CONFIGS
 
 
 def describe_choice(group: str, name: str) -> str:
@@ -41,21 +45,13 @@ def describe_choice(group: str, name: str) -> str:
 
 def families(group: str) -> dict[str, type]:
     """{family: Task or Core subclass} (imports every family module, torch with them)."""
-    if group == "task":
-        from tasks import task_families
-        return task_families()
-    from models import model_families
-    return model_families()
+    return task_families() if group == "task" else model_families()
 
 
 def _config_classes(group: str) -> dict[str, type]:
     """{family: its config dataclass}, from the torch-free config modules: what composing a
     command line needs (tests/test_contracts.py checks they are the families' own)."""
-    if group == "task":
-        from tasks.configs import CONFIGS
-        return CONFIGS
-    from models.configs import CONFIGS
-    return CONFIGS
+    return TASK_CONFIGS if group == "task" else MODEL_CONFIGS
 
 
 def _typed(group: str, name: str, schema_cls: type, values: dict, overrides: list[str]):

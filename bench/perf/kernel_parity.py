@@ -40,15 +40,18 @@ final state with fixed random weights, so every gradient is checked, not just on
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import sys
 import time
+import types
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 # One folder per module that mamba_ssm's __init__ imports and a MAMBA_SKIP_CUDA_BUILD, --no-deps
@@ -73,7 +76,6 @@ EXTRA_SHAPES = {"heads4_groups2": dict(heads=4, headdim=16, groups=2, states=16,
 def scan_shape(name: str) -> dict:
     """The SSD scan's shape in the shipped model config `conf/model/<name>.yaml` (or one of
     EXTRA_SHAPES)."""
-    import yaml
 
     if name in EXTRA_SHAPES:
         return dict(EXTRA_SHAPES[name])
@@ -258,8 +260,6 @@ def pin_configs(index: int) -> None:
 
 def patch_for_cpu() -> None:
     """What the kernel's wrappers need from a GPU, for running them under TRITON_INTERPRET=1."""
-    import contextlib
-    import types
 
     torch.cuda.device = lambda device: contextlib.nullcontext()
     torch.cuda.get_device_properties = (

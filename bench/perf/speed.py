@@ -13,23 +13,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import itertools
+import statistics
 import tempfile
 import time
 import warnings
 import weakref
 from collections import Counter
 
+import lightning as L
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.training import reference_cache
 from bench.config import RunConfig
+from bench.training import reference_cache
+from bench.training.devices import loader_workers
 from bench.training.evaluate import masked_loss, reference_scores, score_predictions, token_scores
-from bench.training.train import apply_tf32_policy, build
+from bench.training.module import ICLModule
+from bench.training.train import apply_tf32_policy, build, make_trainer, quiet_lightning
+from models.ssd import mamba_ssm_available, resolve_kernel
 from tasks.base import TRAIN_STREAM, make_generator
-
 
 
 class HostSyncCounter:
@@ -147,7 +152,6 @@ def settings(config: RunConfig, device: torch.device, kernels: str, precisions: 
     """The (kernel, precision, compile) settings to time: `all` means every one that applies
     here (the mamba_ssm kernel on CUDA when it imports, 16-mixed on CUDA only); one value means
     that one. A model without an SSD scan has kernel None."""
-    from models.ssd import mamba_ssm_available
     has_kernel = hasattr(config.model, "kernel")
     if not has_kernel:
         kernel_list = [None]
@@ -291,10 +295,7 @@ def _short_fit(config: RunConfig, callback, **trainer_changes):
     """A short fit of config as a run makes it (progress bar on, the run's logger), its log in a
     scratch folder and its bar swallowed, with `callback` added and `trainer_changes` applied;
     no checkpoints, no validation. Returns the Trainer."""
-    import io
 
-    from bench.training.module import ICLModule
-    from bench.training.train import make_trainer, quiet_lightning
 
     quiet_lightning()
     apply_tf32_policy(config.trainer.tf32)
@@ -316,7 +317,6 @@ def step_profile(config: RunConfig, steps: int = 4) -> dict:
     progress bar and the logger's end of the batch are all in it (a short fit with log_every
     beyond its steps, its log in a scratch folder). On CUDA also the synchronisations
     torch.cuda.set_sync_debug_mode("warn") reports in that step."""
-    import lightning as L
 
     probe_step = steps - 2  # the step profiled: neither the first (a logging step) nor the last
     found: dict = {}
@@ -372,9 +372,7 @@ def lightning_step_time(config: RunConfig, steps: int = 30) -> dict:
     steps left out, with the device synchronised at each step end (a measurement's sync, not
     the run's); and the share of it between one step's end and the next step's start, i.e.
     waiting for the next batch and its copy (what loader workers are for)."""
-    import statistics
 
-    import lightning as L
 
     marks: dict[str, list] = {"start": [], "end": []}
 
@@ -440,7 +438,6 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
     # The share of a run outside training, for the run as configured (its precision, compile
     # and the model's own kernel setting)
     progress("timing the evaluation of a run ...")
-    from models.ssd import resolve_kernel
     kernel = getattr(config.model, "kernel", None)
     run_setting = {"kernel": resolve_kernel(kernel, device) if kernel else None,
                    "precision": config.trainer.precision, "compile": config.trainer.compile}
@@ -449,7 +446,6 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
         or {**run_setting, **time_training(config, device, steps)}
     outside, sequences = time_outside_training(config, device)
     # in-process sampling (no loader workers: the CPU) sits between steps; workers overlap it
-    from bench.training.devices import loader_workers
     workers = loader_workers(config)
     result["loader_workers"] = workers
     in_path = sample_s if workers == 0 else max(0.0, sample_s / workers - trained["step_s"])

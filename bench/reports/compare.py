@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bench.config import ConfigError, TrainerConfig
+from bench.config import ConfigError, TrainerConfig, compose
 from bench.config.formats import fmt_sig
-from bench.records.store import read_record
+from bench.records.store import read_record, read_records, record_matches
 from tasks.stats import paired_difference
 
 
@@ -150,8 +150,6 @@ def select_pair(argv: list[str]) -> tuple[str, str]:
     [out_dir=runs] ...` names: one override holds the two values compared (a comma between
     them), the others are shared; each side is the newest `ok` training record of its config
     (evaluations aside) in out_dir, on the given seed, else on the newest seed both have."""
-    from bench.config import compose
-    from bench.records.store import read_records, record_matches
     options = dict(arg.split("=", 1) for arg in argv)
     out_dir = options.pop("out_dir", "runs")
     seed = options.pop("seed", None)

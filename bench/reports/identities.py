@@ -26,10 +26,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.reports import identity as probe_module
 from bench.config import family_schema
-from bench.records.store import (CODE_PATHS, IDENTITY_INDEX, REPO, code_digest,
-                           not_a_regular_file, with_defaults)
+from bench.config.formats import plural
+from bench.records import store
+from bench.records.store import (CODE_PATHS, IDENTITY_INDEX, REPO, code_digest, not_a_regular_file,
+                                 read_records, with_defaults)
+from bench.reports import identity as probe_module
 from tasks.files import write_atomic
 
 INDEX_NAME = IDENTITY_INDEX
@@ -320,8 +322,7 @@ def fill_current(index: Index, records: list[dict], today: tuple[str, str]) -> i
 
 def current_code() -> tuple[str, str] | None:
     """(code digest, commit) of this checkout when its result-shaping code is clean."""
-    from bench.records.store import provenance
-    here = provenance()
+    here = store.provenance()  # looked up at the call: tests stand in other code versions
     if not here["code"] or here["dirty"] is not False:
         return None
     return here["code"], here["commit"]
@@ -380,7 +381,6 @@ def wanted_probes(records: list[dict], today: tuple[str, str] | None
 
 
 def ok_records(out_dir: str | Path) -> list[dict]:
-    from bench.records.store import read_records
     found, _ = read_records(out_dir)
     usable = []
     for record in found:
@@ -394,7 +394,6 @@ def ok_records(out_dir: str | Path) -> list[dict]:
 
 
 def summary_lines(status: Status, today: tuple[str, str] | None) -> list[str]:
-    from bench.config.formats import plural
     label = today[1][:7] if today else "unknown"
     lines = [f"current under today's code ({label}): {plural(len(status.current), 'record')}"]
     for parts, records in sorted(status.stale.items(), key=lambda kv: -len(kv[1])):
@@ -438,7 +437,6 @@ def report_identities(out_dir: str, check: bool = False) -> int:
     for code in set(index.codes) - set(wanted):  # no record's code, nor today's: not kept
         del index.codes[code]
     path = save_index(index, command)
-    from bench.config.formats import plural
     print(f"{path}: {plural(len(records), 'record')}, {plural(ran, 'probe')} run in "
           f"{time.perf_counter() - start:.0f} s")
     index.today = today[0] if today else None

@@ -8,11 +8,14 @@ range, logarithmic beyond), so both stay readable and negative gaps still show."
 from __future__ import annotations
 
 import colorsys
+import json
 import math
 from pathlib import Path
 
 from bench.records.store import RESULT_NEUTRAL, not_written
+from bench.reports.identities import resolved_config
 from tasks.files import write_atomic
+from tasks.stats import across_seeds
 
 OFF_SCALE = 20.0  # references beyond this multiple of the models' largest |gap|: symlog axis
 
@@ -136,7 +139,6 @@ def unit_of(record: dict) -> str:
 
 def section_of(record: dict) -> tuple:
     """Runs that share a figure section: one task config scored on one held-out set."""
-    import json
     return (record["task"]["name"], json.dumps(task_config(record), sort_keys=True),
             (record.get("metrics") or {}).get("sequences"))
 
@@ -144,7 +146,6 @@ def section_of(record: dict) -> tuple:
 def task_config(record: dict) -> dict:
     """The task config with fields added after the record was written at their defaults: an
     older record of the same task is in the same section."""
-    from bench.reports.identities import resolved_config
     try:
         return resolved_config(record, "task")
     except (KeyError, TypeError, ValueError):  # a family this code no longer knows
@@ -193,7 +194,6 @@ def run_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
 def mean_and_band(curves: list[list]) -> tuple[list, list, list]:
     """Position by position: the mean across seeds and its 95% t-interval (None where fewer
     than two seeds have a value)."""
-    from tasks.stats import across_seeds
     length = max((len(c) for c in curves), default=0)
     means, lows, highs = [], [], []
     for i in range(length):

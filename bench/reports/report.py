@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from bench.config.formats import fmt, fmt_loss, fmt_sig, is_suspicious, loss_resolution
+from bench.reports.plot import run_groups, section_of, section_title
+from tasks.stats import across_seeds
 
 
 def print_perplexity_metrics(metrics: dict) -> None:
@@ -152,8 +154,6 @@ def config_table(records: list[dict]) -> list[str]:
     perplexity for text — its 95% t-interval across seeds (one seed: its bootstrap interval),
     the seeds, and the mean share of the best baseline's gap closed; a block per task config,
     configs labelled by what differs between them (bench.reports.plot.run_groups)."""
-    from bench.reports.plot import run_groups, section_of, section_title
-    from tasks.stats import across_seeds
     sections: dict[tuple, list[dict]] = {}
     for record in records:
         sections.setdefault(section_of(record), []).append(record)

@@ -4,6 +4,7 @@ fits the task, whether it fits in memory (the estimate: bench/training/memory.py
 be written, and whether a resumed run continues the run it names."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -12,12 +13,13 @@ from pathlib import Path
 
 import torch
 
-from bench.training import devices
 from bench.config import CheckFailed, ConfigError, RunConfig, compose, first_line
+from bench.records.store import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, Environment,
+                                 code_of_this_process, make_environment)
+from bench.training import devices
 from bench.training.devices import local_rank, rank_task, training_device, world_size
 from bench.training.memory import GIB, free_memory, memory_estimate
-from bench.records.store import (CHECKPOINT_FORMAT, CHECKPOINT_KEY, Environment, make_environment,
-                           code_of_this_process)
+from models.ssd import mamba_ssm_kernel_error, resolve_kernel
 from tasks.files import DamagedFile, check_digest, digest_path
 
 # The packages a logger needs (any one of them), and what to install; csv needs nothing.
@@ -81,7 +83,6 @@ def check_hardware(config) -> str:
         if device != "cuda":
             raise CheckFailed("model.kernel=mamba_ssm runs only on a CUDA GPU (this run trains on "
                               "the CPU); use model.kernel=auto")
-        from models.ssd import mamba_ssm_kernel_error
         error = mamba_ssm_kernel_error()
         if error:
             raise CheckFailed(f"model.kernel=mamba_ssm but its kernel cannot be loaded: {error}")
@@ -90,7 +91,6 @@ def check_hardware(config) -> str:
 
 def check_logger(config) -> None:
     """The logger's package is installed (tensorboard and wandb are optional dependencies)."""
-    import importlib.util
     logger = config.trainer.logger
     if logger not in LOGGER_PACKAGES:
         return
@@ -263,7 +263,6 @@ def check_run(config):
 def planned_environment(config) -> Environment:
     """The environment a run of config (a bench.config.RunConfig) trains in on this machine,
     resolved as the run resolves it (bench.training.checks.check_hardware, models.ssd.resolve_kernel)."""
-    from models.ssd import resolve_kernel
     device = check_hardware(config)
     kernel = getattr(config.model, "kernel", None)
     name = torch.cuda.get_device_name(local_rank()) if device == "cuda" else "cpu"

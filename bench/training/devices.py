@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from tasks import task_families
+
 
 def cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -52,7 +54,6 @@ def rank_task(config):
     """The run's task as each rank builds it: trainer.batch_size is the global batch, and each of
     the world_size ranks samples its share (validated to divide evenly when the config was
     composed). Built once per run, by the checks (bench.training.checks.checked_task)."""
-    from tasks import task_families
     task = task_families()[config.task_family](
         config.task, batch_size=config.trainer.batch_size // world_size(config), seed=config.seed)
     task.micro_batches = config.trainer.accumulate_grad_batches  # parts of a step's batch

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import weakref
 
@@ -19,6 +20,11 @@ from torch.utils._pytree import tree_leaves
 
 from bench.config import CheckFailed, first_line
 from bench.training.devices import loader_workers, local_rank, world_size
+from bench.training.evaluate import masked_loss, token_scores
+from models import build_model
+from models.backbone import IOSpec
+from models.ssd import kernel_footprint, mamba_ssm_available, scan_override
+from tasks.base import Batch, Task
 
 GIB = 2**30
 MIB = 2**20
@@ -140,7 +146,6 @@ def scan_kernel(config, device: str, mamba_ssm: bool | None = None) -> str | Non
     if device != "cuda" or parameter_bytes(config.trainer.precision) == 8:
         return "torch"
     if mamba_ssm is None:
-        from models.ssd import mamba_ssm_available
         mamba_ssm = mamba_ssm_available()
     return "mamba_ssm" if mamba_ssm else "torch"
 
@@ -165,15 +170,9 @@ def _footprint(config, model_config, task, kernel: str | None, eval_rows: int,
     constructor's ValueError (a model that does not fit the task) becomes CheckFailed. The passes
     are skipped when the weights, gradients and AdamW state alone exceed `budget` bytes, and
     measure nothing for a model whose forward pass depends on the data (no estimate)."""
-    import logging
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from bench.training.evaluate import masked_loss, token_scores
-    from models import build_model
-    from models.backbone import IOSpec
-    from models.ssd import kernel_footprint, scan_override
-    from tasks.base import Batch
     precision = config.trainer.precision
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -292,7 +291,6 @@ def pool_peak_bytes(task, probe: int = 64, chunk_floats: int = 1 << 24) -> int:
 def batches_in_flight(config) -> int:
     """Training batches of one rank alive on the host at once: each loader worker's prefetch
     and the pinned copy, or the one being made and the one training when sampled in-process."""
-    from tasks.base import Task
     workers = loader_workers(config)
     return 2 if workers == 0 else workers * Task.PREFETCH + 1
 

@@ -8,15 +8,16 @@ import sys
 import time
 
 import lightning as L
-import torchmetrics
 import torch
+import torchmetrics
 from torch import Tensor
 
 from bench.config import TrainerConfig
-from bench.training.evaluate import masked_loss, token_scores
 from bench.records.store import CHECKPOINT_FORMAT, CHECKPOINT_KEY
-from bench.training.signals import Diverged, Interrupted, SignalGuard, agreed_signal, lifecycle_group
-from models.backbone import Backbone
+from bench.training.evaluate import masked_loss, token_scores
+from bench.training.signals import (Diverged, Interrupted, SignalGuard, agreed_signal,
+                                    lifecycle_group)
+from models.backbone import Backbone, is_recurrent
 from tasks.base import Batch, Task
 
 # Under 16-mixed, checks in a row with a non-finite loss before a run counts as diverged: an
@@ -206,7 +207,6 @@ def parameter_groups(model: torch.nn.Module, config) -> list[dict]:
     """AdamW's groups: matrices with weight decay, everything else without, and the recurrent
     parameters (models.backbone.is_recurrent) at lr · recurrent_lr_ratio, never decayed. The
     first group is the matrices', whose lr the progress bar shows."""
-    from models.backbone import is_recurrent
     params = [p for p in model.parameters() if p.requires_grad]
     recurrent = [p for p in params if is_recurrent(p)]
     rest = [p for p in params if not is_recurrent(p)]

@@ -8,6 +8,7 @@ import os
 import time
 
 import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
 from bench.config import RunConfig
 from bench.training.csvlog import RunCSVLogger
@@ -36,14 +37,12 @@ def make_logger(config: RunConfig, log_dir: str, resume_step: int = 0):
     if kind == "csv":
         return RunCSVLogger(path)
     if kind == "tensorboard":
-        from lightning.pytorch.loggers import TensorBoardLogger
         # purge_step (SummaryWriter's): TensorBoard hides the earlier events from that step on
         return TensorBoardLogger(save_dir=os.path.dirname(path), name=os.path.basename(path),
                                  version="", default_hp_metric=False,
                                  purge_step=resume_step or None)
     if kind == "wandb":
         os.environ.setdefault("WANDB_MODE", "offline")  # a user's WANDB_MODE=online wins
-        from lightning.pytorch.loggers import WandbLogger
         # id: the log's run id, so a resumed run continues the same wandb run
         # group: the sweep or suite the run belongs to, so W&B shows its runs together
         kind = str(config.origin or "adhoc").split(":", 1)[0]

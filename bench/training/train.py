@@ -8,6 +8,7 @@ stops it where it happened. Nothing is written before a resume checkpoint has be
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import signal
@@ -20,21 +21,26 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from bench.config import RunConfig, first_line
-from bench.training import reference_cache
-from bench.training.evaluate import probe_summary, score_predictions
-from bench.training.checks import check_resume, planned_environment
-from bench.training.devices import loader_workers, local_rank, rank_task, training_device, world_size
-from bench.training.module import ICLModule
 from bench.records.store import SCHEMA, RunFailed, code_of_this_process, new_run_id, write_record
+from bench.training import reference_cache
+from bench.training.checks import check_resume, planned_environment
+from bench.training.devices import (loader_workers, local_rank, rank_task, training_device,
+                                    world_size)
+from bench.training.evaluate import probe_summary, score_predictions
+from bench.training.module import ICLModule
 from bench.training.runlog import RunLog, hyperparameters, make_logger, run_log_dir
 from bench.training.signals import (Diverged, Interrupted, KeepSignalHandlers, SignalGuard,
-                           leave_run_together, signal_name)
+                                    leave_run_together, signal_name)
 from bench.training.validation import LiveValidation
+from bench.training.weights import check_weights_fit, save_weights
 from models import build_model
 from models.backbone import Backbone, IOSpec
-from models.ssd import kernel_fallback
+from models.mamba import Mamba2Mixer, resolve_scan_kernels
+from models.ssd import kernel_fallback, resolve_kernel
+from tasks import task_families
 from tasks.base import Task
 from tasks.files import DIGEST_SUFFIX, DamagedFile, check_digest, write_with_digest
 
@@ -75,7 +81,6 @@ def build(config: RunConfig, task: Task | None = None) -> tuple[Task, Backbone]:
     torch.manual_seed(config.seed)  # parameter initialisation
     model = build_model(config.model_family, config.model, io)
     if training_device(config) == "cuda":  # kernel=auto made concrete before any tracing
-        from models.mamba import resolve_scan_kernels
         dtype = torch.float64 if config.trainer.precision in ("64-true", "64") else torch.float32
         resolve_scan_kernels(model, torch.device("cuda", local_rank()), task.micro_batch_size,
                              task.seq_len, dtype)
@@ -201,7 +206,6 @@ def quiet_lightning() -> None:
                     # of the ModelCheckpoint callback that wrote the file
                     ".*callbacks used to create the checkpoint need to be provided.*"):
         warnings.filterwarnings("ignore", message=pattern)
-    import logging
     for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -210,7 +214,6 @@ def _global_zero(trainer: L.Trainer | None) -> bool:
     if trainer is not None:
         return trainer.is_global_zero
     # Before the Trainer exists: Lightning's launcher has put the rank in the environment.
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
     return getattr(rank_zero_only, "rank", 0) == 0
 
 
@@ -246,7 +249,6 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
     quiet_lightning()
     t = config.trainer
     if weights is not None:
-        from bench.training.weights import check_weights_fit
         check_weights_fit(config, weights, task)
     elif t.warmup_steps > t.max_steps and _global_zero(None):  # legal (a study of warm-up),
         # but rarely what is meant; said once, not once per rank of a DDP run
@@ -333,7 +335,6 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
                 record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
                 signals.mode = "defer"  # the record is written whole; a signal now waits for it
                 if weights is None and config.trainer.save_weights:
-                    from bench.training.weights import save_weights
                     record["weights"] = save_weights(config.out_dir, record, model)
                 path = str(write_record(config.out_dir, record))
                 signals.completed = path  # a signal noted meanwhile must not say otherwise
@@ -374,7 +375,6 @@ def warn_unused_eval_size(config: RunConfig) -> None:
     """A trainer.eval_sequences given to a task whose data sizes its held-out set (text: the
     evaluation split in windows, task.eval_windows caps them) is said to do nothing, once (rank
     0): the user asked for a number of sequences the record will not have."""
-    from tasks import task_families
     option = task_families()[config.task_family].eval_size_option
     given = any(o.split("=", 1)[0].lstrip("+") == "trainer.eval_sequences"
                 for o in config.overrides)
@@ -399,8 +399,6 @@ def apply_tf32_policy(enabled: bool) -> None:
 def scan_kernels(model: Backbone, device: str) -> str | None:
     """The SSD scan implementation(s) the model's Mamba mixers ran on `device` (torch, sequential,
     mamba_ssm), "+"-joined if they differ; None for models without one."""
-    from models.mamba import Mamba2Mixer
-    from models.ssd import resolve_kernel
     used = sorted({resolve_kernel(module.scan_kernel(device), torch.device(device))
                    for module in model.modules() if isinstance(module, Mamba2Mixer)})
     return "+".join(used) or None

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import torch
 
-from bench.training.checks import checked_run, checked_task, require_digest
 from bench.config import ConfigError, RunConfig, first_line
+from bench.training.checks import checked_run, checked_task, require_digest
+from models import build_model
+from models.backbone import IOSpec
 from tasks.files import write_with_digest
 
 WEIGHTS_FORMAT = "icl-bench/weights/1"
@@ -137,8 +139,6 @@ def check_weights_fit(config: RunConfig, payload: dict, task=None) -> None:
     """The state_dict loads into the model this configuration builds (strict: every name, every
     shape) for `task` (built here without it); ConfigError (one line) otherwise, before anything
     is written."""
-    from models import build_model
-    from models.backbone import IOSpec
     task = checked_task(config) if task is None else task
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
     model = build_model(config.model_family, dataclasses.replace(config.model), io)

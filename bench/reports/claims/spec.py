@@ -29,9 +29,9 @@ from pathlib import Path
 
 import yaml
 
+from bench.config import CONF_DIR, GROUPS, ConfigError, RunConfig, choices, compose, load_yaml_text
+from bench.config.commands import COMMANDS
 from bench.reports.claims.rules import FUNCTIONS, Rule
-from bench.config import (CONF_DIR, GROUPS, ConfigError, RunConfig, choices, compose,
-                          load_yaml_text)
 
 SCALES = ("paper", "cpu")
 KINDS = ("trained", "attainment", "reference", "construction")
@@ -184,7 +184,6 @@ def check_command(command, where: str) -> str:
     """A reproducing command: `python -m bench <command> ...`; a suite must exist, the overrides
     of run/references/speed must compose (tests/test_claims.py also composes every entry of the
     suites the shipped claims name)."""
-    from bench.config.commands import COMMANDS
     if not isinstance(command, str):
         raise ConfigError(f"{where}: command must be a string")
     try:
