@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec, mark_recurrent
 from models.configs import L1_FLOOR, MambaConfig, MambaZeroConfig, check_mixer_shape
-from models.ssd import ssd_scan
+from models.ssd import resolve_kernel, ssd_scan
 
 ACTIVATIONS = {"silu": F.silu, "relu": F.relu, "identity": lambda t: t}
 
@@ -190,7 +190,6 @@ def resolve_scan_kernels(model: nn.Module, device: torch.device | str, batch: in
     else torch. Done here rather than inside the first forward, where torch.compile would be
     tracing and the smoke test's backward and synchronisation would land in the trace. Returns
     {mixer name: kernel}; other device types keep resolving at the scan."""
-    from models.ssd import resolve_kernel
     device = torch.device(device)
     chosen = {}
     for name, module in model.named_modules():

@@ -1,6 +1,7 @@
 """Layers only call down: the modules of bench/, tasks/ and models/ import one another without a
 cycle, counting the imports inside functions too (a function-local import hides a cycle from
-Python's import machinery, not from the design). The graph is built from the source with `ast`,
+Python's import machinery, not from the design); bench/'s folders import only the folders below
+them (LAYERS); and an import inside a function is there for a stated reason. The graph is built from the source with `ast`,
 so nothing is imported to check it."""
 import ast
 from pathlib import Path
@@ -163,3 +164,138 @@ def test_no_import_cycles():
         print(f"known cycle ({KNOWN_CYCLES[key]}):\n{describe(graph, found[key])}")
     assert not new, "import cycles (layers must only call down):\n" + "\n".join(new)
     assert not gone, f"known cycles no longer there, remove them from KNOWN_CYCLES: {gone}"
+
+
+# --- the folders of bench/ are layers ---------------------------------------------------------
+
+# Lowest first. A module imports only modules of its own folder or of a folder listed before
+# its own; folders on one line are siblings and import neither each other. tasks/ and models/
+# sit below all of them and import nothing of bench/.
+LAYERS: list[tuple[str, ...]] = [
+    ("bench.config",),  # torch-free: compose a run's config, the command grammar, formats
+    ("bench.records",),  # the run record: schema, writing, reading, provenance
+    ("bench.training",),  # one run: build, train, evaluate, write
+    ("bench.reports", "bench.perf"),  # read records / measure speed and the GPU path
+    ("bench.cli",),  # the command line and the suite runner
+    ("bench.__main__",),
+]
+
+
+def folder_of(module: str) -> str | None:
+    """The LAYERS folder a module belongs to (None: tasks, models, the bench package itself)."""
+    for layer in LAYERS:
+        for folder in layer:
+            if module == folder or module.startswith(folder + "."):
+                return folder
+    return None
+
+
+def layer_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    level = {folder: i for i, layer in enumerate(LAYERS) for folder in layer}
+    found = []
+    files = module_files()
+    for module, targets in sorted(graph.items()):
+        here = folder_of(module)
+        for target, line in sorted(targets.items()):
+            there = folder_of(target)
+            where = f"{files[module].relative_to(ROOT)}:{line}"
+            if module.split(".")[0] in ("tasks", "models") and target.split(".")[0] == "bench":
+                found.append(f"{where}: {module} imports {target} (tasks/ and models/ know "
+                             "nothing of bench/)")
+            elif here is None or there is None or here == there:
+                continue
+            elif level[there] >= level[here]:
+                found.append(f"{where}: {module} ({here}) imports {target} ({there}), "
+                             "a layer " + ("beside" if level[there] == level[here] else "above"))
+    return found
+
+
+def test_every_module_of_bench_is_in_a_folder_of_the_layers():
+    """bench/ holds its folders (and the package's __init__ and __main__), no loose module, so
+    the layer test sees every module."""
+    loose = [name for name in module_files() if name.startswith("bench.")
+             and folder_of(name) is None and not name.startswith("bench.conf")]
+    assert not loose, f"modules of bench/ outside the folders of LAYERS: {loose}"
+
+
+def test_the_folders_only_call_down():
+    problems = layer_violations(import_graph())
+    assert not problems, "imports against the layers:\n" + "\n".join(problems)
+
+
+def test_the_layer_check_sees_an_import_upwards():
+    graph = {"bench.training.train": {"bench.reports.leaderboard": 7},
+             "bench.reports.plot": {"bench.perf.speed": 3, "bench.training.train": 4},
+             "tasks.markov": {"bench.config": 1}}
+    real = module_files()
+    problems = [p.split(": ", 1)[1] for p in layer_violations({k: v for k, v in graph.items()
+                                                                if k in real})]
+    assert problems == [
+        "bench.reports.plot (bench.reports) imports bench.perf.speed (bench.perf), a layer beside",
+        "bench.training.train (bench.training) imports bench.reports.leaderboard "
+        "(bench.reports), a layer above",
+        "tasks.markov imports bench.config (tasks/ and models/ know nothing of bench/)"]
+
+
+# --- imports inside functions ---------------------------------------------------------------
+
+# The modules that may import inside a function, each with its reason; every other module imports
+# at its top. A module listed that no longer needs it fails the test too (the list shrinks).
+START_UP = ("start-up: the command line answers a mistyped argument before torch, Lightning and "
+            "the families load (~0.2 s of CPU instead of 3-7 s, README 'What a command costs')")
+TORCH_FREE = ("a torch-free module of the command line or the reports (leaderboard, plot and "
+              "compare start without torch): torch loads in the functions that compute with it")
+OPTIONAL = ("a dependency one feature needs (optional, or seconds to import), loaded only where "
+            "that feature is used")
+FUNCTION_LOCAL_IMPORTS = {
+    "bench/cli/main.py": START_UP,
+    "bench/cli/run_commands.py": START_UP,
+    "bench/cli/report_commands.py": START_UP,
+    "bench/cli/suites.py": START_UP,
+    "bench/perf/gpucheck/driver.py": START_UP + " (a bad option is refused before torch loads)",
+    "bench/records/store.py": TORCH_FREE,
+    "bench/reports/identities.py": TORCH_FREE,
+    "bench/reports/plot.py": TORCH_FREE + "; matplotlib (0.5 s) loads when a figure is drawn",
+    "tasks/stats.py": TORCH_FREE,
+    "tasks/configs.py": TORCH_FREE,
+    "tasks/__init__.py": "the light registry: a family's module (and torch) loads when used",
+    "models/__init__.py": "the light registry: a family's module (and torch) loads when used",
+    "bench/reports/identity.py": ("runs as a script inside old checkouts: it imports the "
+                                  "checkout's own packages, and only what that checkout has"),
+    "bench/perf/kernel_parity.py": OPTIONAL + " (triton, mamba_ssm)",
+    "bench/perf/triton_compile_cost.py": OPTIONAL + " (triton, mamba_ssm; a script run "
+                                         "under TRITON_INTERPRET, set before triton loads)",
+    "models/ssd.py": OPTIONAL + " (mamba_ssm's kernel)",
+    "bench/training/runlog.py": OPTIONAL + " (tensorboard)",
+    "bench/training/memory.py": "torch's FakeTensorMode, needed only for the memory estimate",
+    "tasks/text.py": OPTIONAL + " (datasets; pydoc_data's texts)",
+    "tasks/corpora/sources.py": OPTIONAL + " (datasets, pyarrow, huggingface_hub)",
+    "tasks/corpora/tokenizers.py": OPTIONAL + " (tokenizers, huggingface_hub)",
+    "tasks/corpora/token_cache.py": OPTIONAL + " (pyarrow, tqdm)",
+}
+
+
+def function_local_imports() -> dict[str, list[int]]:
+    """{file: lines of its import statements inside a function} over bench/, tasks/, models/."""
+    found: dict[str, list[int]] = {}
+    for path in module_files().values():
+        lines = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines.update(inner.lineno for inner in ast.walk(node)
+                             if isinstance(inner, (ast.Import, ast.ImportFrom)))
+        if lines:
+            found[path.relative_to(ROOT).as_posix()] = sorted(lines)
+    return found
+
+
+def test_imports_inside_functions_have_a_stated_reason():
+    found = function_local_imports()
+    for path, reason in FUNCTION_LOCAL_IMPORTS.items():
+        print(f"{path}: {len(found.get(path, []))} ({reason})")
+    unexplained = {path: lines for path, lines in found.items()
+                   if path not in FUNCTION_LOCAL_IMPORTS}
+    gone = [path for path in FUNCTION_LOCAL_IMPORTS if path not in found]
+    assert not unexplained, ("imports inside functions without a reason (import at the top, "
+                             f"or add the module and why to FUNCTION_LOCAL_IMPORTS): {unexplained}")
+    assert not gone, f"no longer import inside a function, remove them: {gone}"

@@ -53,6 +53,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from models import ssd
+
 ROOT = Path(__file__).resolve().parents[2]
 # One folder per module that mamba_ssm's __init__ imports and a MAMBA_SKIP_CUDA_BUILD, --no-deps
 # install lacks, each holding a placeholder of that module (see their docstrings).
@@ -165,8 +167,6 @@ def parity(name: str, dtype: str, device: str, initial_state: bool = True, seed:
     the scan of shipped config `name` (or an EXTRA_SHAPES entry) in `dtype` ("float32",
     "float16", "bfloat16"). With `raw`, the kernel is mamba_ssm's function called directly on the
     inputs in `dtype` (what it does without our float32 upcast), not the models' path."""
-    from models import ssd
-
     shape = scan_shape(name)
     chunk = shape["chunk_size"]
     low, exact, weights, arguments, split_grads = _inputs(shape, getattr(torch, dtype), device,
@@ -274,7 +274,6 @@ def main(cases: list[str]) -> dict:
         raise SystemExit("set TRITON_INTERPRET=1 in the environment, before triton is imported")
     torch.set_num_threads(1)
     patch_for_cpu()
-    from models import ssd
 
     start = time.perf_counter()
     error = ssd.mamba_ssm_kernel_error()
