@@ -1,7 +1,7 @@
 """python -m bench gpucheck drives its sections within a budget, each in a process group killed
 whole at its cap, every figure a row written the moment it is measured: a section killed mid-way
 keeps its rows and leaves no process behind. On a machine without a GPU the CUDA-only sections
-say so and the others run (the CPU rehearsal, README section GPUs)."""
+say so and the others run (the CPU rehearsal, docs/gpu.md)."""
 import importlib.util
 import json
 import os

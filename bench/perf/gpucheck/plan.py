@@ -18,7 +18,7 @@ CUDA_ONLY = ("warm", "parity", "lm", "suite")
 
 
 # Seconds a section needs at least (it is skipped with less of the budget left) and the most it
-# may take. Seen on a cold H100 (2026-11-26, README section GPUs): env 18, tiny 28, paper 44,
+# may take. Seen on a cold H100 (2026-11-26, docs/gpu.md): env 18, tiny 28, paper 44,
 # ddp 77, warm cut at its old cap of 120 s with 35 of 51 compile jobs done (so its autotune and
 # the kernel's speed rows found nothing tuned), parity 67.
 NEEDS = {"env": 10, "tiny": 25, "paper": 60, "ddp": 45, "warm": 60, "parity": 30, "speed": 40,
