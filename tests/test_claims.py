@@ -19,7 +19,7 @@ from bench.cli.main import main
 from bench.reports.claims import Interval, Rule, decide_all, load_claims, write_claims
 from bench.reports.claims.spec import default_rules
 from bench.config import ConfigError, choices, compose, load_suite
-from bench.reports.leaderboard import select_runs
+from bench.reports.selection import select_runs
 from bench.records.store import SCHEMA
 from tasks.stats import across_seeds
 

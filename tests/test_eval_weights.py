@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.cli.main import main
-from bench.reports.leaderboard import select_runs
+from bench.reports.selection import select_runs
 from bench.training.weights import WEIGHTS_FORMAT
 
 TINY = ["task=markov", "model=mamba", "task.seq_len=32", "trainer.max_steps=3",

@@ -15,7 +15,8 @@ import bench.training.train
 from bench.reports import identities
 from bench.config import compose
 from bench.reports.identity import PARTS, SCALE, agrees, differing, label, probe, summarize
-from bench.reports.leaderboard import select_runs, write_leaderboard
+from bench.reports.leaderboard import write_leaderboard
+from bench.reports.selection import select_runs
 from tasks.markov import MarkovTask
 
 from test_leaderboard import model_rows, put, record

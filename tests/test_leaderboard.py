@@ -19,7 +19,8 @@ from bench.records import store as records
 from bench.cli.main import main
 from bench.config import ConfigError
 from bench.config.formats import fmt_sig
-from bench.reports.leaderboard import select_runs, write_leaderboard
+from bench.reports.leaderboard import write_leaderboard
+from bench.reports.selection import select_runs
 from bench.reports.plot import curve_styles, gap_figure
 from bench.records.store import SCHEMA, provenance, read_records
 

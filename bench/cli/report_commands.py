@@ -55,7 +55,8 @@ def cmd_leaderboard(argv: list[str]) -> int:
     if argv:
         raise ConfigError(f"unknown argument '{argv[0]}'; leaderboard takes out_dir=<dir>, "
                           "out=<file>, include=suite|all")
-    from bench.reports.leaderboard import select_runs, write_leaderboard
+    from bench.reports.leaderboard import write_leaderboard
+    from bench.reports.selection import select_runs
     selection = select_runs(out_dir, include)
     for line in selection.warnings():  # before a possible error: they may be why it is empty
         print(line, file=sys.stderr)
@@ -92,7 +93,7 @@ def cmd_claims_plan(argv: list[str]) -> int:
     out_path = output_path(out) if out else None
     from bench.reports.claims import decide_all, load_claims
     from bench.reports.claims.plan import power_plan
-    from bench.reports.leaderboard import select_runs
+    from bench.reports.selection import select_runs
     claims = load_claims(rules or None)
     selection = select_runs(out_dir, include)
     for line in selection.warnings():
@@ -120,7 +121,8 @@ def cmd_claims(argv: list[str]) -> int:
     from bench.reports.claims import decide_all, load_claims, write_claims
     from bench.reports.claims.check import problems
     from bench.reports.claims.render import verdict_counts
-    from bench.reports.leaderboard import plural, select_runs
+    from bench.config.formats import plural
+    from bench.reports.selection import select_runs
     claims = load_claims(rules or None)  # bad rules are reported before the records are read
     selection = select_runs(out_dir, include)
     for line in selection.warnings():

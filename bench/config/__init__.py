@@ -10,3 +10,10 @@ from bench.config.errors import CheckFailed, ConfigError, first_line, shown
 from bench.config.grammar import (GROUPS, check_override, check_path, check_value, entry_numbers,
                                   load_yaml_text, parse_seed, yaml_problem)
 from bench.config.run import PRECISIONS, RunConfig, TrainerConfig
+
+__all__ = ["compose", "describe_choice", "family_schema", "field_type", "families", "CONF_DIR",
+           "MAX_RUNS", "choices", "conf_file", "conf_relative", "default_choices", "is_suite_path",
+           "load_suite", "suite_files", "suite_label", "CheckFailed", "ConfigError", "first_line",
+           "shown", "GROUPS", "check_override", "check_path", "check_value", "entry_numbers",
+           "load_yaml_text", "parse_seed", "yaml_problem", "PRECISIONS", "RunConfig",
+           "TrainerConfig"]

@@ -6,7 +6,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 from bench.config import ConfigError, check_path, entry_numbers, load_suite, shown

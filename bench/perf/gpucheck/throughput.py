@@ -4,11 +4,10 @@ estimate."""
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import torch
 
-from bench.perf.gpucheck.kernel import tuned_shapes, warm_shapes
+from bench.perf.gpucheck.kernel import tuned_shapes
 from bench.perf.gpucheck.plan import MARKOV_PAPER, MAMBA_4x256
 from bench.perf.gpucheck.rows import accelerator, emit, seconds_left, text_argv
 from bench.perf.kernel_parity import pin_configs

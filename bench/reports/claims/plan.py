@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.reports.claims.verdicts import Decision
-from bench.reports.leaderboard import plural
+from bench.config.formats import plural
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
 

@@ -14,7 +14,8 @@ from bench.reports.claims.spec import (PAPERS, Claim, Quantity, composed, defaul
                                read_rules_text, rules_files)
 from bench.reports.claims.verdicts import VERDICTS, Decision, Measured, decide_all
 from bench.config import ConfigError, RunConfig, conf_file, load_suite
-from bench.reports.leaderboard import Selection, plural
+from bench.config.formats import plural
+from bench.reports.selection import Selection
 from bench.records.store import RESULT_NEUTRAL, not_written, output_path
 from tasks.files import write_atomic
 

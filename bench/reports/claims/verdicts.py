@@ -22,7 +22,7 @@ import torch
 
 from bench.reports.claims.rules import Interval, Sample, Test
 from bench.reports.claims.spec import Claim, Quantity
-from bench.reports.leaderboard import Selection, current_version, version_label
+from bench.reports.selection import Selection, current_version, version_label
 from bench.records.store import Environment, environment, record_matches
 from tasks.stats import across_seeds
 
