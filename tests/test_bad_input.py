@@ -347,6 +347,10 @@ def test_a_non_editable_install_carries_conf(tmp_path):
                            "--target", str(target), str(REPO)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    sources = {path.relative_to(REPO) for package in ("bench", "tasks", "models")
+               for path in (REPO / package).rglob("*.py")}
+    missing = sorted(str(path) for path in sources if not (target / path).is_file())
+    assert not missing, f"modules pyproject.toml's packages leave out: {missing}"
     assert len(list((target / "bench" / "conf").rglob("*.yaml"))) == len(
         list((REPO / "conf").rglob("*.yaml")))
     env = {**os.environ, "PYTHONPATH": str(target)}

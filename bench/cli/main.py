@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     # Idle OpenMP threads sleep instead of spinning. Torch's CPU threads spin-wait between the
     # many small ops of these models; when another process shares the cores, spinning threads
     # steal each other's time and a run is ~5x slower (README "Threads"). The OpenMP runtime
-    # reads it once, when torch loads it: `python -m bench` has loaded only bench, bench.config.commands
-    # and bench.config (no torch) when main starts, so it is set first thing here, not at import
-    # (importing bench changes no environment). A value in the environment wins.
+    # reads it once, when torch loads it: `python -m bench` has loaded only bench,
+    # bench.config.commands and bench.config (no torch) when main starts, so it is set first thing
+    # here, not at import (importing bench changes no environment). A value in the environment wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):

@@ -118,10 +118,10 @@ def cmd_claims(argv: list[str]) -> int:
     check_paths(out_dir=out_dir, out=out, rules=rules)
     if check not in ("true", "false"):
         raise ConfigError(f"check must be true or false, got '{check}'")
+    from bench.config.formats import plural
     from bench.reports.claims import decide_all, load_claims, write_claims
     from bench.reports.claims.check import problems
     from bench.reports.claims.render import verdict_counts
-    from bench.config.formats import plural
     from bench.reports.selection import select_runs
     claims = load_claims(rules or None)  # bad rules are reported before the records are read
     selection = select_runs(out_dir, include)

@@ -14,8 +14,8 @@ from bench.config import MAX_RUNS, ConfigError, compose, entry_numbers, shown
 from bench.records import store
 from bench.records.store import RunFailed, environment, read_record, read_records, record_matches
 from bench.reports.identities import fill_current, load_index
-from bench.reports.selection import code_version
 from bench.reports.report import config_table, headline
+from bench.reports.selection import code_version
 
 
 def origin_kind(origin) -> str:

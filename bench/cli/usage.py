@@ -102,8 +102,8 @@ USAGE = {
                "distinguishable; overall and by context-length band. Records without "
                "per-sequence losses (older ones, text) are refused.",
     "identities": "python -m bench identities [out_dir=results] [check=false]\n  The "
-                  "behavioural identity (bench/reports/identity.py: training batches, held-out set, "
-                  "references, initial parameters, schedule, three optimizer steps, scoring) of "
+                  "behavioural identity (bench/reports/identity.py: training batches, held-out "
+                  "set, references, initial parameters, schedule, three optimizer steps, scoring) of "
                   "every `ok` record's config under the commit that made it and under today's "
                   "code, kept in <out_dir>/identities.json, which the leaderboard, the claims and "
                   "the suite runner read: records whose identity today's code reproduces pool "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-
 ROUNDING_GAP = 1e-6  # nats/token: how far float32 log-probabilities of the Bayes predictor stray
 
 

@@ -6,7 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-# The values TrainerConfig accepts (bench/training/checks.py checks what this machine can do with them).
+# The values TrainerConfig accepts (bench/training/checks.py checks what this machine can do with
+# them).
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
 PROCESS_GROUP_BACKENDS = ("auto", "nccl", "gloo")

@@ -228,8 +228,8 @@ def time_training(config: RunConfig, device: torch.device, steps: int) -> dict:
 
 
 def time_outside_training(config: RunConfig, device: torch.device) -> dict:
-    """Seconds of the evaluation of one run as bench/training/train.py does it: the held-out set, the
-    references (computed, and loaded from the cache), the model's predictions in evaluation
+    """Seconds of the evaluation of one run as bench/training/train.py does it: the held-out set,
+    the references (computed, and loaded from the cache), the model's predictions in evaluation
     batches, and the scoring."""
     task, model = build(config)
     model.to(device)

@@ -24,7 +24,8 @@ from tasks.files import shared_mode, write_atomic
 SCHEMA = "icl-bench/run/1"
 CHECKPOINT_FORMAT = "icl-bench/checkpoint/1"  # marks checkpoints this runner wrote
 CHECKPOINT_KEY = "icl_bench"  # where the run's metadata sits in the Lightning checkpoint
-IDENTITY_INDEX = "identities.json"  # beside the records: their identities (bench/reports/identities.py)
+# beside the records: their identities (bench/reports/identities.py)
+IDENTITY_INDEX = "identities.json"
 # Trainer keys that change neither training nor evaluation: runs differing only in them pool.
 # Live validation runs under its own random state (tests/test_validation.py: bit for bit).
 RESULT_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "checkpoint_every",
@@ -55,7 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 # The code that shapes results: a commit that changed only other files (README, results, tests)
-# runs the same code, and its records pool with the previous commit's (bench/reports/leaderboard.py).
+# runs the same code, and its records pool with the previous commit's (bench/reports/selection.py).
 CODE_PATHS = ("bench", "tasks", "models", "conf", "pyproject.toml")
 # ...less what only reads records or lists runs: editing a claim's rule, a suite's list or the
 # leaderboard's layout changes no result, so a suite run over several sessions stays one version.
@@ -360,9 +361,9 @@ class Environment(NamedTuple):
 
     @property
     def machine(self) -> Environment:
-        """What all records behind one verdict share (bench.reports.claims): the device and its matmul
-        mode. The kernel is the model's (a transformer has none); precision and compile are the
-        trainer config's, which a claim's selectors choose."""
+        """What all records behind one verdict share (bench.reports.claims): the device and its
+        matmul mode. The kernel is the model's (a transformer has none); precision and compile are
+        the trainer config's, which a claim's selectors choose."""
         return Environment(self.device, None, None, False, self.tf32)
 
     @property
@@ -396,6 +397,7 @@ def environment(record: dict) -> Environment:
         kernel = train["kernel"]
     else:
         import torch
+
         from models.ssd import KERNELS, resolve_kernel
         kernel = record["model"]["config"].get("kernel")
         if device == "cpu" and kernel in KERNELS:

@@ -6,8 +6,8 @@ metrics.held_out_digest says which sequences it scored. The difference of two mo
 losses, which is the difference of their gaps (the reference cancels), then has a bootstrap
 interval over sequences of the per-sequence differences: far narrower than either gap's own
 interval when the two models find the same sequences hard. The same is done for each context
-length band of the records (bench/training/evaluate.py BAND_STARTS), where short contexts often separate
-models that the full average does not."""
+length band of the records (bench/training/evaluate.py BAND_STARTS), where short contexts often
+separate models that the full average does not."""
 from __future__ import annotations
 
 import os

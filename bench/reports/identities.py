@@ -206,7 +206,8 @@ def load_index(out_dir: str | Path, today: str | None = None, quiet: bool = Fals
 
 def save_index(index: Index, command: str) -> Path:
     data = {"format": INDEX_FORMAT, "command": command,
-            "note": "written by `python -m bench identities`; do not edit (bench/reports/identities.py)",
+            "note": "written by `python -m bench identities`; do not edit "
+                    "(bench/reports/identities.py)",
             "digest": content_digest(index.codes), "codes": index.codes}
     # one line per code version: compact, and a diff shows which versions changed
     codes = ",\n".join(f"{json.dumps(code)}: {json.dumps(slot, sort_keys=True, separators=(',', ':'))}"

@@ -5,8 +5,8 @@ stale. The identity is what the code *does* with a config instead, measured on t
 seconds: when today's code reproduces every number an older code version's probe measured for a
 config, up to TOLERANCE (a sum taken in another order is no change; a change that moves a result
 is), the two ran the same experiment and their records pool (bench/reports/identities.py,
-bench/reports/leaderboard.py). Numbers are kept as summaries (`summarize`: a float array as its length,
-sum, norm and two fixed ±1 projections), in these parts:
+bench/reports/leaderboard.py). Numbers are kept as summaries (`summarize`: a float array as its
+length, sum, norm and two fixed ±1 projections), in these parts:
 
 - train_batches: the training batches of the first PROBE_STEPS steps (inputs, targets, mask), as
   the data loader gives them to the training step;
@@ -20,8 +20,8 @@ sum, norm and two fixed ±1 projections), in these parts:
   Lightning path (ICLModule, the run's Trainer: gradient clipping, precision, scheduler), and
   the parameters after them (agreeing up to the scale of the whole model: Adam turns gradients
   that are rounding noise into steps of the learning rate's size);
-- scoring: the run's metrics (bench.training.evaluate.score_predictions, the run's bootstrap) of that
-  model on the probe's held-out sequences, through Trainer.test as a run scores.
+- scoring: the run's metrics (bench.training.evaluate.score_predictions, the run's bootstrap) of
+  that model on the probe's held-out sequences, through Trainer.test as a run scores.
 
 What it cannot see: behaviour that only shows after step PROBE_STEPS (a change to the sampler of
 late steps only, or to the model beyond what three steps exercise), on more held-out sequences,
@@ -33,8 +33,8 @@ and names an identity whose records disagree, so a blind spot shows instead of p
 The identity's name (`label`) is a digest of the summaries to 4 significant digits.
 
 This file runs as a script (`python identity.py`, JSON specs on stdin, one JSON line per spec
-on stdout) inside a checkout of any commit, old ones included (bench/reports/identities.py runs it in
-a temporary worktree per commit): it imports the checkout's packages only inside functions, and
+on stdout) inside a checkout of any commit, old ones included (bench/reports/identities.py runs it
+in a temporary worktree per commit): it imports the checkout's packages only inside functions, and
 asks them only for what has not changed since the first committed records (bench.config's
 RunConfig and TrainerConfig, train.build and make_trainer, ICLModule, the reference cache and
 score_predictions, found where today's bench/ keeps them or where an old one did). What an old
@@ -54,8 +54,8 @@ import sys
 import tempfile
 import time
 
-# The probe's format: the index keys stored identities by it (bench/reports/identities.py), so bump it
-# whenever what the probe measures changes (a part, PROBE_STEPS, PROBE_SEQUENCES, summarize,
+# The probe's format: the index keys stored identities by it (bench/reports/identities.py), so bump
+# it whenever what the probe measures changes (a part, PROBE_STEPS, PROBE_SEQUENCES, summarize,
 # the probe trainer); a refactor, a move or a comment leaves it, and every stored identity, as is.
 FORMAT = "icl-bench/identity/2"
 PROBE_STEPS = 3

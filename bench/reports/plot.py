@@ -121,8 +121,9 @@ def position_curves(record: dict) -> tuple[dict[str, list], str]:
 
 
 def validation_label(record: dict) -> str:
-    """What a record's train.val_curve holds (bench/training/validation.py LiveValidation): the Bayes gap to
-    its gap reference, or for text (no Bayes predictor) the model's loss in nats/token."""
+    """What a record's train.val_curve holds (bench/training/validation.py LiveValidation): the
+    Bayes gap to its gap reference, or for text (no Bayes predictor) the model's loss in
+    nats/token."""
     metrics = record.get("metrics") or {}
     if metrics.get("scoring") == "perplexity":
         return "validation loss (nats/token)"

@@ -7,9 +7,9 @@ Pooling rules (the header of leaderboard.md repeats them):
 - Within a section a row is one model name + resolved model config + training budget +
   version + environment (records.environment: device, SSD kernel, precision, compile, TF32); a
   row that did not run on the CPU says where it ran. The version is the record's behavioural
-  identity where <out_dir>/identities.json knows it (bench/reports/identities.py: records of different
-  commits whose code does the same with the config pool), else its code version (commit, and
-  whether bench/ tasks/ models/ conf/ pyproject.toml differed from it).
+  identity where <out_dir>/identities.json knows it (bench/reports/identities.py: records of
+  different commits whose code does the same with the config pool), else its code version (commit,
+  and whether bench/ tasks/ models/ conf/ pyproject.toml differed from it).
 - A row counts each seed once: of several records of one seed (a re-run, a resumed copy) the
   newest is kept and the others are counted as duplicates; two records of one seed from
   different commits pooled by one identity whose results differ are named (the identity missed
@@ -92,8 +92,8 @@ def code_label(commit: str | None, dirty: bool | None) -> str:
 
 def version_of(record: dict, index: Index) -> tuple[tuple, str]:
     """(what rows pool by, its label): the record's behavioural identity where the index knows
-    it (bench/reports/identities.py: today's when today's code reproduces what the record's code did),
-    labelled `≡<identity>`, with `, current` when it is today's; else its code version
+    it (bench/reports/identities.py: today's when today's code reproduces what the record's code
+    did), labelled `≡<identity>`, with `, current` when it is today's; else its code version
     (code_version), labelled by commit."""
     found, current = index.version(record)
     if found is None:

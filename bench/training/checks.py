@@ -1,7 +1,7 @@
 """Checks of a whole run configuration that need more than one config group, made once it is
 composed (compose_checked) and before anything runs: the hardware it asks for, whether the model
-fits the task, whether it fits in memory (the estimate: bench/training/memory.py), whether its record can
-be written, and whether a resumed run continues the run it names."""
+fits the task, whether it fits in memory (the estimate: bench/training/memory.py), whether its
+record can be written, and whether a resumed run continues the run it names."""
 from __future__ import annotations
 
 import importlib.util
@@ -159,7 +159,8 @@ def checked_task(config):
 
 
 def estimate_and_free(config, task, device: str):
-    """The run's memory estimate (bench.training.memory) and the free memory of each side it is held to."""
+    """The run's memory estimate (bench.training.memory) and the free memory of each side it is
+    held to."""
     free = free_memory(device)
     return memory_estimate(config, task, device, budget=free.get("device", free["host"])), free
 
@@ -262,7 +263,8 @@ def check_run(config):
 
 def planned_environment(config) -> Environment:
     """The environment a run of config (a bench.config.RunConfig) trains in on this machine,
-    resolved as the run resolves it (bench.training.checks.check_hardware, models.ssd.resolve_kernel)."""
+    resolved as the run resolves it (bench.training.checks.check_hardware,
+    models.ssd.resolve_kernel)."""
     device = check_hardware(config)
     kernel = getattr(config.model, "kernel", None)
     name = torch.cuda.get_device_name(local_rank()) if device == "cuda" else "cpu"

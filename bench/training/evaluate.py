@@ -72,8 +72,8 @@ def position_scores(task: Task, batch: Batch, prediction: Tensor,
 class ReferenceScores:
     """What scoring needs of the references on a held-out set: each one's per-position scores and,
     for tokens, the gap reference's distribution in float32 (for the model's L1 distance; float32
-    is ample for a distance between probabilities). Cached on disk (bench/training/reference_cache.py):
-    it is the same for every model."""
+    is ample for a distance between probabilities). Cached on disk
+    (bench/training/reference_cache.py): it is the same for every model."""
 
     scores: dict[str, dict[str, Tensor]]
     reference_probs: Tensor | None

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 import tasks
-from bench.training import evaluate
 from bench.config import RunConfig, first_line
+from bench.training import evaluate
 from bench.training.evaluate import ReferenceScores, content_digest, reference_scores
 from tasks.base import TEST_STREAM, Batch, Task
 from tasks.files import write_atomic

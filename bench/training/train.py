@@ -69,8 +69,8 @@ def check_references(metrics: dict) -> None:
 
 
 def build(config: RunConfig, task: Task | None = None) -> tuple[Task, Backbone]:
-    """The run's task and model; `task`: the one the checks built (bench.training.checks.checked_run),
-    else it is built here, as they build it."""
+    """The run's task and model; `task`: the one the checks built
+    (bench.training.checks.checked_run), else it is built here, as they build it."""
     if config.trainer.threads > 0:
         torch.set_num_threads(config.trainer.threads)
     if task is None:
@@ -238,14 +238,14 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
     "" on ranks other than 0. A run that fails after it started writes a `failed` record (rank
     0) and raises RunFailed; a bad resume checkpoint raises ConfigError before anything runs.
 
-    With `weights` (bench.training.weights.load_weights of `weights_path`) the model starts from them and
-    is not trained: `python -m bench eval`. The record's `train` is the weights' run's, and it
-    names the file (`evaluated_weights`, `weights_run_id`); weights that do not fit the model
+    With `weights` (bench.training.weights.load_weights of `weights_path`) the model starts from
+    them and is not trained: `python -m bench eval`. The record's `train` is the weights' run's,
+    and it names the file (`evaluated_weights`, `weights_run_id`); weights that do not fit the model
     raise ConfigError before anything runs. A trained run saves its weights (trainer.save_weights)
     to out_dir/weights/<run_id>.pt just before its ok record, which names the file (`weights`).
 
-    `task`: the one the checks built (bench.training.checks.checked_run), so that the run does not build
-    it again; built here without it."""
+    `task`: the one the checks built (bench.training.checks.checked_run), so that the run does not
+    build it again; built here without it."""
     quiet_lightning()
     t = config.trainer
     if weights is not None:

@@ -7,8 +7,8 @@ sha256 of the file beside it (<run_id>.pt.sha256), which eval checks before read
 file that cannot be written costs a warning, never the run's record.
 
 `python -m bench eval weights=<file> [task.<field>=v ...]` scores such a model again on another
-task configuration (seq_len, eval_rho, ...) through the same run path (bench.training.train.run with the
-weights given: training is skipped, the evaluation and the record are the run's own). The
+task configuration (seq_len, eval_rho, ...) through the same run path (bench.training.train.run
+with the weights given: training is skipped, the evaluation and the record are the run's own). The
 configuration is the weights' run's overrides with the new ones on top; only task fields and
 evaluation-only trainer keys may change, so the record still describes the model that was
 trained. Its origin is "eval": boards and claims never pool it with trained runs."""

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.reports.claims.verdicts import Decision
 from bench.config.formats import plural
+from bench.reports.claims.verdicts import Decision
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
 

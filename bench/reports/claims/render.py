@@ -10,13 +10,13 @@ from pathlib import Path
 
 import yaml
 
-from bench.reports.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules, load_claims,
-                               read_rules_text, rules_files)
-from bench.reports.claims.verdicts import VERDICTS, Decision, Measured, decide_all
 from bench.config import ConfigError, RunConfig, conf_file, load_suite
 from bench.config.formats import plural
-from bench.reports.selection import Selection
 from bench.records.store import RESULT_NEUTRAL, not_written, output_path
+from bench.reports.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules,
+                                       load_claims, read_rules_text, rules_files)
+from bench.reports.claims.verdicts import VERDICTS, Decision, Measured, decide_all
+from bench.reports.selection import Selection
 from tasks.files import write_atomic
 
 SHOW_SEEDS_BELOW = 5  # seeds are listed one by one below this many (or when they split in two)

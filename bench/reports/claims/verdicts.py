@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bench.records.store import Environment, environment, record_matches
 from bench.reports.claims.rules import Interval, Sample, Test
 from bench.reports.claims.spec import Claim, Quantity
 from bench.reports.selection import Selection, current_version, version_label
-from bench.records.store import Environment, environment, record_matches
 from tasks.stats import across_seeds
 
 VERDICTS = ("holds", "holds at reduced scale", "fails", "not reached at reduced scale",
