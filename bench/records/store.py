@@ -64,6 +64,9 @@ DOWNSTREAM_PATHS = ("conf/papers", "conf/suite",
                     # what reads records: claims, leaderboard, compare, plots, and the
                     # behavioural identity (it measures the code, it shapes no result)
                     "bench/reports",
+                    # speed benchmarks and the GPU checks: they time runs, they make none (the
+                    # layers keep training/ from importing them: tests/test_imports.py)
+                    "bench/perf",
                     # where bench/reports' modules lived before it (old commits' code digests)
                     "bench/claims", "bench/leaderboard.py", "bench/compare.py",
                     "bench/report.py", "bench/plot.py", "bench/identity.py",
