@@ -56,3 +56,24 @@ def test_bad_speed_options_are_one_line_config_errors(args, message, capsys):
     assert main(["speed", *SMALL, *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_the_step_profile_splits_the_bare_step_by_phase_and_kind():
+    """bench.perf.profile_step: every phase of the bare step is timed and profiled, the chunked
+    scan's forward is a phase of its own, products count as matmul, and the scan's function is
+    the real one again afterwards."""
+    import models.ssd
+    from bench.perf import profile_step
+    real = models.ssd.ssd_chunked
+    assert profile_step.kind_of("aten::bmm") == "matmul"
+    assert profile_step.kind_of("aten::cumsum") == "reduction/scan"
+    assert profile_step.kind_of("aten::copy_") == "copy/layout"
+    assert profile_step.kind_of("aten::mul") == "elementwise"
+    result = profile_step.profile(["task.seq_len=32", "trainer.batch_size=4",
+                                   "trainer.max_steps=20", "trainer.progress=false"], steps=5)
+    assert models.ssd.ssd_chunked is real
+    assert set(result["phase_ms"]) == set(profile_step.PHASES)
+    ops = result["ops"]["ms"]
+    assert {"forward", "ssd_chunked", "backward", "optimizer"} <= set(ops)
+    assert ops["forward"]["matmul"] > 0 and result["bare_ms"] > 0
+    assert result["tokens_per_step"] == 4 * 32
