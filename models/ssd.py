@@ -314,7 +314,9 @@ def ssd_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor |
     (`ssd_sequential`, the oracle), "mamba_ssm" (the Triton kernel; CUDA only) or "auto" (the
     kernel on CUDA when it imports and the dtype is one it supports, otherwise torch); inside
     `scan_override(scan)`, `scan` whatever the kernel."""
-    override = _scan_override.get()
+    # compiled code never runs under an override (the memory estimate runs eager), and
+    # reading a ContextVar breaks torch.compile's graph at every scan
+    override = None if torch.compiler.is_compiling() else _scan_override.get()
     if override is not None:
         return override(x, dt, A, B, C, D, initial_state, chunk_size)
     kernel = resolve_kernel(kernel, x.device, x.dtype)

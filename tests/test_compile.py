@@ -44,3 +44,14 @@ def test_compile_without_a_cpp_compiler_is_a_config_error(monkeypatch, capsys):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert main(["run", "trainer.compile=true", "trainer.accelerator=cpu", *TINY]) == 2
     assert "needs a C++ compiler" in capsys.readouterr().err
+
+
+def test_the_mamba_forward_compiles_as_one_graph():
+    """No graph break in the default model's forward (fullgraph=True refuses one): a break at
+    every SSD scan (the scan_override ContextVar read) split it into 8 graphs and made the
+    compiled CPU step no faster than eager (docs/profile-cpu-step.md). The eager backend traces
+    without generating code, so this costs seconds."""
+    task, model = build(compose_checked(TINY))
+    inputs = task.training_batch(0).inputs
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(inputs), model(inputs))
