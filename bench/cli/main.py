@@ -7,16 +7,13 @@ from __future__ import annotations
 import os
 import sys
 
-try:  # Ctrl-C while Python is still importing: the same one line as later, no traceback
-    from bench.cli import report_commands, run_commands
-    from bench.cli.options import fail
-    from bench.cli.usage import HELP, USAGE
-    from bench.config import ConfigError, first_line
-    from bench.config.commands import COMMANDS
-    from bench.records.store import RunFailed, SignalAfterRecord
-except KeyboardInterrupt:
-    print("error: interrupted", file=sys.stderr)
-    raise SystemExit(130) from None
+# (Ctrl-C while these import is answered by bench/__main__.py, which imports this module)
+from bench.cli import report_commands, run_commands
+from bench.cli.options import fail
+from bench.cli.usage import HELP, USAGE
+from bench.config import ConfigError, first_line
+from bench.config.commands import COMMANDS
+from bench.records.store import RunFailed, SignalAfterRecord
 
 HANDLERS = {"run": run_commands.cmd_run, "references": run_commands.cmd_references,
             "eval": run_commands.cmd_eval, "speed": run_commands.cmd_speed,

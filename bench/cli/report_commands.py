@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench.cli.options import check_paths, take_option
 from bench.config import ConfigError
+from bench.config.formats import plural
 from bench.records.store import output_path, read_record, read_records
 
 
@@ -118,7 +119,6 @@ def cmd_claims(argv: list[str]) -> int:
     check_paths(out_dir=out_dir, out=out, rules=rules)
     if check not in ("true", "false"):
         raise ConfigError(f"check must be true or false, got '{check}'")
-    from bench.config.formats import plural
     from bench.reports.claims import decide_all, load_claims, write_claims
     from bench.reports.claims.check import problems
     from bench.reports.claims.render import verdict_counts

@@ -37,10 +37,16 @@ def cmd_run(argv: list[str]) -> int:
     if dry == "true":
         print_config(config, task)
         return 0
+    return run_and_print(config, task)  # the task the checks built
+
+
+def run_and_print(config, task, **weights) -> int:
+    """One run (bench.training.train.run; `weights`: an evaluation of saved ones), its process
+    group left whatever happens, and its result printed."""
     from bench.training.signals import end_distributed
     from bench.training.train import run
     try:
-        record, path = run(config, task=task)  # the task the checks built
+        record, path = run(config, task=task, **weights)
     finally:
         end_distributed()
     if path:
@@ -97,15 +103,7 @@ def cmd_eval(argv: list[str]) -> int:
     check_eval_overrides(argv)  # a refused key is refused before the file is read
     payload = load_weights(weights)
     config, task = eval_config(payload, argv)
-    from bench.training.signals import end_distributed
-    from bench.training.train import run
-    try:
-        record, path = run(config, weights=payload, weights_path=weights, task=task)
-    finally:
-        end_distributed()
-    if path:
-        print_run(record, path)
-    return 0
+    return run_and_print(config, task, weights=payload, weights_path=weights)
 
 
 def cmd_speed(argv: list[str]) -> int:

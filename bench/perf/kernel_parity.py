@@ -78,7 +78,6 @@ EXTRA_SHAPES = {"heads4_groups2": dict(heads=4, headdim=16, groups=2, states=16,
 def scan_shape(name: str) -> dict:
     """The SSD scan's shape in the shipped model config `conf/model/<name>.yaml` (or one of
     EXTRA_SHAPES)."""
-
     if name in EXTRA_SHAPES:
         return dict(EXTRA_SHAPES[name])
     config = yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text())
@@ -260,7 +259,6 @@ def pin_configs(index: int) -> None:
 
 def patch_for_cpu() -> None:
     """What the kernel's wrappers need from a GPU, for running them under TRITON_INTERPRET=1."""
-
     torch.cuda.device = lambda device: contextlib.nullcontext()
     torch.cuda.get_device_properties = (
         lambda device=None: types.SimpleNamespace(multi_processor_count=132))

@@ -17,7 +17,6 @@ Printed as a table and, with out=<file.json>, written as JSON. The numbers are t
 at this moment: run it on idle cores, and say what else ran."""
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -210,7 +209,10 @@ def main(argv: list[str]) -> int:
     rest = []
     for arg in argv:
         key, _, value = arg.partition("=")
-        (options.__setitem__(key, value) if key in options else rest.append(arg))
+        if key in options:
+            options[key] = value
+        else:
+            rest.append(arg)
     try:
         steps, threads = int(options["steps"]), int(options["threads"])
         if steps < 5 or threads < 0:

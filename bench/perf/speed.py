@@ -295,8 +295,6 @@ def _short_fit(config: RunConfig, callback, **trainer_changes):
     """A short fit of config as a run makes it (progress bar on, the run's logger), its log in a
     scratch folder and its bar swallowed, with `callback` added and `trainer_changes` applied;
     no checkpoints, no validation. Returns the Trainer."""
-
-
     quiet_lightning()
     apply_tf32_policy(config.trainer.tf32)
     with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):
@@ -317,7 +315,6 @@ def step_profile(config: RunConfig, steps: int = 4) -> dict:
     progress bar and the logger's end of the batch are all in it (a short fit with log_every
     beyond its steps, its log in a scratch folder). On CUDA also the synchronisations
     torch.cuda.set_sync_debug_mode("warn") reports in that step."""
-
     probe_step = steps - 2  # the step profiled: neither the first (a logging step) nor the last
     found: dict = {}
 
@@ -372,8 +369,6 @@ def lightning_step_time(config: RunConfig, steps: int = 30) -> dict:
     steps left out, with the device synchronised at each step end (a measurement's sync, not
     the run's); and the share of it between one step's end and the next step's start, i.e.
     waiting for the next batch and its copy (what loader workers are for)."""
-
-
     marks: dict[str, list] = {"start": [], "end": []}
 
     class Clock(L.Callback):

@@ -170,7 +170,6 @@ def _footprint(config, model_config, task, kernel: str | None, eval_rows: int,
     constructor's ValueError (a model that does not fit the task) becomes CheckFailed. The passes
     are skipped when the weights, gradients and AdamW state alone exceed `budget` bytes, and
     measure nothing for a model whose forward pass depends on the data (no estimate)."""
-
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     precision = config.trainer.precision
