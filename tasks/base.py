@@ -19,7 +19,6 @@ import multiprocessing
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Iterator, Literal
 
-import lightning as L
 import torch
 from torch import Tensor
 
@@ -134,7 +133,7 @@ class Steps(torch.utils.data.Sampler):
         return itertools.count(self.start)
 
 
-class Task(L.LightningDataModule, abc.ABC):
+class Task(abc.ABC):
     """Base class of every task family. A subclass sets the class attributes and implements
     `sample`, `references`, `input_dim` and `output_dim`; the family is found by its `family`
     name (tasks/__init__.py discovers subclasses), its defaults are in conf/task/<name>.yaml."""
@@ -309,7 +308,9 @@ class Task(L.LightningDataModule, abc.ABC):
     def config_dict(self) -> dict:
         return dataclasses.asdict(self.config)
 
-    # --- Lightning: training batches are sampled on the CPU, in loader workers -------------
+    # --- loaders: training batches are sampled on the CPU, in loader workers. The Lightning
+    # data module that hands them to a Trainer is bench.training.datamodule.TaskData, so that
+    # a task (and `run print_config=true`, which builds one) does not import Lightning.
     loader_workers: int = 0  # processes sampling training batches (bench sets it per run)
     micro_batches: int = 1  # trainer.accumulate_grad_batches (bench.training.devices.rank_task sets it)
 
@@ -326,27 +327,13 @@ class Task(L.LightningDataModule, abc.ABC):
         generator = make_generator(TRAIN_STREAM, self.seed, rank, step)
         return self.sample_train(self.batch_size, generator, pool)
 
-    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
-        """Every tensor of a Batch (and of the test loader's (index, Batch) pairs) copied to the
-        device without blocking: Lightning's own copy would treat a Batch as one object with a `to`
-        and call it blocking, a host synchronisation per tensor and step."""
-        if isinstance(batch, (Batch, Tensor)):
-            return batch.to(device, non_blocking=True)
-        if isinstance(batch, (tuple, list)):
-            return type(batch)(self.transfer_batch_to_device(b, device, dataloader_idx)
-                               for b in batch)
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
-    def train_dataloader(self):
-        """Batches from step `global_step` on (a resumed run continues the stream), sampled in
-        `loader_workers` worker processes (0: in this process) and pinned for the copy to a GPU.
-        A pool of training tasks is drawn once, on the training device (fast for large pools),
-        and the workers sample from a CPU copy of it."""
-        trainer = self.trainer
-        # micro-batches of the optimizer steps done, when resumed: each step is micro_batches
-        start = (trainer.global_step if trainer is not None else 0) * self.micro_batches
-        rank = trainer.global_rank if trainer is not None else 0
-        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+    def train_loader(self, steps_done: int = 0, rank: int = 0,
+                     device: torch.device = torch.device("cpu")):
+        """Batches from optimizer step `steps_done` on (a resumed run continues the stream),
+        sampled in `loader_workers` worker processes (0: in this process) and pinned for the copy
+        to a GPU. A pool of training tasks is drawn once, on the training device (fast for large
+        pools), and the workers sample from a CPU copy of it."""
+        start = steps_done * self.micro_batches  # each step is micro_batches batches
         pool = ({name: value.cpu() for name, value in self.task_pool(device).items()}
                 if self.num_tasks else None)
         workers = self.loader_workers
@@ -360,24 +347,22 @@ class Task(L.LightningDataModule, abc.ABC):
             prefetch_factor=self.PREFETCH if workers else None, multiprocessing_context=context)
 
     def set_held_out(self, n: int, batch_size: int, batch: Batch | None = None) -> Batch:
-        """Fix the held-out set that `trainer.test` evaluates (`test_dataloader`): `batch` when
+        """Fix the held-out set that `test_loader` shards (the trainer's test): `batch` when
         given (the cached set), else held_out(n); returns it."""
         self.held_out_batch = batch if batch is not None else self.held_out(n)
         self.eval_batch_size = batch_size
         return self.held_out_batch
 
-    def test_dataloader(self):
+    def test_loader(self, rank: int = 0, world: int = 1):
         """This rank's shard of the held-out set: sequences rank, rank + world, ... (disjoint
-        across ranks, together all of them), as batches of sequence indices."""
-        rank, world = ((self.trainer.global_rank, self.trainer.world_size)
-                       if self.trainer is not None else (0, 1))
+        across ranks, together all of them), as batches of sequence indices (held_out_rows
+        turns them into sequences on the device)."""
         shard = torch.arange(rank, len(self.held_out_batch), world)
         return torch.utils.data.DataLoader(shard, batch_size=self.eval_batch_size)
 
-    def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        if self.trainer is not None and self.trainer.testing:  # indices of held-out sequences
-            return batch, self.held_out_batch.select(batch.cpu()).to(batch.device)
-        return batch  # a training Batch, already on the device
+    def held_out_rows(self, index: Tensor) -> Batch:
+        """The held-out sequences at `index`, on index's device."""
+        return self.held_out_batch.select(index.cpu()).to(index.device)
 
 
 # Context-length bins of the per-position scores (lgssm, lgssm_colored, hmm, markov summaries).

@@ -27,6 +27,7 @@ TINY = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=37"
 EVAL_SCRIPT = textwrap.dedent("""
     import sys, torch, lightning as L
     from bench.config import compose
+    from bench.training.datamodule import TaskData
     from bench.training.module import ICLModule
     from bench.training.train import build, quiet_lightning
     devices, out = int(sys.argv[1]), sys.argv[2]
@@ -40,7 +41,7 @@ EVAL_SCRIPT = textwrap.dedent("""
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=config.trainer.strategy,
                         logger=False, enable_progress_bar=False, enable_model_summary=False,
                         use_distributed_sampler=False)
-    trainer.test(module, datamodule=task, verbose=False)
+    trainer.test(module, datamodule=TaskData(task), verbose=False)
     if trainer.is_global_zero:
         torch.save({"predictions": module.test_predictions, "world": trainer.world_size}, out)
 """)

@@ -76,9 +76,9 @@ def test_a_training_batch_is_a_few_hundred_ops_not_a_loop_over_time(task):
 def test_the_counter_sees_a_blocking_copy_of_the_batch(monkeypatch):
     """A Batch copied the way Lightning would copy it by itself (Batch.to, blocking): one
     blocking copy per tensor of the training batch."""
-    from tasks.base import Task
+    from bench.training.datamodule import TaskData
 
-    monkeypatch.setattr(Task, "transfer_batch_to_device",
+    monkeypatch.setattr(TaskData, "transfer_batch_to_device",
                         lambda self, batch, device, index: batch.to(device))
     profile = step_profile(compose_checked(["task.seq_len=32", *TINY]))
     assert profile["sync_ops"] == {"to (blocking)": 3}  # inputs, targets, loss_mask
@@ -102,12 +102,13 @@ def test_the_counter_sees_a_logged_device_tensor_read_by_the_progress_bar(monkey
 
 
 def test_every_tensor_of_a_batch_is_copied_without_blocking():
-    """Task.transfer_batch_to_device (what Lightning calls for every training and test batch)
+    """TaskData.transfer_batch_to_device (what Lightning calls for every training and test batch)
     copies each tensor of a Batch, latent included, and of the test loader's (index, Batch)
     pairs with non_blocking=True."""
     import torch
     from torch.overrides import TorchFunctionMode
 
+    from bench.training.datamodule import TaskData
     from bench.training.train import build
 
     calls = []
@@ -119,12 +120,13 @@ def test_every_tensor_of_a_batch_is_copied_without_blocking():
             return func(*args, **(kwargs or {}))
 
     task, _ = build(compose_checked(["task.seq_len=16", *TINY]))
+    data = TaskData(task)
     batch = task.held_out(2)
     tensors = [batch.inputs, batch.targets, batch.loss_mask, *batch.latent.values()]
     index = torch.arange(2)
     with Spy():
-        task.transfer_batch_to_device(batch, torch.device("cpu"), 0)
-        task.transfer_batch_to_device((index, batch), torch.device("cpu"), 0)
+        data.transfer_batch_to_device(batch, torch.device("cpu"), 0)
+        data.transfer_batch_to_device((index, batch), torch.device("cpu"), 0)
     assert batch.latent, "the held-out batch carries its latent"
     expected = [id(t) for t in tensors]
     assert calls == [(i, True) for i in expected + [id(index)] + expected]

@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.config import RunConfig
 from bench.training import reference_cache
+from bench.training.datamodule import TaskData
 from bench.training.devices import loader_workers
 from bench.training.evaluate import masked_loss, reference_scores, score_predictions, token_scores
 from bench.training.module import ICLModule
@@ -304,7 +305,7 @@ def _short_fit(config: RunConfig, callback, **trainer_changes):
         module = ICLModule(model, task, config.trainer)
         trainer = make_trainer(config, "short-fit")
         trainer.callbacks.append(callback)
-        trainer.fit(module, datamodule=task)
+        trainer.fit(module, datamodule=TaskData(task))
     return trainer
 
 

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
@@ -100,10 +101,16 @@ def check_logger(config) -> None:
                           f"installed: pip install {install} (or use trainer.logger=csv)")
 
 
+# the estimate check_memory made of a task and its config, which memory_summary shows rather
+# than measuring the model's passes twice
+_checked_estimates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def check_memory(config, task, device: str) -> None:
     """Refuses a run whose estimate exceeds the free memory of a side (the GPU this rank trains
     on, the host), naming the largest part and the option that shrinks it."""
     estimate, free = estimate_and_free(config, task, device)
+    _checked_estimates[task] = (config, estimate, free)
     short = [(estimate.need(side, phase) / free[side], side, phase)
              for side in estimate.sides for phase in ("training", "evaluation")
              if free[side] is not None and estimate.need(side, phase) > free[side]]
@@ -169,7 +176,9 @@ def memory_summary(config, task) -> dict:
     """check_memory's estimate of a run that passed it (its `task`: the one the checks built),
     per side and phase in GiB beside what the side has free, and the largest part of each: what
     `run print_config=true` shows."""
-    estimate, free = estimate_and_free(config, task, training_device(config))
+    checked, estimate, free = _checked_estimates.get(task, (None, None, None))
+    if checked is not config:
+        estimate, free = estimate_and_free(config, task, training_device(config))
     summary: dict = {"parameters": estimate.params}
     for side in estimate.sides:
         name = f"cuda:{local_rank()}" if side == "device" else "host"

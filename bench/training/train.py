@@ -27,6 +27,7 @@ from bench.config import RunConfig, first_line
 from bench.records.store import SCHEMA, RunFailed, code_of_this_process, new_run_id, write_record
 from bench.training import reference_cache
 from bench.training.checks import check_resume, planned_environment
+from bench.training.datamodule import TaskData
 from bench.training.devices import (loader_workers, local_rank, rank_task, training_device,
                                     world_size)
 from bench.training.evaluate import probe_summary, score_predictions
@@ -292,7 +293,7 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
                                    resumed["resume_step"] if resumed else 0)
             if weights is None:
                 with signals.phase("flag"):
-                    trainer.fit(module, datamodule=task, ckpt_path=config.resume or None)
+                    trainer.fit(module, datamodule=TaskData(task), ckpt_path=config.resume or None)
                 record["train"] = _train_summary(trainer, module, model)
             clock = [time.perf_counter()]
 
@@ -305,7 +306,7 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
             # Under DDP the ranks agree on a signal at the end of evaluation (ICLModule);
             # alone, a signal stops it at once (a signal after the last step included).
             with signals.phase("flag" if signals.distributed else "raise"):
-                trainer.test(module, datamodule=task, verbose=False)
+                trainer.test(module, datamodule=TaskData(task), verbose=False)
             times["model"] = lap()
             if trainer.is_global_zero:  # the record belongs to rank 0
                 cached = references is not None
