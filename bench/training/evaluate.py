@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from bench.training.cross_entropy import chunked_cross_entropy, uses_chunks
 from tasks.base import Batch, Task
 from tasks.stats import band_sequence_means, bootstrap_ci, position_means, sequence_means
 
@@ -212,13 +213,17 @@ def masked_loss(task: Task, output: Tensor, batch: Batch) -> Tensor:
     """Mean training loss over the scored positions: cross-entropy of logits, or squared error
     averaged over the target's coordinates. Every position is computed and the unscored ones
     are zeroed (`where`, sums): boolean-mask indexing would have a data-dependent shape, a host
-    synchronisation on every step. In at least float32 (the logits of bf16 autocast)."""
+    synchronisation on every step. In at least float32 (the logits of bf16 autocast; a language
+    model's in chunks, bench/training/cross_entropy.py)."""
     mask = batch.loss_mask
     dtype = torch.promote_types(output.dtype, torch.float32)
     if task.kind == "tokens":
-        per_position = torch.nn.functional.cross_entropy(
-            output.to(dtype).flatten(0, -2), batch.targets.flatten(),
-            reduction="none").view_as(mask)
+        logits, targets = output.flatten(0, -2), batch.targets.flatten()
+        if uses_chunks(logits):  # a language model's: no float32 copy of them all
+            per_position = chunked_cross_entropy(logits, targets).view_as(mask)
+        else:
+            per_position = torch.nn.functional.cross_entropy(
+                logits.to(dtype), targets, reduction="none").view_as(mask)
     else:
         per_position = (output.to(dtype) - batch.targets.to(dtype)).pow(2).mean(-1)
     return torch.where(mask, per_position, 0).sum() / mask.sum()
