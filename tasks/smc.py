@@ -59,12 +59,17 @@ class DiagonalSystem:
     state_noise: Tensor
     obs_basis: Tensor
     obs_variances: Tensor
+    # derived, and carried along when particles are selected (map_fields) rather than recomputed:
+    # obs_basisᵀ C, the emission in the noise eigenbasis (m, d, ...); a_i a_j, A P Aᵀ = (a aᵀ) ∘ P
+    rotated_emission: Tensor | None = None
+    decay_products: Tensor | None = None
 
     def __post_init__(self):
-        # obs_basisᵀ C: the emission in the noise eigenbasis; a_i a_j: A P Aᵀ = (a aᵀ) ∘ P
-        self.rotated_emission = torch.einsum("ij...,ik...->jk...", self.obs_basis,
-                                             self.emission).contiguous()
-        self.decay_products = self.transition[:, None] * self.transition[None, :]
+        if self.rotated_emission is None:
+            self.rotated_emission = torch.einsum("ij...,ik...->jk...", self.obs_basis,
+                                                 self.emission).contiguous()
+        if self.decay_products is None:
+            self.decay_products = self.transition[:, None] * self.transition[None, :]
 
     def stationary_covariance(self) -> Tensor:
         """P∞ = A P∞ Aᵀ + Q for a diagonal A: P∞_ij = Q_ij / (1 - a_i a_j)."""
@@ -166,8 +171,12 @@ def select(mask: Tensor, chosen, other):
 def replace(particles, index: tuple, part):
     """particles with those at `index` (indices of the particles' axes (S, N)) replaced by
     part's (dataclasses of tensors)."""
+    return assign(map_fields(torch.clone, particles), index, part)
+
+
+def assign(particles, index: tuple, part):
+    """replace, in place: for particles whose tensors nothing else holds."""
     def put(whole: Tensor, piece: Tensor) -> Tensor:
-        whole = whole.clone()
         whole[(..., *index)] = piece
         return whole
 
@@ -229,7 +238,7 @@ def _smc_chunk(x: Tensor, prior: ParameterPrior, count: int, moves: int, ess_fra
                                                            generator)
                 proposals += len(low) * count
                 accepted += float(rate.sum()) * count
-            particles = replace(particles, (low, slice(None)), moved)
+            particles = assign(particles, (low, slice(None)), moved)
             log_weight[low] = 0.0
             weights[low] = 1.0 / count
             resamplings[low] += 1
@@ -262,11 +271,12 @@ def _independent_metropolis_move(prior: ParameterPrior, particles: Particles, pr
     step that leaves the product of posteriors invariant given the other half. Returns the
     moved particles and each sequence's acceptance rate."""
     rates = []
+    particles = map_fields(torch.clone, particles)  # the halves are written into this copy
     for moving in (1, 0):
         fitted = particles.coords[..., 1 - moving::2]
         part = map_fields(lambda v: v[..., moving::2], particles)
         part, rate = _independent_metropolis_step(prior, part, prefix, fitted, generator)
-        particles = replace(particles, (slice(moving, None, 2),), part)
+        particles = assign(particles, (slice(moving, None, 2),), part)
         rates.append(rate)
     return particles, torch.stack(rates).mean(0)
 
@@ -290,10 +300,11 @@ def _independent_metropolis_step(prior: ParameterPrior, particles: Particles, pr
                                                   upper=False)
     log_prior, system = prior.evaluate(proposal)
     inside = torch.isfinite(log_prior)
-    # outside the support the proposal is rejected; its system may not be a valid one, so the
-    # particle's own stands in for it in the filter
+    # outside the support a proposal is rejected whatever its likelihood (and its system may
+    # not be a valid one): only the proposals inside are filtered, and the particle's own
+    # system and state stand in for the others (a third to a half of them, and never kept)
+    log_lik, state = _filter_where(inside, system, particles, prefix)
     system = select(inside, system, particles.system)
-    log_lik, state = kalman_prefix(system, prefix)
     # log q(θ) - log q(θ') = (|white'|² - |white|²)/2
     log_ratio = (log_lik + log_prior - particles.log_lik - particles.log_prior
                  + 0.5 * (white.square().sum(1) - current_white.square().sum(1)))
@@ -301,3 +312,17 @@ def _independent_metropolis_step(prior: ParameterPrior, particles: Particles, pr
     accept = inside & (torch.log(u) < log_ratio)
     candidate = Particles(proposal, log_prior, log_lik, system, state)
     return select(accept, candidate, particles), accept.double().mean(1)
+
+
+def _filter_where(mask: Tensor, system: DiagonalSystem, particles: Particles, prefix: Tensor
+                  ) -> tuple[Tensor, KalmanState]:
+    """kalman_prefix of the systems where mask (S, N), over their sequence's prefix (S, t, m);
+    elsewhere log-likelihood 0 and the particles' own state. Each system's arithmetic is that
+    of kalman_prefix over all of them (its ops act on every system alone)."""
+    sequence, particle = mask.nonzero(as_tuple=True)
+    chosen = map_fields(lambda v: v[..., sequence, particle, None], system)  # batch (K, 1)
+    log_lik, state = kalman_prefix(chosen, prefix[sequence])
+    log_lik = log_lik.new_zeros(mask.shape).index_put_((sequence, particle), log_lik[:, 0])
+
+    return log_lik, replace(particles.state, (sequence, particle),
+                            map_fields(lambda v: v[..., 0], state))

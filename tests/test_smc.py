@@ -10,8 +10,9 @@ import torch
 from tasks.base import make_generator
 from tasks.lgssm import LGSSMConfig, LGSSMPrior, kalman_filter
 from tasks.lgssm_colored import LGSSMColoredConfig, LGSSMColoredTask, colored_noise_system
-from tasks.smc import (SMC_STREAM, DiagonalSystem, ParameterPrior, kalman_prefix, kalman_start,
-                       kalman_step, smc_predictive, systematic_resampling)
+from tasks.smc import (SMC_STREAM, DiagonalSystem, ParameterPrior, Particles, _filter_where,
+                       kalman_prefix, kalman_start, kalman_step, smc_predictive,
+                       systematic_resampling)
 
 
 def matrices_last(tensor: torch.Tensor, axes: int) -> torch.Tensor:
@@ -149,3 +150,22 @@ def test_smc_agrees_with_quadrature_when_one_parameter_is_unknown(ess_fraction):
     y = batch.targets.double()
     floor = (task.position_loss(exact, y) - task.position_loss(task.clairvoyant(batch), y)).mean()
     assert variance < 0.05 * floor
+
+
+def test_filtering_only_the_proposals_inside_the_support_is_filtering_all_of_them():
+    """The Metropolis step filters the proposals inside the prior's support alone
+    (_filter_where): each of those gets exactly kalman_prefix's log-likelihood and state over all
+    systems, the others 0 and the particle's own state."""
+    prior = LGSSMPrior(LGSSMConfig())
+    _, system = prior.evaluate(prior.sample((3, 8), make_generator(10)))
+    _, other = prior.evaluate(prior.sample((3, 8), make_generator(11)))
+    x = torch.randn(3, 9, 2, generator=make_generator(12), dtype=torch.float64)
+    own_log_lik, own_state = kalman_prefix(other, x)
+    particles = Particles(torch.zeros(1, 3, 8), torch.zeros(3, 8), own_log_lik, other, own_state)
+    mask = torch.rand(3, 8, generator=make_generator(13)) < 0.5
+    log_lik, state = _filter_where(mask, system, particles, x)
+    full_log_lik, full_state = kalman_prefix(system, x)
+    assert torch.equal(log_lik, torch.where(mask, full_log_lik, 0.0))
+    for field in ("mean", "cov"):
+        kept, full, own = (getattr(s, field) for s in (state, full_state, own_state))
+        assert torch.equal(kept, torch.where(mask, full, own))
