@@ -8,6 +8,7 @@ import torch
 
 from bench.cli.main import main
 from bench.training.checks import compose_checked
+from bench.training.evaluate import masked_loss
 from bench.training.train import build, scan_kernels
 
 TINY = ["task.seq_len=16", "trainer.max_steps=3", "trainer.warmup_steps=1",
@@ -55,3 +56,31 @@ def test_the_mamba_forward_compiles_as_one_graph():
     inputs = task.training_batch(0).inputs
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(inputs), model(inputs))
+
+
+def test_a_compiled_mamba_trains_along_the_eager_loss_curve():
+    """The default Mamba compiled (trainer.compile=true: inductor fuses the forward and the
+    backward and sums in its own order) and eager, from one initialisation on the same batches,
+    10 AdamW steps each: every step's loss agrees within 1e-5 relative and the parameters after
+    them within 1e-5 of the largest (measured: 9e-8 and 8e-8), where a changed computation moves
+    both by orders of magnitude more."""
+    overrides = ["task.seq_len=32", "trainer.batch_size=8"]
+    task, eager = build(compose_checked(overrides))
+    _, compiled = build(compose_checked([*overrides, "trainer.compile=true"]))
+    compiled.load_state_dict(eager.state_dict())
+    curves = []
+    for model in (eager, compiled):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        curve = []
+        for step in range(10):
+            batch = task.training_batch(step)
+            loss = masked_loss(task, model(batch.inputs), batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            curve.append(loss.item())
+        curves.append(torch.tensor(curve, dtype=torch.float64))
+    torch.testing.assert_close(curves[1], curves[0], rtol=1e-5, atol=0)
+    scale = max(p.detach().abs().max().item() for p in eager.parameters())
+    for (name, a), b in zip(eager.state_dict().items(), compiled.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5 * scale, msg=name)
