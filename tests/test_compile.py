@@ -1,6 +1,6 @@
-"""trainer.compile=true: the run trains and evaluates through torch.compile, predicts what the
-eager model predicts, keeps the eager parameter names, and the record says so. The record also
-names the SSD scan implementation a Mamba model ran."""
+"""trainer.compile=true: the run trains through torch.compile (and evaluates eager), predicts
+what the eager model predicts, keeps the eager parameter names, and the record says so. The
+record also names the SSD scan implementation a Mamba model ran."""
 import json
 
 import pytest
@@ -29,7 +29,8 @@ def test_a_compiled_run_predicts_what_the_eager_model_predicts(tmp_path):
     assert main(["run", *overrides, "trainer.compile=true", f"out_dir={tmp_path}"]) == 0
     record = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert record["status"] == "ok"
-    assert record["train"]["compile"] is True and record["eval"]["compile"] is True
+    # one pass of evaluation runs eager: a recompile for its batches would cost more than it saves
+    assert record["train"]["compile"] is True and record["eval"]["compile"] is False
     assert record["train"]["kernel"] is None  # no SSD scan in an LSTM
 
 
@@ -64,6 +65,9 @@ def test_a_compiled_mamba_trains_along_the_eager_loss_curve():
     10 AdamW steps each: every step's loss agrees within 1e-5 relative and the parameters after
     them within 1e-5 of the largest (measured: 9e-8 and 8e-8), where a changed computation moves
     both by orders of magnitude more."""
+    # compiled code is cached per code object, across models: after other shapes in this
+    # process Dynamo would retrace with dynamic shapes (which Inductor fails on for this graph)
+    torch.compiler.reset()
     overrides = ["task.seq_len=32", "trainer.batch_size=8"]
     task, eager = build(compose_checked(overrides))
     _, compiled = build(compose_checked([*overrides, "trainer.compile=true"]))

@@ -38,7 +38,7 @@ class TrainerConfig:
     process_group_backend: str = "auto"  # auto | nccl | gloo
     precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA) | 64-true
     tf32: bool = False  # CUDA: float32 matmuls/convolutions/Triton dots on TF32 tensor cores
-    compile: bool = False  # torch.compile the model (training and evaluation); README "Compile"
+    compile: bool = False  # torch.compile the model for training (evaluation runs eager)
     eval_sequences: int = 512
     eval_batch_size: int = 128
     bootstrap: int = 2000  # bootstrap resamples for the confidence interval

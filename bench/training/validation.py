@@ -87,8 +87,10 @@ class LiveValidation(L.Callback):
         training = model.training
         model.eval()
         try:
+            # eager, as the final evaluation (bench/training/train.py): no recompile for its batches
             with torch.no_grad(), torch.random.fork_rng(devices=self._rng_devices(module)), \
-                    trainer.precision_plugin.forward_context():
+                    trainer.precision_plugin.forward_context(), \
+                    torch.compiler.set_stance("force_eager"):
                 parts = [module.held_out_outputs(
                     self.sequences.select(slice(start, start + size)).to(module.device))[0]
                     for start in range(0, len(self.sequences), size)]
