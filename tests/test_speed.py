@@ -5,6 +5,7 @@ import json
 import pytest
 
 from bench.cli.main import main
+from bench.config import ConfigError
 
 SMALL = ["steps=2", "task.seq_len=16", "trainer.batch_size=4", "trainer.max_steps=10",
          "trainer.eval_sequences=8", "trainer.eval_batch_size=4", "trainer.bootstrap=50"]
@@ -77,3 +78,19 @@ def test_the_step_profile_splits_the_bare_step_by_phase_and_kind():
     assert {"forward", "ssd_chunked", "backward", "optimizer"} <= set(ops)
     assert ops["forward"]["matmul"] > 0 and result["bare_ms"] > 0
     assert result["tokens_per_step"] == 4 * 32
+
+
+def test_the_lm_loss_measurement_compares_both_losses_in_both_precisions(capsys):
+    """bench.perf.lm_loss on a small vocabulary: a row per precision and loss, and in bf16 the
+    chunked loss allocates less than torch's (no float32 copy of the logits); a bad option is a
+    ConfigError (one line, exit code 2, when run as a script)."""
+    from bench.perf import lm_loss
+    result = lm_loss.measure("mamba_lm14m", batch=4, seq_len=256, vocab=8192, reps=1)
+    assert set(result["steps"]) == {f"{p} {loss}" for p in lm_loss.PRECISIONS
+                                    for loss in lm_loss.LOSSES}
+    steps = result["steps"]
+    assert all(entry["ms_per_step"] > 0 for entry in steps.values())
+    assert steps["bf16-mixed chunked"]["peak_allocated_mib"] \
+        < steps["bf16-mixed torch"]["peak_allocated_mib"]
+    with pytest.raises(ConfigError, match="lm_loss takes"):
+        lm_loss.main(["steps=3"])

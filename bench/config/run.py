@@ -13,6 +13,7 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
 PROCESS_GROUP_BACKENDS = ("auto", "nccl", "gloo")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true", "64")
 LOGGERS = ("csv", "tensorboard", "wandb", "none")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -39,6 +40,10 @@ class TrainerConfig:
     precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA) | 64-true
     tf32: bool = False  # CUDA: float32 matmuls/convolutions/Triton dots on TF32 tensor cores
     compile: bool = False  # torch.compile the model for training (evaluation runs eager)
+    # torch.compile's mode: default | reduce-overhead (CUDA graphs on a GPU) | max-autotune |
+    # max-autotune-no-cudagraphs
+    compile_mode: str = "default"
+    fused_adamw: bool = False  # AdamW's update as one fused kernel (not bit-identical to the loop)
     eval_sequences: int = 512
     eval_batch_size: int = 128
     bootstrap: int = 2000  # bootstrap resamples for the confidence interval
@@ -64,6 +69,11 @@ class TrainerConfig:
         for name, low in at_least.items():
             if getattr(self, name) < low:
                 raise ValueError(f"trainer.{name} must be >= {low}, got {getattr(self, name)}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"trainer.compile_mode must be one of {', '.join(COMPILE_MODES)}, got "
+                             f"'{self.compile_mode}'")
+        if self.compile_mode != "default" and not self.compile:
+            raise ValueError(f"trainer.compile_mode={self.compile_mode} needs trainer.compile=true")
         if not self.lr > 0:
             raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
         if not 0 < self.adam_beta2 < 1:

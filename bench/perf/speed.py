@@ -173,7 +173,9 @@ def configured(config: RunConfig, setting: dict) -> RunConfig:
     if setting["kernel"] is not None:
         model = dataclasses.replace(model, kernel=setting["kernel"])
     trainer = dataclasses.replace(config.trainer, precision=setting["precision"],
-                                  compile=setting["compile"])
+                                  compile=setting["compile"],  # in the run's mode, if compiled
+                                  compile_mode=(config.trainer.compile_mode if setting["compile"]
+                                                else "default"))
     return dataclasses.replace(config, model=model, trainer=trainer)
 
 
@@ -214,7 +216,8 @@ def time_training(config: RunConfig, device: torch.device, steps: int) -> dict:
     if config.trainer.precision in ("64-true", "64"):
         model.double()
         inputs = inputs.double() if task.kind == "vectors" else inputs
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.trainer.lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.trainer.lr, betas=(0.9, 0.95),
+                                  **({"fused": True} if config.trainer.fused_adamw else {}))
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
@@ -404,8 +407,8 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
             compiles: str = "off", progress=print) -> dict:
     apply_tf32_policy(config.trainer.tf32)
     device = speed_device(config)
-    task, model = build(dataclasses.replace(
-        config, trainer=dataclasses.replace(config.trainer, compile=False)))
+    task, model = build(dataclasses.replace(config, trainer=dataclasses.replace(
+        config.trainer, compile=False, compile_mode="default")))
     result = {"task": config.task_name, "model": config.model_name, "device": str(device),
               "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                               else "cpu"),

@@ -70,9 +70,9 @@ TOLERANCE = 2e-6
 # Trainer settings the probe overrides: it trains PROBE_STEPS steps on one CPU process, with no
 # logs, checkpoints, caches or compilation (none of which changes a number).
 PROBE_TRAINER = {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "strategy": "auto",
-                 "compile": False, "progress": False, "logger": "none", "checkpoint_every": 0,
-                 "val_every": 0, "reference_cache": False, "threads": 0, "loader_workers": 0,
-                 "save_weights": False}
+                 "compile": False, "compile_mode": "default", "progress": False, "logger": "none",
+                 "checkpoint_every": 0, "val_every": 0, "reference_cache": False, "threads": 0,
+                 "loader_workers": 0, "save_weights": False}
 # Precisions a CPU trains in; the others (16-mixed) probe in float32.
 CPU_PRECISIONS = ("32-true", "64-true", "bf16-mixed")
 VECTOR = "v"  # the tag of a float array's summary

@@ -196,8 +196,11 @@ class ICLModule(L.LightningModule):
         # Decay matrices only: norms, biases, gains and SSM scalars (A_log, D, dt_bias) are not
         # weights whose size should shrink. The state-transition parameters the models tag
         # (models.backbone.mark_recurrent) get their own learning rate (paper 002 A.5).
+        # fused only when asked: the flag is part of AdamW's groups (the identity probe's view)
+        fused = {"fused": True} if self.config.fused_adamw else {}
         optimizer = torch.optim.AdamW(parameter_groups(self.model, self.config),
-                                      lr=self.config.lr, betas=(0.9, self.config.adam_beta2))
+                                      lr=self.config.lr, betas=(0.9, self.config.adam_beta2),
+                                      **fused)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(
             step, self.config.warmup_steps, self.config.max_steps, self.config.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

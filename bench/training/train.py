@@ -87,7 +87,8 @@ def build(config: RunConfig, task: Task | None = None) -> tuple[Task, Backbone]:
                              task.seq_len, dtype)
     if config.trainer.compile:
         # in place: parameter names (checkpoints) stay those of the eager model
-        model.compile()
+        mode = config.trainer.compile_mode
+        model.compile(**({"mode": mode} if mode != "default" else {}))
     return task, model
 
 
