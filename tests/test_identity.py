@@ -378,3 +378,21 @@ def test_a_probe_that_hangs_is_killed_and_named(tmp_path, monkeypatch):
     results = identities.run_probes(tree, [{**spec(CONFIGS["markov-mamba-800"]), "key": "a"}])
     assert time.monotonic() - start < 60
     assert results == {"a": {"error": "the probe process ended early: stuck"}}
+
+
+def test_every_published_record_keeps_its_key_in_the_committed_index():
+    """Each ok record of results/ finds its config key under its own code in the committed
+    index (results/identities.json) wherever that code's probe was computed: a trainer field
+    added since the index was keyed must leave every key as it was (identities
+    KEY_OMITS_AT_DEFAULT), or every stored probe of every old commit would run again."""
+    results = Path(__file__).resolve().parents[1] / "results"
+    index = identities.load_index(results)
+    records = identities.ok_records(results)
+    assert index.codes and records
+    lost = []
+    for found in records:
+        code = identities.record_code(found)[0]
+        configs = (index.codes.get(code) or {}).get("configs")
+        if configs and identities.config_key(found) not in configs:
+            lost.append(found.get("run_id"))
+    assert not lost, f"{len(lost)} records' keys are not in the index, e.g. {lost[:3]}"

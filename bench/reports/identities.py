@@ -58,7 +58,8 @@ IDENTITY_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "chec
 
 # Trainer fields added after records were indexed, left out of the key at their default (what
 # those records ran): a new field must not change the key of every config made before it.
-KEY_OMITS_AT_DEFAULT = {"accumulate_grad_batches": 1}
+KEY_OMITS_AT_DEFAULT = {"accumulate_grad_batches": 1, "compile_mode": "default",
+                        "fused_adamw": False}
 
 
 def config_key(record: dict) -> str:
