@@ -220,9 +220,12 @@ def test_every_command_line_a_section_builds_composes(tmp_path, monkeypatch):
 
 
 def test_speed_times_what_needs_no_autotune_first():
+    """The pure-PyTorch scan's rows, compile off and then on, before any kernel row (call 1's
+    compile rows came after the kernel's and were never reached)."""
     plan = throughput.speed_plan(cuda=True, kernel=True, tuned={"mamba_4x256_T1024"})
     kernels = [(kernel, compiled) for _, kernel, _, compiled in plan]
-    assert kernels == sorted(kernels, key=lambda k: (k[1], k[0] == "mamba_ssm"))
+    assert kernels == sorted(kernels, key=lambda k: (k[0] == "mamba_ssm", k[1]))
+    assert kernels.index(("torch", True)) < kernels.index(("mamba_ssm", False))
     first_kernel_row = next(row for row in plan if row[1] == "mamba_ssm")
     assert first_kernel_row[0] == "mamba_4x256_T1024"  # the tuned shape before the other
     assert throughput.speed_plan(cuda=False, kernel=False, tuned=set()) == [
@@ -277,3 +280,37 @@ def test_warm_counts_what_compiled_what_the_gpu_cannot_hold_and_what_the_budget_
     assert compiled["jobs"] == 17 and compiled["over_shared_memory"] == 1
     assert compiled["compiled"] + compiled["not_compiled"] == 16 and compiled["not_compiled"] >= 1
     assert "killed: budget" in compiled["errors"]
+
+
+def test_the_language_models_are_built_with_the_planned_kernel(tmp_path, monkeypatch):
+    """lm builds each preset with the kernel its plan names, never kernel=auto, which on CUDA
+    meets the kernel's smoke test: a cold autotune of the preset's shape (call 1: minutes, past
+    lm's cap). (Composed without the checks, which refuse trainer=lm's GPU here.)"""
+    from bench.config import compose
+    monkeypatch.setattr(throughput, "compose_checked", compose)
+    args = {"scratch": str(tmp_path), "tokenizer_file": ""}
+    for model, compiled, kernel in throughput.lm_plan(set()):
+        setting = {"kernel": kernel, "precision": "bf16-mixed", "compile": compiled}
+        config = throughput.lm_config(args, model, setting)
+        assert getattr(config.model, "kernel", None) == kernel  # None: a transformer
+        assert config.trainer.precision == "bf16-mixed" and config.trainer.compile is compiled
+
+
+def test_nccl_runs_first_in_ddp_with_a_time_of_its_own(tmp_path, monkeypatch):
+    """The NCCL run is ddp's first, with plan.NCCL_S (call 1 gave it 0.3 of what was left, ~25 s,
+    and a run there takes ~27 s), whatever the section has left beyond it."""
+    calls = []
+    monkeypatch.setattr(ddp, "run_row", lambda args, label, argv, timeout: calls.append(
+        (label, timeout)) or {})
+    monkeypatch.setattr(ddp, "two_ranks", lambda args, argv: calls.append(("2 ranks", None))
+                        or [None, None])
+    monkeypatch.setattr(ddp, "finish_group", lambda process, timeout: {"exit": 0, "stderr": ""})
+    monkeypatch.setattr(ddp, "signal_row", lambda args, label, *rest: calls.append((label, None)))
+    monkeypatch.setattr(ddp, "start_group", lambda argv, env=None: None)
+    args = {"rows": str(tmp_path / "rows.jsonl"), "runs": str(tmp_path / "runs"), "cuda": True,
+            "section": "ddp", "deadline": time.monotonic() + 500}
+    ddp.section_ddp(args)
+    assert calls[0][0] == "ddp, nccl, devices=1"
+    assert calls[0][1] == pytest.approx(plan.NCCL_S)
+    assert [label for label, _ in calls[1:]] == ["2 ranks", "2 ranks", "SIGTERM to rank 1 of 2",
+                                                 "SIGTERM to a one-process run"]

@@ -35,10 +35,10 @@ Sections (what each measures):
           whole path (sampling in loader workers, training, evaluation, record) and its step rate;
 - paper:  `run trainer=paper` (paper 000 Table 7) with as many of its 10k steps as fit its cap at
           the tiny run's rate, and the projected time of all 10k;
-- ddp:    two processes sharing the device (gloo over its tensors: DDP's all-reduce, the signal
-          agreement, the evaluation's gather), SIGTERM to one rank of such a run once training
-          has started (its own "training started" line), NCCL with devices=1 (CUDA), and SIGTERM
-          to a one-process run;
+- ddp:    NCCL with devices=1 (CUDA; first, in a time of its own), two processes sharing the
+          device (gloo over its tensors: DDP's all-reduce, the signal agreement, the evaluation's
+          gather), SIGTERM to one rank of such a run once training has started (its own
+          "training started" line), and SIGTERM to a one-process run;
 - warm:   the parallel Triton compile above, then the autotuning of each shape on the compiled
           cache (how long a cold and a warm autotune take);
 - parity: mamba-ssm's `mamba_chunk_scan_combined` vs our chunked scan vs the float64 sequential
@@ -46,10 +46,12 @@ Sections (what each measures):
           4-head 2-group one, as the models call it (float32 / bf16- / fp16-rounded inputs,
           computed in float32) and raw (bf16, fp16 inputs), against kernel_parity.CUDA_TOLERANCE;
 - speed:  ms/step and tokens/s of the paper's Markov config and of a 4-layer d_model 256 Mamba at
-          T 1024 for kernel torch / mamba_ssm x 32-true / bf16-mixed x compile off (then on),
+          T 1024, 32-true and bf16-mixed: the pure-PyTorch scan compile off then on, then
+          mamba_ssm's kernel (off, on),
           peak memory; the host synchronisations of one whole training step (bench.perf.speed
           step_profile, CUDA's sync debug mode); the sampler's cost;
-- lm:     the language-model presets at T 256 in bf16: tokens/s, peak memory against the pre-run
+- lm:     the language-model presets at T 256 in bf16, each built with its planned kernel (never
+          `auto`: its smoke test would autotune cold): tokens/s, peak memory against the pre-run
           estimate, the projected time of suite paper000_text;
 - text:   a short `mamba_lm14m` run on the text path;
 - suite:  entries of `suite name=paper000_gpu` (or `suite=`) while the budget lasts.

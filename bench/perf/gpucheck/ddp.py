@@ -1,5 +1,5 @@
-"""Section ddp: two ranks sharing the device over gloo, SIGTERM to one rank once training has
-started, NCCL with one device, and SIGTERM to a one-process run."""
+"""Section ddp: NCCL with one device (first: never measured yet), two ranks sharing the device
+over gloo, SIGTERM to one rank once training has started, and SIGTERM to a one-process run."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import signal
 import socket
 import time
 
-from bench.perf.gpucheck.plan import MARKOV_PAPER
+from bench.perf.gpucheck.plan import MARKOV_PAPER, NCCL_S
 from bench.perf.gpucheck.processes import finish_group, start_group
 from bench.perf.gpucheck.rows import (accelerator, bench_argv, emit, new_records, records_in,
                                       run_row, seconds_left, summary)
@@ -74,7 +74,17 @@ def section_ddp(args: dict) -> dict:
     short = [*MARKOV_PAPER, f"trainer.max_steps={steps}", f"trainer.warmup_steps={steps // 10}",
              "model.kernel=torch", "trainer.eval_sequences=256", "trainer.log_every=25",
              "trainer.checkpoint_every=0"]
-    # 1. two ranks to the end: one record, every collective on the device's tensors
+    # 1. NCCL, one process: the strategy a multi-GPU run uses, never measured yet, so first and
+    # with a time of its own (a `bench run` of this config took ~27 s on call 1's H100; it had
+    # 0.3 of what was left, ~25 s)
+    if args["cuda"]:
+        run_row(args, "ddp, nccl, devices=1", [*short, "trainer.strategy=ddp",
+                                                "trainer.devices=1", "trainer.accelerator=gpu",
+                                                "trainer.process_group_backend=nccl"],
+                min(NCCL_S, seconds_left(args) - 5))
+    else:
+        emit(args, {"label": "ddp, nccl, devices=1", "skipped": "needs CUDA"})
+    # 2. two ranks to the end: one record, every collective on the device's tensors
     before = {r["run_id"] for r in records_in(args["runs"])}
     start = time.perf_counter()
     done = [finish_group(p, seconds_left(args) * 0.4)
@@ -85,14 +95,6 @@ def section_ddp(args: dict) -> dict:
                 **(records[0] if len(records) == 1 else {}), "all_records": records,
                 **({"stderr": done[0]["stderr"][-1500:]} if any(d["exit"] for d in done)
                    else {})})
-    # 2. NCCL, one process: the strategy a multi-GPU run uses
-    if args["cuda"]:
-        run_row(args, "ddp, nccl, devices=1", [*short, "trainer.strategy=ddp",
-                                                "trainer.devices=1", "trainer.accelerator=gpu",
-                                                "trainer.process_group_backend=nccl"],
-                 seconds_left(args) * 0.3)
-    else:
-        emit(args, {"label": "ddp, nccl, devices=1", "skipped": "needs CUDA"})
     # 3. SIGTERM to rank 1 mid-training: both ranks stop together, one failed record
     long = [*MARKOV_PAPER, "model.kernel=torch", "trainer.checkpoint_every=0",
             "trainer.progress=true"]

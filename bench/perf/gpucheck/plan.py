@@ -24,7 +24,7 @@ NEEDS = {"env": 10, "tiny": 25, "paper": 60, "ddp": 45, "warm": 60, "parity": 30
          "lm": 40, "text": 40, "suite": 60}
 
 
-CAPS = {"env": 40, "tiny": 60, "paper": 110, "ddp": 110, "warm": 240, "parity": 90,
+CAPS = {"env": 40, "tiny": 60, "paper": 110, "ddp": 130, "warm": 240, "parity": 90,
         "speed": 100, "lm": 80, "text": 70, "suite": 100000}
 
 
@@ -32,6 +32,11 @@ CAPS = {"env": 40, "tiny": 60, "paper": 110, "ddp": 110, "warm": 240, "parity": 
 # compiled config of three shapes, forward and backward (on the H100 a 40 s pass ended in none,
 # with 16 of 51 configs still to compile)
 TUNE_RESERVE_S = 90
+
+
+# Seconds of section ddp's NCCL run, first in the section: a `bench run` of its config took
+# ~27 s on call 1's H100 (it had 0.3 of what was left, ~25 s, and was cut)
+NCCL_S = 45
 
 
 MARKOV_PAPER = ["trainer=paper", "task.seq_len=256"]  # paper 000 Table 7: batch 64, lr 1e-3
