@@ -111,7 +111,7 @@ USAGE = {
                   "the parts that differ. Only what is missing is computed. check=true: compute "
                   "today's identities again and compare them with the index; exit 1 on a "
                   "difference.",
-    "gpucheck": "python -m bench gpucheck [sections=env,tiny,paper,ddp,warm,parity,speed,lm,"
+    "gpucheck": "python -m bench gpucheck [sections=env,speed,lm,ddp,tiny,paper,warm,parity,"
                 "text,suite] [budget=450] [out=$OUT, else runs/gpucheck] [steps=20] "
                 "[suite=paper000_gpu] [suite_entries=1-3] [tokenizer_file=<tokenizer.json>]\n"
                 "  Every check of the GPU path in one call sized for a borrowed, cold GPU: "

@@ -1,6 +1,6 @@
 """python -m bench gpucheck: the GPU path checked in one call that fits a device lease.
 
-    python -m bench gpucheck [sections=env,tiny,paper,ddp,warm,parity,speed,lm,text,suite]
+    python -m bench gpucheck [sections=env,speed,lm,ddp,tiny,paper,warm,parity,text,suite]
                              [budget=450] [out=$OUT, else runs/gpucheck] [steps=20]
                              [suite=paper000_gpu] [suite_entries=1-3] [tokenizer_file=]
 

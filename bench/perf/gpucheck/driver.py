@@ -95,11 +95,12 @@ def main(argv: list[str]) -> int:
 
 
 def run_sections(options: dict, cuda: bool, budget_end: float, scratch: Path, env: dict,
-                 results: dict, save, out: Path) -> None:
-    """Each section in turn, within the budget (see the module's docstring)."""
+                 results: dict, save, out: Path, clock=time.monotonic) -> None:
+    """Each section in turn, within the budget (see the module's docstring); `clock`: a
+    rehearsal's stand-in for time.monotonic (tests/test_gpucheck.py)."""
     runs, rows_path, log_path = scratch / "runs", out / "rows.jsonl", out / "log.txt"
     for name in options["sections"]:
-        left = budget_end - time.monotonic()
+        left = budget_end - clock()
         if name in CUDA_ONLY and not cuda:
             results["sections"][name] = {"skipped": "needs CUDA"}
         elif left < NEEDS[name]:
@@ -111,7 +112,7 @@ def run_sections(options: dict, cuda: bool, budget_end: float, scratch: Path, en
             continue
         cap = min(left, CAPS[name])
         args = {"section": name, "rows": str(rows_path.resolve()), "runs": str(runs),
-                "scratch": str(scratch), "cuda": cuda, "deadline": time.monotonic() + cap - 3,
+                "scratch": str(scratch), "cuda": cuda, "deadline": clock() + cap - 3,
                 "steps": options["steps"], "suite": options["suite"],
                 "suite_entries": options["suite_entries"],
                 "tokenizer_file": options["tokenizer_file"]}
