@@ -41,6 +41,14 @@ def test_run_writes_a_record_and_the_leaderboard_is_regenerated(tmp_path):
         assert key in record
     assert record["task"]["name"] == "markov" and record["task"]["config"]["seq_len"] == 24
     assert record["train"]["steps"] == 4 and record["train"]["wall_time_s"] > 0
+    # where the time before training went: the process's start to the run (imports, checks),
+    # then inside the run's own clock, the first batch included
+    startup = record["startup_s"]
+    assert set(startup) == {"before_run", "to_fit", "to_train", "first_batch"}
+    assert startup["before_run"] > 0.5  # torch and Lightning alone take longer to import
+    assert all(startup[k] >= 0 for k in ("to_fit", "to_train", "first_batch"))
+    assert sum(startup[k] for k in ("to_fit", "to_train", "first_batch")) \
+        <= record["train"]["wall_time_s"]
     m = record["metrics"]
     assert set(m["loss"]) == {"model", "bayes", "clairvoyant", "unigram"}
     lo, hi = m["bayes_gap_ci"]

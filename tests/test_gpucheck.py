@@ -12,6 +12,7 @@ import pytest
 
 from bench.perf.gpucheck import ddp, driver, kernel, plan, processes, throughput
 from bench.perf.gpucheck import runs as run_sections
+from bench.perf.gpucheck import rows as rows_module
 from bench.perf.gpucheck.rows import read_rows
 from bench.cli.main import main
 
@@ -368,3 +369,19 @@ def test_the_default_plan_reaches_speed_lm_and_nccl_first(tmp_path, monkeypatch)
     assert worst["speed"][0] == plan.CAPS["env"] and worst["lm"][0] == 160
     for name, entry in worst.items():
         assert isinstance(entry, str) or entry[1] <= plan.CAPS[name]
+
+
+def test_the_start_up_breakdown_accounts_for_a_run_process():
+    """A run_row of one record (its process wall beside the record's own clock) split into the
+    record's start-up parts, the rest of training, each part of evaluation, and what follows the
+    record; the parts add up to the process's wall time."""
+    row = {"wall_s": 40.0, "run_wall_s": 25.0, "train_s": 20.0,
+           "startup_s": {"before_run": 9.0, "to_fit": 1.0, "to_train": 2.0, "first_batch": 3.0},
+           "eval_s": {"held_out": 1.0, "model": 2.0, "references": 1.5, "scoring": 0.5}}
+    breakdown = rows_module.startup_breakdown(row)
+    parts = breakdown["parts_s"]
+    assert breakdown["process_wall_s"] == 40.0
+    assert parts["training_after_first_batch"] == 14.0 and parts["after_record"] == 6.0
+    assert parts["eval_model"] == 2.0
+    assert sum(parts.values()) == pytest.approx(40.0)  # the record's wall: training + evaluation
+    assert rows_module.startup_breakdown({"wall_s": 3.0, "run_wall_s": 1.0}) is None

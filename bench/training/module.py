@@ -57,6 +57,10 @@ class ICLModule(L.LightningModule):
         # means the step's last has run
         self.micro_index = 0
         self._step_loss: Tensor | None = None  # the sum of the step's micro-batch losses
+        # perf_counter at fit start, train start and the end of this process's first training
+        # batch (host time: a cold start's compile and autotune show there), for the record's
+        # start-up breakdown (bench/training/train.py startup_times)
+        self.marks: dict[str, float] = {}
 
     def train_time(self) -> float:
         return self.prior_train_time + time.perf_counter() - self.clock_start
@@ -82,6 +86,7 @@ class ICLModule(L.LightningModule):
         return loss
 
     def on_train_start(self) -> None:
+        self.marks.setdefault("train_start", time.perf_counter())
         self.micro_index = 0  # a resumed run starts at a step's first micro-batch
         self.train_device = str(self.device)  # Lightning moves the model back to the CPU later
         if self.config.progress and self.trainer.is_global_zero and self.run_info.get("run_id"):
@@ -90,7 +95,11 @@ class ICLModule(L.LightningModule):
             print(f"training started: {self.run_info['run_id']}, step {self.global_step} of "
                   f"{self.config.max_steps} on {self.device}", file=sys.stderr, flush=True)
 
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        self.marks.setdefault("first_batch_end", time.perf_counter())
+
     def on_fit_start(self) -> None:
+        self.marks.setdefault("fit_start", time.perf_counter())
         if self.trainer.world_size > 1:
             lifecycle_group()  # every rank creates it here, in the same order (a collective)
 

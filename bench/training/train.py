@@ -277,6 +277,7 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
                 "log_dir": log_dir, "environment": planned_environment(config)._asdict(),
                 "code": record["provenance"]["code"]}
     start = time.perf_counter()
+    before_run = process_age_s()
     trainer = module = model = None
     path, failure = "", None
     with SignalGuard() as signals:
@@ -337,6 +338,7 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
                                   "dtype": module.eval_dtype, "references_cached": cached,
                                   "time_s": times}
                 record["eval_time_s"] = clock[-1] - clock[0]
+                record["startup_s"] = startup_times(module, start, before_run)
                 record["status"] = "ok"
                 record["wall_time_s"] = module.prior_train_time + time.perf_counter() - start
                 signals.mode = "defer"  # the record is written whole; a signal now waits for it
@@ -415,6 +417,33 @@ def device_name(device: str) -> str:
     says about where it ran, and of its identity when records are pooled."""
     device = torch.device(device)
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux's /proc; None elsewhere)."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def startup_times(module: ICLModule, start: float, before_run: float | None) -> dict:
+    """Where a run's time before its training steps went, in seconds: before_run (from the
+    process's start: imports, composing, the checks), to_fit (building the task and model, the
+    Trainer), to_train (Lightning's set-up: strategy, devices, the data loader) and first_batch
+    (the first training batch: fetching it, compiling, autotuning); None where not reached."""
+    marks = module.marks
+
+    def between(first: str | None, last: str) -> float | None:
+        begin = start if first is None else marks.get(first)
+        return None if begin is None or last not in marks else marks[last] - begin
+
+    return {"before_run": before_run, "to_fit": between(None, "fit_start"),
+            "to_train": between("fit_start", "train_start"),
+            "first_batch": between("train_start", "first_batch_end")}
 
 
 def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone) -> dict:

@@ -75,7 +75,24 @@ def summary(record: dict) -> dict:
             "precision": train.get("precision"), "world_size": train.get("world_size"),
             "eval_device": evaluation.get("device"), "eval_world_size": evaluation.get("world_size"),
             "bayes_gap": metrics.get("bayes_gap"), "bayes_gap_ci": metrics.get("bayes_gap_ci"),
-            "perplexity": (metrics.get("perplexity") or {}).get("model")}
+            "perplexity": (metrics.get("perplexity") or {}).get("model"),
+            "startup_s": record.get("startup_s"), "eval_s": evaluation.get("time_s")}
+
+
+def startup_breakdown(row: dict) -> dict | None:
+    """Where a `bench run` process's wall time went (a run_row of one record): before_run
+    (imports, composing, checks), to_fit, to_train, first_batch (bench/training/train.py
+    startup_times), the rest of training, each part of the evaluation, and what is left of the
+    process's wall time after the record's (writing the record and weights, exiting). None
+    without a record that has them (a record of older code)."""
+    startup = row.get("startup_s")
+    if not startup or row.get("run_wall_s") is None or row.get("wall_s") is None:
+        return None
+    known = [v for k, v in startup.items() if k != "before_run" and v is not None]
+    parts = {**startup, "training_after_first_batch": (row["train_s"] or 0) - sum(known),
+             **{f"eval_{name}": seconds for name, seconds in (row.get("eval_s") or {}).items()},
+             "after_record": row["wall_s"] - row["run_wall_s"] - (startup["before_run"] or 0)}
+    return {"process_wall_s": row["wall_s"], "parts_s": parts}
 
 
 def accelerator(args: dict) -> str:
