@@ -196,3 +196,33 @@ def test_one_control_policy_per_paper(shipped):
                 assert number == factor[claim.paper], (claim.id, claim.control.text)
                 checked += 1
     assert checked >= 30
+
+
+@pytest.mark.parametrize("lru, gdssm, expected", [
+    (3.30, 1.76, "holds at reduced scale"),  # the LRU at the no-learning loss, as the paper's S5
+    (1.76, 1.76, "fails"),  # the LRU reaches one GD step
+    (3.30, 3.30, "not reached at reduced scale"),  # the GD-SSM did not learn: nothing is said
+])
+def test_s5_at_the_no_learning_loss_agrees_with_the_paper(shipped, tmp_path, lru, gdssm,
+                                                          expected):
+    """Issue 44: the paper's S5 loss (0.426) is the no-learning loss, so the control is the
+    GD-SSM learning in context under the same protocol, not the LRU leaving zero."""
+    d = plant(tmp_path, "r", shipped["002-fig4c-s5-final-query"],
+              {"lru1": jitter(lru), "lru2": jitter(lru), "gd1": [1.754] * 3,
+               "zero": [3.303] * 3, "gdssm": jitter(gdssm)})
+    assert d.verdict == expected
+
+
+@pytest.mark.parametrize("transformer, expected", [
+    (0.01, "holds at reduced scale"),  # both trained, Mamba's gap smaller
+    (0.06, "not reached at reduced scale"),  # the transformer did not train: no evidence
+    (0.0002, "fails"),  # both trained, the transformer's gap smaller
+])
+def test_mamba_beats_only_a_transformer_that_trained(shipped, tmp_path, transformer, expected):
+    """Issue 44: 000-fig10-mamba-beats-transformer held against 2-layer transformers that did
+    not train at orders 2-3; its control now asks both models to reach half the unigram gap."""
+    values = {f"m{k}": jitter(0.001, spread=0.05) for k in (1, 2, 3)}
+    values.update({f"t{k}": jitter(transformer, spread=0.05) for k in (1, 2, 3)})
+    values.update({f"u{k}": [0.0774] * 3 for k in (1, 2, 3)})
+    d = plant(tmp_path, "r", shipped["000-fig10-mamba-beats-transformer"], values)
+    assert d.verdict == expected
