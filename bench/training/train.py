@@ -277,7 +277,9 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
                 "log_dir": log_dir, "environment": planned_environment(config)._asdict(),
                 "code": record["provenance"]["code"]}
     start = time.perf_counter()
-    before_run = process_age_s()
+    # a suite's later entries run in the same process: its age says nothing of their start-up
+    before_run = process_age_s() if not _RUNS_STARTED else None
+    _RUNS_STARTED.append(run_id)
     trainer = module = model = None
     path, failure = "", None
     with SignalGuard() as signals:
@@ -419,6 +421,9 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
+_RUNS_STARTED: list[str] = []  # the runs this process has started (startup_times' before_run)
+
+
 def process_age_s() -> float | None:
     """Seconds since this process started (Linux's /proc; None elsewhere)."""
     try:
@@ -432,7 +437,7 @@ def process_age_s() -> float | None:
 
 def startup_times(module: ICLModule, start: float, before_run: float | None) -> dict:
     """Where a run's time before its training steps went, in seconds: before_run (from the
-    process's start: imports, composing, the checks), to_fit (building the task and model, the
+    process's start: imports, composing, the checks; the process's first run only), to_fit (building the task and model, the
     Trainer), to_train (Lightning's set-up: strategy, devices, the data loader) and first_batch
     (the first training batch: fetching it, compiling, autotuning); None where not reached."""
     marks = module.marks
