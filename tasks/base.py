@@ -320,6 +320,15 @@ class Task(abc.ABC):
         return self.batch_size // self.micro_batches
     PREFETCH = 4  # batches each loader worker keeps ready
 
+    def prepare_data(self) -> None:
+        """Once per node before training (bench.training.datamodule calls it where Lightning
+        asks): what is fetched or computed once per machine (the text task tokenizes its splits
+        there). Nothing by default."""
+
+    def setup(self, stage: str) -> None:
+        """On every rank after prepare_data, before the first step or evaluation (the text task
+        checks its splits' exact sizes there). Nothing by default."""
+
     def training_batch(self, step: int, rank: int = 0,
                        pool: dict[str, Tensor] | None = None) -> Batch:
         """Training batch number `step` of DDP rank `rank` (this rank's share of the global

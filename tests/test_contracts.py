@@ -368,3 +368,20 @@ def test_every_family_has_a_conf_file_with_exactly_its_defaults(group):
         assert exact, f"no conf file of {group} family {family} holds its defaults: {differing}"
         if family in names and family not in PRESET_NAMED_AS_FAMILY:
             assert not differing[family], (family, differing[family])
+
+
+def test_every_lightning_hook_a_task_defines_reaches_it_through_the_data_module():
+    """Tasks are not Lightning data modules (bench/training/datamodule.py adapts them): a
+    LightningDataModule hook that a task family defines (the text task's prepare_data and
+    setup) is one TaskData passes on, or Lightning would never call it."""
+    import lightning as L
+
+    from bench.training.datamodule import TaskData
+    from tasks import task_families
+    hooks = {name for name in dir(L.LightningDataModule)
+             if not name.startswith("_") and callable(getattr(L.LightningDataModule, name))}
+    for family, cls in task_families().items():
+        defined = {name for klass in cls.__mro__ if klass is not object
+                   for name in vars(klass) if name in hooks}
+        missing = defined - set(vars(TaskData))
+        assert not missing, f"{family} defines {sorted(missing)}, which TaskData does not pass on"

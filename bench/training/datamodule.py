@@ -18,6 +18,12 @@ class TaskData(L.LightningDataModule):
         super().__init__()
         self.task = task
 
+    def prepare_data(self) -> None:
+        self.task.prepare_data()
+
+    def setup(self, stage: str) -> None:
+        self.task.setup(stage)
+
     def train_dataloader(self):
         trainer = self.trainer  # a resumed run continues the stream where it stopped
         return self.task.train_loader(trainer.global_step, trainer.global_rank,
