@@ -32,7 +32,7 @@ from bench.training import reference_cache
 from bench.training.datamodule import TaskData
 from bench.training.devices import loader_workers
 from bench.training.evaluate import masked_loss, reference_scores, score_predictions, token_scores
-from bench.training.module import ICLModule
+from bench.training.module import ICLModule, adamw_implementation
 from bench.training.train import apply_tf32_policy, build, make_trainer, quiet_lightning
 from models.ssd import mamba_ssm_available, resolve_kernel
 from tasks.base import TRAIN_STREAM, make_generator
@@ -217,7 +217,7 @@ def time_training(config: RunConfig, device: torch.device, steps: int) -> dict:
         model.double()
         inputs = inputs.double() if task.kind == "vectors" else inputs
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.trainer.lr, betas=(0.9, 0.95),
-                                  **({"fused": True} if config.trainer.fused_adamw else {}))
+                                  **adamw_implementation(config.trainer))
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)

@@ -280,14 +280,8 @@ def probe(spec: dict) -> dict:
 def _datamodule(task):
     """The task as Lightning's data module: today's code wraps it (bench.training.datamodule);
     a checkout from before that module was one itself."""
-    name = "bench.training.datamodule"
-    try:
-        adapter = importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name is None or not name.startswith(error.name):
-            raise  # there, but importing something missing: not ours to hide
-        return task
-    return adapter.TaskData(task)
+    adapter = _first_module("bench.training.datamodule", optional=True)
+    return task if adapter is None else adapter.TaskData(task)
 
 
 def _probe(spec: dict, start: float) -> dict:
@@ -359,15 +353,18 @@ NEEDED_FILES = (("bench/training/reference_cache.py", "bench/reference_cache.py"
                 ("bench/training/train.py", "bench/train.py"))
 
 
-def _first_module(*names: str):
+def _first_module(*names: str, optional: bool = False):
     """The first of `names` the checkout has: a module keeps its behaviour when it moves, and
-    the probe reads old checkouts (bench/*.py) and today's (bench/<folder>/*.py) alike."""
+    the probe reads old checkouts (bench/*.py) and today's (bench/<folder>/*.py) alike. None
+    when it has none and `optional` (a module newer than the checkout)."""
     for name in names:
         try:
             return importlib.import_module(name)
         except ModuleNotFoundError as error:
             if error.name is None or not name.startswith(error.name):
                 raise  # a module that is there but imports something missing: not ours to hide
+    if optional:
+        return None
     raise ModuleNotFoundError(f"the checkout has none of {', '.join(names)}")
 
 

@@ -96,7 +96,8 @@ class ICLModule(L.LightningModule):
                   f"{self.config.max_steps} on {self.device}", file=sys.stderr, flush=True)
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        self.marks.setdefault("first_batch_end", time.perf_counter())
+        if "first_batch_end" not in self.marks:  # once: this hook runs at every step
+            self.marks["first_batch_end"] = time.perf_counter()
 
     def on_fit_start(self) -> None:
         self.marks.setdefault("fit_start", time.perf_counter())
@@ -205,14 +206,18 @@ class ICLModule(L.LightningModule):
         # Decay matrices only: norms, biases, gains and SSM scalars (A_log, D, dt_bias) are not
         # weights whose size should shrink. The state-transition parameters the models tag
         # (models.backbone.mark_recurrent) get their own learning rate (paper 002 A.5).
-        # fused only when asked: the flag is part of AdamW's groups (the identity probe's view)
-        fused = {"fused": True} if self.config.fused_adamw else {}
         optimizer = torch.optim.AdamW(parameter_groups(self.model, self.config),
                                       lr=self.config.lr, betas=(0.9, self.config.adam_beta2),
-                                      **fused)
+                                      **adamw_implementation(self.config))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_with_warmup(
             step, self.config.warmup_steps, self.config.max_steps, self.config.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def adamw_implementation(config: TrainerConfig) -> dict:
+    """AdamW's implementation keywords of trainer.fused_adamw: `fused` only when asked, since
+    the flag is part of AdamW's groups (what the identity probe sees of the optimizer)."""
+    return {"fused": True} if config.fused_adamw else {}
 
 
 def parameter_groups(model: torch.nn.Module, config) -> list[dict]:

@@ -437,9 +437,10 @@ def process_age_s() -> float | None:
 
 def startup_times(module: ICLModule, start: float, before_run: float | None) -> dict:
     """Where a run's time before its training steps went, in seconds: before_run (from the
-    process's start: imports, composing, the checks; the process's first run only), to_fit (building the task and model, the
-    Trainer), to_train (Lightning's set-up: strategy, devices, the data loader) and first_batch
-    (the first training batch: fetching it, compiling, autotuning); None where not reached."""
+    process's start: imports, composing, the checks; the process's first run only), to_fit
+    (building the task and model, the Trainer), to_train (Lightning's set-up: strategy, devices,
+    the data loader) and first_batch (the first training batch: fetching it, compiling,
+    autotuning); None where not reached."""
     marks = module.marks
 
     def between(first: str | None, last: str) -> float | None:

@@ -121,8 +121,9 @@ def lm_plan(tuned: set[str]) -> list[tuple[str, bool, str | None]]:
 
 def section_lm(args: dict) -> dict:
     """The language-model presets at T 256 in bf16, each 14.5M one compile off then on, the
-    large two compile off. mamba-ssm's kernel only where its shape was autotuned by warm (mamba_lm14m);
-    elsewhere the pure-PyTorch scan, said in the row: a cold autotune costs minutes."""
+    large two compile off. mamba-ssm's kernel only where its shape was autotuned by warm
+    (mamba_lm14m); elsewhere the pure-PyTorch scan, said in the row: a cold autotune costs
+    minutes."""
     apply_tf32_policy(False)
     device = torch.device("cuda")
     tuned = tuned_shapes(args) if mamba_ssm_available() else set()
