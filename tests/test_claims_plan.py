@@ -1,5 +1,6 @@
-"""`python -m bench claims plan`: the seeds a power estimate says would decide an undecided claim,
-their cost, and the suite file that makes them."""
+"""`python -m bench claims plan`: for every open claim, what would decide it and its price: the seeds
+a power estimate says would decide an undecided claim (and the suite file that makes them), the
+steps of a control that did not train, the runs of a claim with no records."""
 import math
 
 import pytest
@@ -14,13 +15,18 @@ from tasks.stats import t_quantile
 
 def test_seeds_to_decide_is_the_first_n_whose_interval_clears_the_difference():
     # 3 seeds, per-seed spread 1, mean difference 0.9: half-width t(n-1)/sqrt(n) < 0.9 first at
-    n = seeds_to_decide(0.9, (0.9 - t_quantile(2) / math.sqrt(3), 0.9 + t_quantile(2) / math.sqrt(3)),
-                        3)
+    n = seeds_to_decide(0.9, t_quantile(2) / math.sqrt(3), 3)
     assert t_quantile(n - 1) / math.sqrt(n) < 0.9 <= t_quantile(n - 2) / math.sqrt(n - 1)
-    assert seeds_to_decide(0.0, (-1.0, 1.0), 3) is None  # no effect: no seeds decide it
-    assert seeds_to_decide(0.01, (-1.0, 1.0), 3) is None  # more than MAX_SEEDS
-    assert seeds_to_decide(0.5, (0.4, 0.6), 1) == 3  # one seed: seeds to estimate a spread
+    assert seeds_to_decide(0.0, 1.0, 3) is None  # no effect: no seeds decide it
+    assert seeds_to_decide(0.01, 1.0, 3) is None  # more than MAX_SEEDS
+    assert seeds_to_decide(0.5, 0.1, 1) == 3  # one seed: seeds to estimate a spread
     assert MAX_SEEDS == 30
+    # the held-out set's half-width does not shrink with seeds: with it, more seeds are needed,
+    # and where it alone reaches the difference none decide
+    with_held_out = seeds_to_decide(0.9, t_quantile(2) / math.sqrt(3), 3, held_out_half=0.5)
+    assert with_held_out > n
+    assert math.hypot(t_quantile(with_held_out - 1) / math.sqrt(with_held_out), 0.5) < 0.9
+    assert seeds_to_decide(0.9, t_quantile(2) / math.sqrt(3), 3, held_out_half=0.9) is None
 
 
 def test_plan_lists_undecided_claims_and_writes_a_suite_of_their_seeds(tmp_path, capsys):
@@ -37,7 +43,7 @@ def test_plan_lists_undecided_claims_and_writes_a_suite_of_their_seeds(tmp_path,
     assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}", f"out={suite}"]) == 0
     printed = capsys.readouterr().out
     row = next(line for line in printed.splitlines() if line.startswith("| t-conv"))
-    seeds = int(row.split(" | ")[2].split("→")[1])
+    seeds = int(row.split(" | ")[3].split("→")[1])
     assert seeds > 3 and f"| {2 * (seeds - 3)} |" in row
     entries = load_suite(str(suite))
     assert len(entries) == 2 * (seeds - 3)
@@ -48,6 +54,80 @@ def test_plan_lists_undecided_claims_and_writes_a_suite_of_their_seeds(tmp_path,
                  "budget_h=0.001"]) == 0
     assert "(over the budget)" in capsys.readouterr().out
     assert yaml.safe_load(suite.read_text())["runs"] == []
+
+
+def test_a_comparison_with_a_reference_is_priced_with_its_held_out_noise_apart(tmp_path, capsys):
+    """`mamba <= 0.1 * unigram` pairs seeds and adds the reference's held-out noise (it was read as
+    a one-seed comparison: "3 → 3, 0 runs"): the plan asks for more seeds than 3, and the
+    suite's runs are mamba's."""
+    out = tmp_path / "r"
+    gaps = [0.0062, 0.0078, 0.0070]  # against 0.1 x 0.08: open on 3 seeds, decided on more
+    records = [record(MAMBA, seed=s, gap=g, wall_time_s=60.0) for s, g in enumerate(gaps)]
+    for rec in records:  # the reference's own interval: its held-out noise, ±1e-5 after x 0.1
+        rec["metrics"]["gap_ci"]["unigram"] = [0.0799, 0.0801]
+    put(out, *records)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES_REFERENCE)
+    suite = tmp_path / "plan.yaml"
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}", f"out={suite}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| t-ref"))
+    seeds = int(row.split(" | ")[3].split("→")[1])
+    assert seeds > 3 and f"| {seeds - 3} |" in row
+    assert load_suite(str(suite)) == [[*MAMBA, f"seed={s}"] for s in range(3, seeds)]
+
+
+RULES_REFERENCE = """\
+paper: "000"
+title: A test paper
+claims:
+  - id: t-ref
+    section: "Fig. 1"
+    claim: Mamba learns.
+    paper_number: it learns
+    where: [task=markov, trainer.max_steps=1000, trainer.lr=0.01, model=mamba]
+    measure:
+      mamba: {}
+      unigram: {metric: metrics.gap.unigram}
+    kind: attainment
+    rule: "mamba <= 0.1 * unigram"
+    scale: paper
+    command: python -m bench suite name=leaderboard
+"""
+
+
+def test_a_control_that_did_not_train_and_a_claim_without_records_are_priced(tmp_path, capsys):
+    """Not reached: twice the steps of the control's model's runs (its 3 records of 60 s: 6 min);
+    not measured: three seeds of the missing config, timed from the records of the same task and
+    model at other settings (60 s for 1000 steps: 2000 steps cost 2 min a seed)."""
+    out = tmp_path / "r"
+    put(out, *(record(MAMBA, seed=s, gap=0.2, wall_time_s=60.0) for s in range(3)),
+        *(record(NOCONV, seed=s, gap=0.3, wall_time_s=60.0) for s in range(3)))
+    rules = rules_file(tmp_path, control="mamba <= 0.05")
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| t-conv"))
+    assert "not reached at reduced scale" not in row  # scale: paper gives undecided ...
+    rules = rules_file(tmp_path, control="mamba <= 0.05", scale="cpu")
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| t-conv"))
+    assert "not reached at reduced scale" in row and "3 runs of mamba at 2×" in row
+    assert row.endswith("| 6 min |")
+    longer = [a.replace("max_steps=1000", "max_steps=2000") for a in MAMBA]
+    extra = ("  - id: t-missing\n    section: \"Fig. 2\"\n    claim: Longer.\n"
+             "    paper_number: n/a\n    measure:\n"
+             f"      m: {{where: [{', '.join(longer)}]}}\n"
+             "    kind: attainment\n    rule: \"m <= 0.01\"\n    scale: cpu\n"
+             "    command: python -m bench suite name=leaderboard\n")
+    rules.write_text(rules.read_text() + extra)
+    suite = tmp_path / "plan.yaml"
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}", f"out={suite}"]) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("| t-missing"))
+    assert "| not measured |" in row and "| 0 → 3 | 3 | 6 min |" in row
+    assert [*longer, "seed=2"] in load_suite(str(suite))
+    assert "2 open claims (0 undecided, 1 not reached at reduced scale, 1 not measured)" in printed
 
 
 @pytest.mark.parametrize("args, message", [

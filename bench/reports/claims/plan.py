@@ -1,57 +1,76 @@
-"""`python -m bench claims plan`: for each undecided claim, the seeds its undecided comparisons
-need, what they cost here, and the runs that make them (a suite file that `python -m bench
-suite` runs and, interrupted, resumes).
+"""`python -m bench claims plan`: for each open claim (undecided, not reached at reduced scale, not
+measured), what would decide it and what that costs here: the seeds its undecided comparisons
+need and the runs that make them (a suite file that `python -m bench suite` runs and,
+interrupted, resumes), or, where seeds cannot, what can (more steps, more held-out sequences, a
+GPU, a protocol the code lacks) with the price of what is known.
 
-A comparison paired across n seeds has a difference d̄ and, from its t-interval, a per-seed
-spread s; the plan is the smallest n' at which the same effect with the same spread would
-decide, t(n'−1)·s/√n' < |d̄| — an estimate, not a promise: d̄ and s come from n seeds. A
-comparison read on one seed has no spread to estimate: it gets seeds up to 3, which give one.
-One that would need more than MAX_SEEDS is listed as not decidable by seeds at this effect
-size; so is a per-seed claim whose seeds disagree (more seeds cannot make them agree) and a
-quantity that is not a number."""
+A comparison paired across n seeds has a difference d̄ and a half-width in two parts: the seeds'
+t-interval, from a per-seed spread s, and the held-out set's, h, which more seeds do not narrow
+(every seed is scored on the same held-out sequences). The plan is the smallest n' at which the
+same effect with the same spread would decide, hypot(t(n'−1)·s/√n', h) < |d̄| — an estimate, not a
+promise: d̄ and s come from n seeds. Where h alone reaches |d̄|, seeds cannot decide it. A
+comparison read on one seed has no spread to estimate: it gets seeds up to 3, which give one. One
+that would need more than MAX_SEEDS is listed as not decidable by seeds at this effect size; so
+is a per-seed claim whose seeds disagree (more seeds cannot make them agree) and a quantity that
+is not a number. A claim whose control did not hold (its models did not train) is priced at
+twice the steps for the runs of the control's models; one not measured at the runs of its
+missing quantities, three seeds each, timed from records of the same task and model."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.config.formats import plural
-from bench.reports.claims.verdicts import Decision
+from bench.records.store import environment
+from bench.reports.claims.verdicts import Decision, number
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
 
 MAX_SEEDS = 30
 FIRST_SPREAD = 3  # seeds that give a one-seed comparison a spread to judge
+OPEN = ("undecided", "not reached at reduced scale", "not measured")
+STEPS_FACTOR = 2  # a control that did not train is priced at this many times its steps
+
+Run = tuple[tuple[str, ...], int]  # (selector, seed)
 
 
 @dataclass
 class Need:
-    """What one undecided claim needs."""
+    """What one open claim needs."""
 
     claim: str
-    tests: list[str]  # its undecided comparisons
+    verdict: str
+    tests: list[str]  # its undecided (or, not reached: failed control) comparisons
     seeds_now: int
     seeds: int | None  # in all, for the comparison that needs most; None: not by seeds
-    why: str = ""  # why not by seeds
+    why: str = ""  # why not by seeds, and what would decide it instead
     # (selector, seed) of each run to add -> its CPU seconds here (None: unknown)
-    runs: dict[tuple[tuple[str, ...], int], float | None] = field(default_factory=dict)
+    runs: dict[Run, float | None] = field(default_factory=dict)
+    # what decides it when seeds cannot, and its CPU seconds here (None: unknown, or no CPU price)
+    other_s: float | None = None
 
     @property
     def cpu_s(self) -> float | None:
+        if self.seeds is None:
+            return self.other_s
         costs = list(self.runs.values())
         return None if any(c is None for c in costs) else sum(costs)
 
 
-def seeds_to_decide(difference: float, interval: tuple[float, float], n: int) -> int | None:
-    """The seeds at which a paired difference with this mean and spread decides (module doc)."""
+def seeds_to_decide(difference: float, seed_half: float, n: int, held_out_half: float = 0.0
+                    ) -> int | None:
+    """The seeds at which a paired difference with this mean, seed half-width over n seeds and
+    held-out half-width decides (module doc); None when no count up to MAX_SEEDS does."""
     if n < 2:
         return FIRST_SPREAD
-    half = (interval[1] - interval[0]) / 2
-    spread = half * math.sqrt(n) / t_quantile(n - 1)
-    if not math.isfinite(spread) or not math.isfinite(difference) or difference == 0:
+    spread = seed_half * math.sqrt(n) / t_quantile(n - 1)
+    if not (math.isfinite(spread) and math.isfinite(difference) and difference != 0
+            and math.isfinite(held_out_half)) or held_out_half >= abs(difference):
         return None
     for m in range(n + 1, MAX_SEEDS + 1):
-        if t_quantile(m - 1) * spread / math.sqrt(m) < abs(difference):
+        if math.hypot(t_quantile(m - 1) * spread / math.sqrt(m), held_out_half) < abs(difference):
             return m
     return None
 
@@ -68,11 +87,33 @@ def is_reference(quantity) -> bool:
     return path[-1].split(".")[-1] != "model"
 
 
-def need_of(decision: Decision) -> Need:
+def seconds_per_step(config, rows: list[list[dict]]) -> float | None:
+    """A run's CPU seconds per training step, from the CPU records of the same task and model
+    (any settings; their median): what a run that has no record yet will cost, roughly."""
+    rates = []
+    for row in rows:
+        for record in row:
+            if record["task"]["name"] != config.task_name \
+                    or record["model"]["name"] != config.model_name \
+                    or environment(record).device != "cpu":
+                continue
+            wall = number(record.get("wall_time_s"))
+            steps = number(record["trainer"]["config"].get("max_steps"))
+            if wall is not None and steps and math.isfinite(wall) and wall > 0:
+                rates.append(wall / steps)
+    return statistics.median(rates) if rates else None
+
+
+def _quantities(decision: Decision):
     claim = decision.claim
+    return (claim.paper_quantities if decision.scale == "paper" and claim.paper_quantities
+            else claim.quantities)
+
+
+def _undecided(decision: Decision, need: Need) -> Need:
+    claim, quantities = decision.claim, _quantities(decision)
     open_tests = [t for t in decision.tests if t.outcome is None]
-    seeds_now = min((len(m.seeds) for m in decision.values.values()), default=0)
-    need = Need(claim.id, [t.text for t in open_tests], seeds_now, None)
+    need.tests = [t.text for t in open_tests]
     if claim.per_seed:
         need.why = ("a claim about each run, judged on each seed's own record: more seeds "
                     "cannot make seeds that disagree agree, nor narrow one seed's interval")
@@ -80,8 +121,6 @@ def need_of(decision: Decision) -> Need:
     if not open_tests:
         need.why = decision.note or "nothing to estimate"
         return need
-    quantities = (claim.paper_quantities if decision.scale == "paper" and claim.paper_quantities
-                  else claim.quantities)
     wanted = []
     for test in open_tests:
         if all(is_reference(quantities[name]) for name in test.names):
@@ -89,12 +128,21 @@ def need_of(decision: Decision) -> Need:
                         "held-out noise shrinks with more held-out sequences "
                         "(trainer.eval_sequences), not with seeds")
             return need
-        n = int(test.paired.split()[0]) if test.paired.endswith("seeds") else 1
-        m = seeds_to_decide(test.difference, test.interval, n)
-        if m is None:
-            need.why = (f"`{test.text}`: " + ("not a number" if math.isnan(test.difference)
-                        else f"needs more than {MAX_SEEDS} seeds at this effect size"))
+        if math.isnan(test.difference):
+            need.why = f"`{test.text}`: not a number"
             return need
+        if test.seeds >= 2:
+            m = seeds_to_decide(test.difference, test.seed_half, test.seeds, test.held_out_half)
+            if m is None:
+                need.why = f"`{test.text}`: " + (
+                    f"the held-out set's noise alone (±{test.held_out_half:.3g}) reaches the "
+                    f"difference {test.difference:.3g}: more held-out sequences "
+                    "(trainer.eval_sequences), not seeds"
+                    if test.held_out_half >= abs(test.difference)
+                    else f"needs more than {MAX_SEEDS} seeds at this effect size")
+                return need
+        else:  # one seed, or quantities on different seeds: each gets seeds to FIRST_SPREAD
+            m = max([FIRST_SPREAD] + [len(decision.values[n].seeds) for n in test.names])
         wanted.append((test, m))
     need.seeds = max(m for _, m in wanted)
     for test, m in wanted:
@@ -105,10 +153,67 @@ def need_of(decision: Decision) -> Need:
     return need
 
 
-def make_plan(decisions: list[Decision]) -> list[Need]:
-    """Every undecided claim's need, the cheapest per claim first (those seeds cannot decide
-    last)."""
-    needs = [need_of(d) for d in decisions if d.verdict == "undecided"]
+def _not_reached(decision: Decision, need: Need) -> Need:
+    """The control's models did not train: more steps, priced at STEPS_FACTOR times the steps of
+    the runs of its failed comparisons' models (references aside)."""
+    quantities = _quantities(decision)
+    failed = [t for t in decision.tests if t.outcome is False]
+    need.tests = [t.text for t in failed]
+    # a per-seed claim keeps no tests: then every model it reads
+    named = {n for t in failed for n in t.names} or set(decision.values)
+    names = sorted({n for n in named if not is_reference(quantities[n])} or named)
+    runs: dict[str, float | None] = {}  # run id -> its wall time; quantities share records
+    for name in names:
+        measured = decision.values[name]
+        runs.update(dict.fromkeys(measured.runs, measured.wall_time_s))
+    need.other_s = None if None in runs.values() else \
+        STEPS_FACTOR * sum(runs.values())  # type: ignore[arg-type]
+    what = "the model did not reach it" if decision.control is True \
+        else "its control's models did not train"
+    need.why = (f"more steps ({what} at this budget): {plural(len(runs), 'run')} of "
+                f"{', '.join(names) or 'its models'} at {STEPS_FACTOR}× their steps")
+    return need
+
+
+def _not_measured(decision: Decision, need: Need, rows: list[list[dict]]) -> Need:
+    claim, quantities = decision.claim, _quantities(decision)
+    if claim.needs:
+        need.why = f"a protocol the code lacks: {claim.needs}"
+        return need
+    if claim.gpu and decision.missing:
+        need.why = "a GPU (its command runs on one)"
+        return need
+    lacking = set(decision.missing) & set(decision.values)  # records of older code
+    for name in decision.missing:
+        quantity = quantities[name]
+        selector = tuple(quantity.where)
+        if name in lacking:
+            measured = decision.values[name]
+            for seed in measured.seeds:
+                need.runs.setdefault((selector, seed), measured.wall_time_s)
+            continue
+        rate = seconds_per_step(quantity.config, rows)
+        steps = quantity.config.trainer.max_steps
+        for seed in range(FIRST_SPREAD):
+            need.runs.setdefault((selector, seed), rate * steps if rate is not None else None)
+    need.seeds = FIRST_SPREAD
+    need.tests = [f"no records: {', '.join(decision.missing)}"]
+    return need
+
+
+def need_of(decision: Decision, rows: list[list[dict]] | None = None) -> Need:
+    seeds_now = min((len(m.seeds) for m in decision.values.values()), default=0)
+    need = Need(decision.claim.id, decision.verdict, [], seeds_now, None)
+    if decision.verdict == "not reached at reduced scale":
+        return _not_reached(decision, need)
+    if decision.verdict == "not measured":
+        return _not_measured(decision, need, rows or [])
+    return _undecided(decision, need)
+
+
+def make_plan(decisions: list[Decision], rows: list[list[dict]] | None = None) -> list[Need]:
+    """Every open claim's need, those seeds decide first, the cheapest first."""
+    needs = [need_of(d, rows) for d in decisions if d.verdict in OPEN]
     return sorted(needs, key=lambda n: (n.seeds is None, n.cpu_s is None, n.cpu_s or 0.0,
                                         n.claim))
 
@@ -121,16 +226,17 @@ def duration(seconds: float | None) -> str:
 
 def plan_table(needs: list[Need], budget_s: float | None
                ) -> tuple[list[str], list[Need], float]:
-    """The plan as markdown lines, the needs that fit the budget (cheapest first) and their CPU
-    seconds, a run shared by several claims counted once."""
-    lines = ["| claim | undecided comparisons | seeds now → to decide | runs to add | CPU time |",
-             "|---|---|---|---|---|"]
+    """The plan as markdown lines, the needs whose runs fit the budget (cheapest first) and their
+    CPU seconds, a run shared by several claims counted once."""
+    lines = ["| claim | verdict | open comparisons | seeds now → to decide | runs to add | "
+             "CPU time |", "|---|---|---|---|---|---|"]
     chosen, spent, planned = [], 0.0, set()
     for need in needs:
         tests = "<br>".join(f"`{t}`" for t in need.tests) or "—"
         if need.seeds is None:
-            lines.append(f"| {need.claim} | {tests} | {need.seeds_now} → not by seeds: "
-                         f"{need.why} | — | — |")
+            price = duration(need.other_s) if need.other_s is not None else "—"
+            lines.append(f"| {need.claim} | {need.verdict} | {tests} | {need.seeds_now} → not "
+                         f"by seeds: {need.why} | — | {price} |")
             continue
         extra = sum(c or 0.0 for r, c in need.runs.items() if r not in planned)
         fits = budget_s is None or (need.cpu_s is not None and spent + extra <= budget_s)
@@ -139,8 +245,8 @@ def plan_table(needs: list[Need], budget_s: float | None
             planned.update(need.runs)
             spent += extra
         mark = "" if fits else " (over the budget)"
-        lines.append(f"| {need.claim} | {tests} | {need.seeds_now} → {need.seeds} | "
-                     f"{len(need.runs)} | {duration(need.cpu_s)}{mark} |")
+        lines.append(f"| {need.claim} | {need.verdict} | {tests} | {need.seeds_now} → "
+                     f"{need.seeds} | {len(need.runs)} | {duration(need.cpu_s)}{mark} |")
     return lines, chosen, spent
 
 
@@ -149,24 +255,28 @@ def suite_yaml(needs: list[Need], command: str) -> str:
     an interrupted suite has decided what it could)."""
     runs = list(dict.fromkeys(run for need in needs for run in sorted(need.runs)))
     claims = ", ".join(n.claim for n in needs)
-    lines = [f"# Made by `{command}`: the seeds that a power estimate says would decide "
-             f"{claims or 'nothing'}.", "runs:"]
+    lines = [f"# Made by `{command}`: the runs that would decide (the seeds a power estimate "
+             f"asks for, the records a claim lacks) {claims or 'nothing'}.", "runs:"]
     lines += [f"  - [{', '.join([*selector, f'seed={seed}'])}]" for selector, seed in runs]
     return "\n".join(lines) + "\n" if runs else "\n".join(lines) + " []\n"
 
 
 def power_plan(decisions: list[Decision], budget_s: float | None, out: Path | None,
-               command: str, out_dir: str) -> str:
+               command: str, out_dir: str, rows: list[list[dict]] | None = None) -> str:
     """The plan's report: its table, a summary line, and (out) the suite file it wrote."""
-    needs = make_plan(decisions)
+    needs = make_plan(decisions, rows)
     lines, chosen, spent = plan_table(needs, budget_s)
     runs = {run for need in chosen for run in need.runs}
-    decidable = [n for n in needs if n.seeds is not None]
+    by_runs = [n for n in needs if n.seeds is not None]
+    other = [n for n in needs if n.seeds is None and n.other_s is not None]
     budget = f" within {budget_s / 3600:g} h" if budget_s is not None else ""
-    lines.append(f"{plural(len(needs), 'undecided claim')}: {len(decidable)} a power estimate "
-                 f"says more seeds would decide; {plural(len(chosen), 'claim')} chosen{budget}: "
-                 f"{plural(len(runs), 'run')}, {duration(spent)} of CPU here (from the records' "
-                 "wall times)")
+    counts = ", ".join(f"{sum(n.verdict == v for n in needs)} {v}" for v in OPEN)
+    lines.append(f"{plural(len(needs), 'open claim')} ({counts}): {len(by_runs)} that runs of "
+                 f"their configs would decide (a power estimate for the undecided); "
+                 f"{plural(len(chosen), 'claim')} chosen{budget}: {plural(len(runs), 'run')}, "
+                 f"{duration(spent)} of CPU here (from the records' wall times); "
+                 f"{len(other)} more at {duration(sum(n.other_s for n in other))} "
+                 "by more steps; the rest by what their row says")
     if out is not None:
         text = suite_yaml(chosen, command)
         write_atomic(out, lambda tmp: Path(tmp).write_text(text))

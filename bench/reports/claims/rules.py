@@ -151,6 +151,11 @@ class Test:
     outcome: bool | None
     why: str = ""
     names: tuple[str, ...] = ()  # the quantities it compares
+    # paired across seeds: how many, and the two parts of the interval's half-width (the seeds'
+    # t-interval, which more seeds narrow; the held-out set's, which they do not)
+    seeds: int = 0
+    seed_half: float = math.nan
+    held_out_half: float = 0.0
 
 
 BOOTSTRAP_RESAMPLES = 2000  # of the held-out sequences, for a comparison on one seed
@@ -284,7 +289,7 @@ class Rule:
                         if isinstance(n, ast.Name) and n.id not in FUNCTIONS})
         common = sorted(set.intersection(*(set(samples[n].per_seed) for n in names))) \
             if names else []
-        paired, why = "", ""
+        paired, why, seeds, seed_half, held_out = "", "", 0, math.nan, 0.0
         # quantities that differ between seeds: a comparison of references alone (the same on
         # every seed) has no seed-to-seed spread, only the held-out set's
         varying = [n for n in names if len({samples[n].per_seed[seed] for seed in common}) > 1]
@@ -292,13 +297,13 @@ class Rule:
             differences = [_value(left, env) - _value(right, env) for env in
                            ({n: samples[n].per_seed[seed] for n in names} for seed in common)]
             if all(math.isfinite(d) for d in differences):
-                mean, half = across_seeds(differences)
+                mean, seed_half = across_seeds(differences)
                 held_out, how = _held_out_half(left, right, names, varying, samples, common)
-                half = math.hypot(half, held_out)
+                half = math.hypot(seed_half, held_out)
                 difference, interval = mean, (mean - half, mean + half)
             else:
                 difference, interval, how = math.nan, (math.nan, math.nan), ""
-            paired = f"{len(common)} seeds{how}"
+            paired, seeds = f"{len(common)} seeds{how}", len(common)
         elif common and (sequences := _sequences(names, samples, common[0])) is not None:
             difference, interval = _bootstrap(left, right, sequences)
             paired = f"{len(next(iter(sequences.values())))} sequences of seed {common[0]}"
@@ -315,7 +320,8 @@ class Rule:
         if outcome is None:
             why = "not a number" if math.isnan(interval[0] + interval[1]) else \
                 "the interval of the difference holds 0"
-        tests.append(Test(text, difference, interval, paired, outcome, why, tuple(names)))
+        tests.append(Test(text, difference, interval, paired, outcome, why, tuple(names), seeds,
+                          seed_half, held_out))
         return outcome
 
 
