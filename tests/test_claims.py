@@ -703,3 +703,25 @@ def test_claims_decided_on_the_same_records_say_so(tmp_path):
         in rows["t-twin"]
     assert "; its rule reads the same records as t-conv, t-twin" in rows["t-control"]
     assert "the same records" not in rows["t-alone"]
+
+
+def test_a_row_says_when_records_of_one_seed_disagree_and_rounding_is_no_disagreement(
+        tmp_path, capsys):
+    """Two records of one seed and version that disagree (training amplifies float-level
+    differences) are pooled as one experiment: the row says so and which is used. Two that
+    differ by rounding of the losses (a gap is a difference of two losses of ~0.5: 1e-8 of it
+    is 2e-8 of the loss, below the identity's tolerance) are no disagreement."""
+    out = tmp_path / "r"
+    put(out, record(MAMBA, seed=0, gap=0.0010, stamp="20260101-100000"),
+        record(MAMBA, seed=0, gap=0.0015, stamp="20260102-100000"),
+        record(MAMBA, seed=1, gap=0.00002, stamp="20260101-100000"),
+        record(MAMBA, seed=1, gap=0.00002 + 1e-8, stamp="20260102-100000"),
+        record(NOCONV, seed=0, gap=0.06), record(NOCONV, seed=1, gap=0.07))
+    selection = select_runs(str(out))
+    assert [(older["seed"], newer["metrics"]["bayes_gap"]) for section in selection.sections
+            for _, older, newer in section.conflicts] == [(0, 0.0015)]
+    [d] = decide_all(load_claims(rules_file(tmp_path)), selection)
+    assert d.values["mamba"].twins == {0: (0.0015, [0.0010])}
+    assert ("records of one version disagree on seed 0 (up to 33% of the value used: "
+            "float-level differences between code versions or thread counts that training "
+            "amplifies); the newest of each seed is used") in claims_mod.ours_cell(d)

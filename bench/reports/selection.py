@@ -35,6 +35,7 @@ from bench.config import ConfigError
 from bench.config.formats import fmt_sig, plural
 from bench.records.store import RESULT_NEUTRAL, code_digest, environment, read_records
 from bench.reports.identities import Index, current_code, load_index, resolved_config
+from bench.reports.identity import TOLERANCE
 
 INCLUDE = ("suite", "all")
 IGNORED_IN_LABELS = tuple(f"trainer.{key}" for key in RESULT_NEUTRAL)
@@ -240,7 +241,10 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
         if seen is not None:
             duplicates[section] += 1
             if disagree(seen, record):
-                conflicts[section].append((row, *sorted([seen, record], key=lambda r: r["_age"])))
+                older, newer = sorted([seen, record], key=lambda r: r["_age"])
+                conflicts[section].append((row, older, newer))
+                # the record kept carries what its twins said: a row that uses it says so
+                newer.setdefault("_twins", []).extend([older, *older.get("_twins", [])])
             if seen["_age"] > record["_age"]:
                 continue
         newest[section][(row, record["seed"])] = record
@@ -267,7 +271,11 @@ def disagree(first: dict, second: dict) -> bool:
     differences that training amplifies: one seed of MambaZero with an L1 head ends 13% apart
     on 1 and 2 threads); of one commit, the same run gave two answers or a record was edited."""
     a, b = headline(first), headline(second)
-    return abs(a - b) > 1e-6 * max(abs(a), abs(b), 1e-12)
+    # relative to the model's loss: a gap is a difference of two losses, and rounding moves the
+    # losses (a gap of 1e-5 on losses of 1.3 differs by 1e-7 between thread counts: no change)
+    losses = [r["metrics"].get("loss", {}).get("model") for r in (first, second)]
+    scale = max(abs(a), abs(b), *(abs(x) for x in losses if isinstance(x, (int, float))), 1e-12)
+    return abs(a - b) > TOLERANCE * scale
 
 
 def current_version(rows: list[list[dict]]) -> list[dict]:

@@ -119,12 +119,29 @@ def ours_cell(decision: Decision, shared: str | None = None) -> str:
     if decision.verdict == "not measured":
         return "<br>".join([f"*not measured: {why_not(decision)}*", *parts,
                             *(f"*{text}*" for text in ran)])
+    twins = disagreeing_twins(decision)
     codes = sorted({m.code for m in decision.values.values()})
     scale = "paper scale" if decision.scale == "paper" else "reduced (CPU) scale"
     tail = f"*{', '.join([scale, 'code ' + ', '.join(codes), *ran])}*" + (
         f"; {decision.note}" if decision.note else "") + (
-        f"; {shared}" if shared else "")
+        f"; {shared}" if shared else "") + (f"; {twins}" if twins else "")
     return "<br>".join([*parts, tail])
+
+
+def disagreeing_twins(decision: Decision) -> str:
+    """A note on the seeds whose records of one version disagree (the newest is used): pooled
+    as one experiment, they did not reproduce each other, and the row must say so."""
+    found = {}  # seed -> (the headline used, the others)
+    for m in decision.values.values():
+        found.update(m.twins)
+    if not found:
+        return ""
+    worst = max(abs(o - used) / max(abs(used), 1e-12)
+                for used, others in found.values() for o in others)
+    seeds = seeds_text(sorted(found))
+    return (f"records of one version disagree on {seeds} (up to {worst:.0%} of the value used: "
+            "float-level differences between code versions or thread counts that training "
+            "amplifies); the newest of each seed is used")
 
 
 def verdict_counts(decisions: list[Decision], bold: bool = False) -> str:
@@ -162,7 +179,8 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "records' behavioural identity where <out_dir>/identities.json has it — `≡<id>, "
             "current`: records of any commit whose code today's reproduces — else their code "
             "version; of several, the newest unless an older one has more seeds), each seed "
-            "once, a quantity from the records that carry its metric, and all quantities of a claim from "
+            "once (where two records of one seed and version disagree beyond rounding, the "
+            "newest, and the row says so), a quantity from the records that carry its metric, and all quantities of a claim from "
             "one machine (device and TF32: CPU and GPU runs are never compared or pooled; the "
             "machine where most quantities have records, then the most seeds, then the newest; "
             "named in the row unless the CPU); several seeds "

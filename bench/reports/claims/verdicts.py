@@ -23,7 +23,7 @@ import torch
 from bench.records.store import Environment, environment, record_matches
 from bench.reports.claims.rules import Interval, Sample, Test
 from bench.reports.claims.spec import Claim, Quantity
-from bench.reports.selection import Selection, current_version, version_label
+from bench.reports.selection import Selection, current_version, headline, version_label
 from tasks.stats import across_seeds
 
 VERDICTS = ("holds", "holds at reduced scale", "fails", "not reached at reduced scale",
@@ -141,6 +141,9 @@ class Measured:
     sequences: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
     seed_intervals: list[tuple[float, float] | None] = field(default_factory=list)  # own, by seed
     wall_time_s: float | None = None  # a record's mean wall time (what one more seed costs)
+    # seed -> (the headline of the record used, those of older records of the same seed and
+    # version that disagree with it: selection.disagree)
+    twins: dict[int, tuple[float, list[float]]] = field(default_factory=dict)
 
     def as_interval(self) -> Interval:
         """What an unpaired comparison uses: the 95% interval, or the value where there is
@@ -260,7 +263,9 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
     return Measured(mean, interval, [row[i]["seed"] for i in order],
                     version_label(row[-1]), half is not None, environment(row[0]).kernel,
                     [values[i] for i in order], sorted(str(r.get("run_id")) for r in row),
-                    sequences, [read[i][1] for i in order], wall_time(row))
+                    sequences, [read[i][1] for i in order], wall_time(row),
+                    {r["seed"]: (headline(r), [headline(t) for t in r["_twins"]])
+                     for r in row if r.get("_twins")})
 
 
 @dataclass
