@@ -408,8 +408,8 @@ def test_claims_md_is_written_with_rows_rules_and_evidence(tmp_path, capsys):
     target = tmp_path / "claims.md"
     assert main(["claims", f"out_dir={out}", f"out={target}", f"rules={rules}"]) == 0
     text = target.read_text()
-    assert ("**1 paper claim** (0 holds, 0 holds at reduced scale, 1 fails, 0 not reached at "
-            "reduced scale, 0 undecided, 0 not measured).") in text
+    assert ("**1 paper claim** (0 holds, 0 holds at reduced scale, 1 fails, 0 task cannot "
+            "separate, 0 not reached at reduced scale, 0 undecided, 0 not measured).") in text
     assert "## 000 — A test paper" in text
     row = next(line for line in text.splitlines() if line.startswith("| t-conv"))
     cells = [c.strip() for c in row.strip("|").split(" | ")]

@@ -101,17 +101,55 @@ def test_two_layer_transformer_learns_at_the_half_gap(shipped, tmp_path, t2, exp
     ("004-b2-selectivity-colored", "selective", "nonselective"),
     ("004-s5-selective-beats-linear-transformer-colored", "selective_ssm", "linear_transformer"),
 ])
-@pytest.mark.parametrize("gap, expected", [(0.05, "holds at reduced scale"), (0.0012, "fails")])
+@pytest.mark.parametrize("room, gap, expected", [
+    (0.03, 0.05, "holds at reduced scale"), (0.03, 0.0012, "fails"),
+    # B.2's task: Bayes 5e-5 above the clairvoyant filter, far below the rule's margin (0.0177)
+    (5e-5, 0.05, "task cannot separate"), (5e-5, 0.0012, "task cannot separate")])
 def test_colored_noise_separation_needs_a_tenth_of_the_erm_excess(shipped, tmp_path, claim,
-                                                                  better, worse, gap, expected):
-    """Two trained models 1e-4 apart at noise level no longer leave the row undecided: the
-    difference must reach a tenth of the misspecified filter's excess (0.177) to hold, and
-    fails, paired across seeds, when it is clearly below it."""
+                                                                  better, worse, room, gap,
+                                                                  expected):
+    """Where the task leaves room (what in-context inference can gain, Bayes over the
+    clairvoyant filter, at least the rule's margin), two trained models must differ by a tenth
+    of the misspecified filter's excess (0.177) to hold, and fail, paired across seeds, when
+    clearly below it. Where it leaves less, the row says the task cannot separate them, however
+    far apart the models are."""
     d = plant(tmp_path, "r", shipped[claim],
               {better: jitter(0.001, spread=0.1), worse: jitter(gap, spread=0.1),
-               "misspecified": [0.177] * 3})
+               "misspecified": [0.177] * 3, "clairvoyant": [-room] * 3})
+    assert d.verdict == expected
+    if expected == "task cannot separate":
+        assert d.separable is False and "leaves less room than the rule asks" in d.note
+    else:
+        assert d.separable is True and d.control is True
+        assert d.tests[-1].paired.startswith("3 seeds")
+
+
+@pytest.mark.parametrize("room, relative, expected", [
+    (0.02, 0.0006, "holds at reduced scale"), (0.02, 0.05, "not reached at reduced scale"),
+    (5e-5, 0.0006, "task cannot separate")])
+def test_reaching_bayes_on_colored_noise_needs_room_for_in_context_learning(
+        shipped, tmp_path, room, relative, expected):
+    """Within 1% of Bayes says nothing about in-context learning where the filter that knows ρ
+    is itself within 0.005% of it (B.2's task): the row says so instead of holding."""
+    d = plant(tmp_path, "r", shipped["004-thm1-colored-mamba"],
+              {"relative_gap": jitter(relative), "clairvoyant": [-room] * 3, "bayes": [1.1] * 3})
+    assert d.verdict == expected
+
+
+@pytest.mark.parametrize("claim, better, worse", [
+    ("004-x-room-ssm-beats-transformer", "mamba", "transformer"),
+    ("004-x-room-selectivity", "selective", "nonselective"),
+    ("004-x-room-selective-beats-linear-transformer", "selective_ssm", "linear_transformer")])
+@pytest.mark.parametrize("gap, expected", [(0.06, "holds at reduced scale"), (0.021, "fails")])
+def test_room_comparisons_need_a_fifth_of_the_room(shipped, tmp_path, claim, better, worse, gap,
+                                                   expected):
+    """On lgssm_colored_room (room 0.034): better at 0.020, worse 0.06 apart by more than a fifth
+    of the room holds; 0.001 apart fails, paired by seed."""
+    assert shipped[claim].extension
+    d = plant(tmp_path, "r", shipped[claim],
+              {better: jitter(0.020, spread=0.05), worse: jitter(gap, spread=0.05),
+               "misspecified": [0.44] * 3, "clairvoyant": [-0.034] * 3})
     assert d.control is True and d.verdict == expected
-    assert d.tests[-1].paired.startswith("3 seeds")
 
 
 @pytest.mark.parametrize("ssm_mean, lt_std, expected", [
@@ -133,11 +171,13 @@ def test_error_histogram_is_an_equivalence_on_each_run(shipped, tmp_path, ssm_me
 def test_steeper_decay_compares_slopes_of_the_excess(shipped, tmp_path, ssm, lt, expected):
     claim = shipped["004-s5-steeper-decay-with-context"]
     assert claim.quantities["ssm_slope"].path[-2] == "loglog_slope_over_clairvoyant"
-    d = plant(tmp_path, "r", claim,
-              {"ssm_slope": jitter(ssm), "lt_slope": jitter(lt), "bayes_mse_slope": [0.0] * 3,
-               "selective_ssm": [0.001] * 3, "linear_transformer": [0.002] * 3,
-               "misspecified": [0.177] * 3})
-    assert d.verdict == expected
+    values = {"ssm_slope": jitter(ssm), "lt_slope": jitter(lt), "bayes_mse_slope": [0.0] * 3,
+              "selective_ssm": [0.001] * 3, "linear_transformer": [0.002] * 3,
+              "misspecified": [0.177] * 3, "clairvoyant": [-0.01] * 3}
+    assert plant(tmp_path, "r", claim, values).verdict == expected
+    # B.2's task: the models' own excess (1e-3) dwarfs what inference can gain there (5e-5)
+    values["clairvoyant"] = [-5e-5] * 3
+    assert plant(tmp_path, "b2", claim, values).verdict == "task cannot separate"
 
 
 @pytest.mark.parametrize("bayes_excess, expected", [((3e-4, 2e-4, 1e-4), "holds"),
@@ -176,9 +216,10 @@ def test_extensions_are_counted_apart(shipped):
                  Decision(shipped["000-fig1a-mamba-order1"], "holds at reduced scale")]
     assert shipped["004-thm2-bayes-beats-erm"].extension  # true by definition: not a finding
     assert verdict_counts(decisions) == (
-        "1 paper claim (0 holds, 1 holds at reduced scale, 0 fails, 0 not reached at reduced "
-        "scale, 0 undecided, 0 not measured); 1 extension (1 holds, 0 holds at reduced scale, "
-        "0 fails, 0 not reached at reduced scale, 0 undecided, 0 not measured)")
+        "1 paper claim (0 holds, 1 holds at reduced scale, 0 fails, 0 task cannot separate, 0 "
+        "not reached at reduced scale, 0 undecided, 0 not measured); 1 extension (1 holds, 0 "
+        "holds at reduced scale, 0 fails, 0 task cannot separate, 0 not reached at reduced "
+        "scale, 0 undecided, 0 not measured)")
 
 
 def test_one_control_policy_per_paper(shipped):

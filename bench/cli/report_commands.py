@@ -94,15 +94,13 @@ def cmd_claims_plan(argv: list[str]) -> int:
     out_path = output_path(out) if out else None
     from bench.reports.claims import decide_all, load_claims
     from bench.reports.claims.plan import power_plan
-    from bench.reports.claims.verdicts import rows_of
     from bench.reports.selection import select_runs
     claims = load_claims(rules or None)
     selection = select_runs(out_dir, include)
     for line in selection.warnings():
         print(line, file=sys.stderr)
     command = " ".join(["python -m bench claims plan", *given])
-    print(power_plan(decide_all(claims, selection), budget_s, out_path, command, out_dir,
-                     rows_of(selection)))
+    print(power_plan(decide_all(claims, selection), budget_s, out_path, command, out_dir))
     return 0
 
 

@@ -18,13 +18,11 @@ missing quantities, three seeds each, timed from records of the same task and mo
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.config.formats import plural
-from bench.records.store import environment
-from bench.reports.claims.verdicts import Decision, number
+from bench.reports.claims.verdicts import Decision
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
 
@@ -85,23 +83,6 @@ def is_reference(quantity) -> bool:
     if len(path) > 1 and path[0] == "metrics" and path[1] in MODEL_METRICS:
         return False
     return path[-1].split(".")[-1] != "model"
-
-
-def seconds_per_step(config, rows: list[list[dict]]) -> float | None:
-    """A run's CPU seconds per training step, from the CPU records of the same task and model
-    (any settings; their median): what a run that has no record yet will cost, roughly."""
-    rates = []
-    for row in rows:
-        for record in row:
-            if record["task"]["name"] != config.task_name \
-                    or record["model"]["name"] != config.model_name \
-                    or environment(record).device != "cpu":
-                continue
-            wall = number(record.get("wall_time_s"))
-            steps = number(record["trainer"]["config"].get("max_steps"))
-            if wall is not None and steps and math.isfinite(wall) and wall > 0:
-                rates.append(wall / steps)
-    return statistics.median(rates) if rates else None
 
 
 def _quantities(decision: Decision):
@@ -175,7 +156,7 @@ def _not_reached(decision: Decision, need: Need) -> Need:
     return need
 
 
-def _not_measured(decision: Decision, need: Need, rows: list[list[dict]]) -> Need:
+def _not_measured(decision: Decision, need: Need) -> Need:
     claim, quantities = decision.claim, _quantities(decision)
     if claim.needs:
         need.why = f"a protocol the code lacks: {claim.needs}"
@@ -192,7 +173,7 @@ def _not_measured(decision: Decision, need: Need, rows: list[list[dict]]) -> Nee
             for seed in measured.seeds:
                 need.runs.setdefault((selector, seed), measured.wall_time_s)
             continue
-        rate = seconds_per_step(quantity.config, rows)
+        rate = decision.step_s.get(name)
         steps = quantity.config.trainer.max_steps
         for seed in range(FIRST_SPREAD):
             need.runs.setdefault((selector, seed), rate * steps if rate is not None else None)
@@ -201,19 +182,19 @@ def _not_measured(decision: Decision, need: Need, rows: list[list[dict]]) -> Nee
     return need
 
 
-def need_of(decision: Decision, rows: list[list[dict]] | None = None) -> Need:
+def need_of(decision: Decision) -> Need:
     seeds_now = min((len(m.seeds) for m in decision.values.values()), default=0)
     need = Need(decision.claim.id, decision.verdict, [], seeds_now, None)
     if decision.verdict == "not reached at reduced scale":
         return _not_reached(decision, need)
     if decision.verdict == "not measured":
-        return _not_measured(decision, need, rows or [])
+        return _not_measured(decision, need)
     return _undecided(decision, need)
 
 
-def make_plan(decisions: list[Decision], rows: list[list[dict]] | None = None) -> list[Need]:
+def make_plan(decisions: list[Decision]) -> list[Need]:
     """Every open claim's need, those seeds decide first, the cheapest first."""
-    needs = [need_of(d, rows) for d in decisions if d.verdict in OPEN]
+    needs = [need_of(d) for d in decisions if d.verdict in OPEN]
     return sorted(needs, key=lambda n: (n.seeds is None, n.cpu_s is None, n.cpu_s or 0.0,
                                         n.claim))
 
@@ -262,9 +243,9 @@ def suite_yaml(needs: list[Need], command: str) -> str:
 
 
 def power_plan(decisions: list[Decision], budget_s: float | None, out: Path | None,
-               command: str, out_dir: str, rows: list[list[dict]] | None = None) -> str:
+               command: str, out_dir: str) -> str:
     """The plan's report: its table, a summary line, and (out) the suite file it wrote."""
-    needs = make_plan(decisions, rows)
+    needs = make_plan(decisions)
     lines, chosen, spent = plan_table(needs, budget_s)
     runs = {run for need in chosen for run in need.runs}
     by_runs = [n for n in needs if n.seeds is not None]

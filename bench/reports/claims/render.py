@@ -208,7 +208,11 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "deciding only when they are apart: **holds** — the rule holds on records at the "
             "paper's scale (or the claim is about the task itself); **holds at reduced scale** — "
             "it holds on CPU-sized runs of a claim the paper made at GPU scale; **fails** — the "
-            "control held and the rule is false, intervals apart; **not reached at reduced "
+            "control held and the rule is false, intervals apart; **task cannot separate** — "
+            "the task itself leaves less room than the rule's margin (its `separable` "
+            "condition is false: e.g. what in-context inference can gain on it, Bayes over the "
+            "clairvoyant bound, is below the difference the rule asks for), so no outcome of "
+            "the models would be evidence; the row gives the bound; **not reached at reduced "
             "scale** — the control did not hold: the models did not train at our budget, which "
             "is no evidence about the paper; **undecided** — intervals overlap, or a quantity is "
             "not a number; **not measured** — a quantity has no record yet (the row says which "
@@ -324,6 +328,9 @@ def table_row(d: Decision, shared: str | None = None) -> str:
         logic = f"control{(' ' + mark) if mark else ''}: `{c.control.text}`<br>rule: `{c.rule.text}`"
     else:
         logic = f"{c.kind}: `{c.rule.text}`" if c.kind != "trained" else f"`{c.rule.text}`"
+    if c.separable is not None:
+        mark = {True: " ✓", False: " ✗", None: " ?"}[d.separable] if d.values else ""
+        logic = f"separable{mark}: `{c.separable.text}`<br>{logic}"
     if d.tests:
         logic += "<br>" + "<br>".join(test_text(t) for t in d.tests)
     return "| " + " | ".join(cell(x) for x in (

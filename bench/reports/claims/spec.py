@@ -15,7 +15,10 @@ model is its own control), `reference` (a property of the task's references: no 
 `scale` (paper | cpu: our runs are reduced versions of a claim made at GPU scale), `paper_scale`
 (overrides selecting paper-scale records instead, once they exist), `command` (what makes the
 records), `gpu`, `needs` (a protocol the code lacks), `contradicts_paper` (the evidence, said
-plainly), `extension: true` for a claim the paper does not make (the suite's own, shown apart)
+plainly), `separable` (what the task must leave room for, as an expression like the rule's:
+e.g. that the most in-context inference can gain on it, Bayes over the clairvoyant bound, is at
+least the margin the rule asks; where it is decidedly false the verdict is "task cannot
+separate", whatever the models did), `extension: true` for a claim the paper does not make (the suite's own, shown apart)
 and `per_seed: true` for a claim about each trained model (judged seed by seed: "k of n seeds").
 """
 from __future__ import annotations
@@ -39,7 +42,7 @@ PAPERS = ("000", "002", "004")
 METRIC_ROOTS = ("metrics", "per_position", "params", "state_size", "train", "eval")
 CLAIM_KEYS = {"id", "section", "claim", "quote", "paper_number", "measure", "where", "rule",
               "control", "kind", "scale", "paper_scale", "command", "gpu", "needs",
-              "contradicts_paper", "extension", "per_seed"}
+              "contradicts_paper", "extension", "per_seed", "separable"}
 FILE_KEYS = {"paper", "title", "claims"}  # a rules file's top level
 REQUIRED = ("id", "section", "claim", "paper_number", "measure", "rule", "scale", "command")
 QUANTITY_KEYS = {"where", "metric", "suite", "range"}
@@ -97,6 +100,7 @@ class Claim:
     contradicts: str | None = None
     source: str = ""
     per_seed: bool = False  # a claim about each trained model: judged seed by seed
+    separable: Rule | None = None  # the room the task must leave for the rule to decide
 
 
 def merge(base: list[str], layer: list[str], drop_groups: bool = False) -> list[str]:
@@ -276,7 +280,7 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
         raise ConfigError(f"{where}: a claim about trained models needs a control: what must "
                           "have held (a positive control trained under the same protocol) for "
                           "its evidence to count")
-    for key in ("needs", "contradicts_paper", "quote", "control"):  # never str() of a list
+    for key in ("needs", "contradicts_paper", "quote", "control", "separable"):  # never str()
         if spec.get(key) is not None and (not isinstance(spec[key], str) or not spec[key].strip()):
             raise ConfigError(f"{where}: {key} must be a non-empty string")
     if spec["scale"] not in SCALES:
@@ -298,6 +302,8 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
     rule = Rule(spec["rule"], quantities, where)
     control = Rule(spec["control"], quantities, f"{where}: control") \
         if spec.get("control") is not None else None
+    separable = Rule(spec["separable"], quantities, f"{where}: separable") \
+        if spec.get("separable") is not None else None
     commands = spec["command"] if isinstance(spec["command"], list) else [spec["command"]]
     commands = [check_command(c, where) for c in commands]
     for key in ("gpu", "extension", "per_seed"):
@@ -310,7 +316,7 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
                  scale=spec["scale"], commands=commands, control=control, kind=kind,
                  quote=" ".join(str(spec.get("quote", "")).split()),
                  extension=bool(spec.get("extension", False)), gpu=bool(spec.get("gpu", False)),
-                 per_seed=bool(spec.get("per_seed", False)),
+                 per_seed=bool(spec.get("per_seed", False)), separable=separable,
                  needs=" ".join(spec["needs"].split()) if spec.get("needs") else None,
                  contradicts=(" ".join(spec["contradicts_paper"].split())
                               if spec.get("contradicts_paper") else None))

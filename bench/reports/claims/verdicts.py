@@ -10,11 +10,16 @@ Verdicts, in the order a claim is decided:
   at the paper's scale the same is **undecided**; also an `attainment` claim (a model reaches a
   level) whose model did not reach it at reduced scale;
 - **undecided**: the rule's intervals overlap, or a quantity it needs is not a number;
+- **task cannot separate**: the claim's `separable` condition is false — the task leaves less
+  room than the rule's margin (what in-context inference can gain on it is smaller than the
+  difference the rule asks for), so neither outcome would be evidence; decided before the
+  control, since no model can change it;
 - **holds** (at the paper's scale, or a claim about the task itself) / **holds at reduced scale**;
 - **fails**: the control held and the rule is false with separated intervals."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -26,8 +31,8 @@ from bench.reports.claims.spec import Claim, Quantity
 from bench.reports.selection import Selection, current_version, headline, version_label
 from tasks.stats import across_seeds
 
-VERDICTS = ("holds", "holds at reduced scale", "fails", "not reached at reduced scale",
-            "undecided", "not measured")
+VERDICTS = ("holds", "holds at reduced scale", "fails", "task cannot separate",
+            "not reached at reduced scale", "undecided", "not measured")
 
 
 def number(value) -> float | None:
@@ -278,7 +283,12 @@ class Decision:
     missing: list[str] = field(default_factory=list)
     note: str = ""
     control: bool | None = None  # whether the control held (None: undecided; no control: True)
+    separable: bool | None = None  # whether the task leaves the rule room (None: no condition,
+    # or undecided)
     tests: list[Test] = field(default_factory=list)  # the comparisons of control, then rule
+    # a quantity without records -> CPU seconds per training step of records of the same task
+    # and model at other settings (what its runs would cost, roughly; None: no such record)
+    step_s: dict[str, float | None] = field(default_factory=dict)
 
 
 def rows_of(selection: Selection) -> list[list[dict]]:
@@ -306,9 +316,16 @@ def _evaluate(rule, samples: dict[str, Sample], tests: list[Test]
 
 def judge(claim: Claim, reduced: bool, samples: dict[str, Sample]
           ) -> tuple[str, str, bool | None, list[Test]]:
-    """(verdict, note, whether the control held, the tests) of claim on samples: the control
-    first (not reached at reduced scale when it failed, else undecided), then the rule."""
+    """(verdict, note, whether the control held, the tests) of claim on samples: whether the
+    task can separate first, then the control (not reached at reduced scale when it failed,
+    else undecided), then the rule."""
     tests: list[Test] = []
+    if claim.separable is not None:
+        separable, _ = _evaluate(claim.separable, samples, tests)
+        if separable is False:
+            return ("task cannot separate", "the task leaves less room than the rule asks "
+                    f"(`{claim.separable.text}` is false): neither outcome would be evidence",
+                    None, tests)
     if claim.control is not None:
         control, why = _evaluate(claim.control, samples, tests)
         if control is not True:
@@ -350,7 +367,7 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     return (kinds.pop() if len(kinds) == 1 else "undecided"), note, control, []
 
 
-_MARK = {"holds": "✓", "holds at reduced scale": "✓", "fails": "✗",
+_MARK = {"holds": "✓", "holds at reduced scale": "✓", "fails": "✗", "task cannot separate": "≈",
          "not reached at reduced scale": "not reached", "undecided": "?"}
 
 
@@ -378,15 +395,35 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
                          [f"records lack the metric ({'; '.join(lacking)}): rerun with the "
                           "current code"] * bool(lacking))
         return Decision(claim, "not measured", missing=missing + [m.split(":")[0] for m in lacking],
-                        note=note, values=values, machine=machine)
+                        note=note, values=values, machine=machine,
+                        step_s={name: seconds_per_step(quantities[name].config, rows)
+                                for name in missing})
     reduced = scale == "cpu"
+    samples = {name: m.as_sample() for name, m in values.items()}
     if claim.per_seed:
         verdict, note, control, tests = judge_each_seed(claim, reduced, values)
     else:
-        verdict, note, control, tests = judge(
-            claim, reduced, {name: m.as_sample() for name, m in values.items()})
+        verdict, note, control, tests = judge(claim, reduced, samples)
+    separable = claim.separable.decide(samples)[0] if claim.separable is not None else None
     return Decision(claim, verdict, scale, values, machine, note=note, control=control,
-                    tests=tests)
+                    tests=tests, separable=separable)
+
+
+def seconds_per_step(config, rows: list[list[dict]]) -> float | None:
+    """A run's CPU seconds per training step, from the CPU records of the same task and model
+    (any settings; their median): what a run that has no record yet will cost, roughly."""
+    rates = []
+    for row in rows:
+        for record in row:
+            if record["task"]["name"] != config.task_name \
+                    or record["model"]["name"] != config.model_name \
+                    or environment(record).device != "cpu":
+                continue
+            wall = number(record.get("wall_time_s"))
+            steps = number(record["trainer"]["config"].get("max_steps"))
+            if wall is not None and steps and math.isfinite(wall) and wall > 0:
+                rates.append(wall / steps)
+    return statistics.median(rates) if rates else None
 
 
 def decide_all(claims: list[Claim], selection: Selection) -> list[Decision]:
