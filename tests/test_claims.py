@@ -408,8 +408,9 @@ def test_claims_md_is_written_with_rows_rules_and_evidence(tmp_path, capsys):
     target = tmp_path / "claims.md"
     assert main(["claims", f"out_dir={out}", f"out={target}", f"rules={rules}"]) == 0
     text = target.read_text()
-    assert ("**1 paper claim** (0 holds, 0 holds at reduced scale, 1 fails, 0 task cannot "
-            "separate, 0 not reached at reduced scale, 0 undecided, 0 not measured).") in text
+    assert ("**1 paper claim** (0 holds, 0 holds at reduced scale, 1 fails, 0 fails at reduced "
+            "scale, 0 task cannot separate, 0 not reached at reduced scale, 0 undecided, 0 not "
+            "measured).") in text
     assert "## 000 — A test paper" in text
     row = next(line for line in text.splitlines() if line.startswith("| t-conv"))
     cells = [c.strip() for c in row.strip("|").split(" | ")]
@@ -725,3 +726,22 @@ def test_a_row_says_when_records_of_one_seed_disagree_and_rounding_is_no_disagre
     assert ("records of one version disagree on seed 0 (up to 33% of the value used: "
             "float-level differences between code versions or thread counts that training "
             "amplifies); the newest of each seed is used") in claims_mod.ours_cell(d)
+
+
+def test_a_reference_without_an_interval_adds_no_held_out_noise_and_the_row_says_so(tmp_path):
+    """A reference whose records give it no interval (zero width) cannot add its held-out noise
+    to a paired comparison: the pairing says it was not counted, not that it was."""
+    out = tmp_path / "r"
+    records = [record(MAMBA, seed=s, gap=g) for s, g in enumerate([0.001, 0.0012, 0.0011])]
+    for rec in records:
+        rec["metrics"]["gap_ci"]["unigram"] = [0.08, 0.08]
+    put(out, *records)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES.format(rule="mamba <= 0.1 * unigram", scale="paper", extra="",
+                                  control="mamba <= 0.05").replace(
+        "      noconv: {{where: [model=mamba, model.conv=false]}}\n".replace("{{", "{")
+        .replace("}}", "}"),
+        "      unigram: {where: [model=mamba], metric: metrics.gap.unigram}\n"))
+    [d] = decide(out, rules)
+    assert d.tests[-1].paired == ("3 seeds; the held-out noise of unigram not counted (its "
+                                  "records give it no interval)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bench.reports.claims.verdicts import Decision
 
-DECIDED = ("holds", "holds at reduced scale", "fails")
+DECIDED = ("holds", "holds at reduced scale", "fails", "fails at reduced scale")
 
 
 def problems(decisions: list[Decision]) -> list[str]:

@@ -15,7 +15,8 @@ from bench.config.formats import plural
 from bench.records.store import RESULT_NEUTRAL, not_written, output_path
 from bench.reports.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules,
                                        load_claims, read_rules_text, rules_files)
-from bench.reports.claims.verdicts import VERDICTS, Decision, Measured, decide_all
+from bench.reports.claims.plan import is_reference
+from bench.reports.claims.verdicts import FAILS, VERDICTS, Decision, Measured, decide_all
 from bench.reports.selection import Selection
 from tasks.files import write_atomic
 
@@ -103,6 +104,20 @@ def shared_records(decisions: list[Decision]) -> dict[str, str]:
             if others:
                 notes[claim] = "; ".join(filter(None, [
                     named, "its rule reads the same records as " + ", ".join(others)]))
+    # rules that read one model's records as two rows' evidence (one ablation, two claims): not
+    # two pieces of evidence for it either
+    def models(d: Decision) -> set[frozenset]:
+        return {frozenset(m.runs) for name, m in d.values.items()
+                if name in d.claim.rule.used and not is_reference(d.claim.quantities[name])}
+    read = {d.claim.id: models(d) for d in decisions if d.verdict != "not measured"}
+    for claim, runs in read.items():
+        named = notes.get(claim, "")
+        others = [other for other, theirs in read.items() if other != claim and runs & theirs
+                  and other not in named]
+        if others:
+            notes[claim] = "; ".join(filter(None, [
+                named, "its rule reads a model's records that " + ", ".join(others) +
+                " also read"]))
     return notes
 
 
@@ -207,8 +222,9 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "its no-learning baseline) must hold, and every comparison is made on 95% intervals, "
             "deciding only when they are apart: **holds** — the rule holds on records at the "
             "paper's scale (or the claim is about the task itself); **holds at reduced scale** — "
-            "it holds on CPU-sized runs of a claim the paper made at GPU scale; **fails** — the "
-            "control held and the rule is false, intervals apart; **task cannot separate** — "
+            "it holds on CPU-sized runs of a claim the paper made at GPU scale; **fails** (**at "
+            "reduced scale** on CPU-sized runs) — the control held and the rule is false, "
+            "intervals apart; **task cannot separate** — "
             "the task itself leaves less room than the rule's margin (its `separable` "
             "condition is false: e.g. what in-context inference can gain on it, Bayes over the "
             "clairvoyant bound, is below the difference the rule asks for), so no outcome of "
@@ -320,7 +336,7 @@ def test_text(test) -> str:
 
 def table_row(d: Decision, shared: str | None = None) -> str:
     c = d.claim
-    verdict = f"**{d.verdict}**" if d.verdict in ("fails",) else d.verdict
+    verdict = f"**{d.verdict}**" if d.verdict in FAILS else d.verdict
     commands = "<br>".join(f"`{x}`" for x in c.commands)
     paper = c.paper_number + (f"<br>*“{c.quote}”*" if c.quote else "")
     if c.control is not None:
@@ -363,7 +379,7 @@ def render(selection: Selection, rules: Path, claims: list[Claim],
             lines.append("")
         # the evidence stands beside a claim the records contradict, or one not measured yet
         # (its note then says where its numbers come from); a claim that now holds drops it
-        against = [d for d in ds if d.claim.contradicts and d.verdict in ("fails", "not measured")]
+        against = [d for d in ds if d.claim.contradicts and d.verdict in (*FAILS, "not measured")]
         if against:
             lines += ["", "**Evidence against the paper**", ""]
             lines += [evidence(d) for d in against]

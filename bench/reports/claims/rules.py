@@ -418,6 +418,9 @@ def _held_out_half(left, right, names, varying, samples, seeds) -> tuple[float, 
         d = _interval_value(left, values) - _interval_value(right, values)
     except RuleUndefined:
         return math.nan, ""
+    if d.hi == d.lo:  # records without an interval for it: nothing to add, and the row says so
+        return 0.0, "; the held-out noise of " + ", ".join(constant) + " not counted (its " \
+            "records give it no interval)"
     return (d.hi - d.lo) / 2, "; the held-out noise of " + ", ".join(constant) + \
         " from its own interval"
 

@@ -15,7 +15,8 @@ Verdicts, in the order a claim is decided:
   difference the rule asks for), so neither outcome would be evidence; decided before the
   control, since no model can change it;
 - **holds** (at the paper's scale, or a claim about the task itself) / **holds at reduced scale**;
-- **fails**: the control held and the rule is false with separated intervals."""
+- **fails** / **fails at reduced scale** (CPU-sized runs of a claim made at GPU scale): the
+  control held and the rule is false with separated intervals."""
 from __future__ import annotations
 
 import math
@@ -31,8 +32,9 @@ from bench.reports.claims.spec import Claim, Quantity
 from bench.reports.selection import Selection, current_version, headline, version_label
 from tasks.stats import across_seeds
 
-VERDICTS = ("holds", "holds at reduced scale", "fails", "task cannot separate",
-            "not reached at reduced scale", "undecided", "not measured")
+VERDICTS = ("holds", "holds at reduced scale", "fails", "fails at reduced scale",
+            "task cannot separate", "not reached at reduced scale", "undecided", "not measured")
+FAILS = ("fails", "fails at reduced scale")
 
 
 def number(value) -> float | None:
@@ -341,7 +343,7 @@ def judge(claim: Claim, reduced: bool, samples: dict[str, Sample]
     elif claim.kind == "attainment" and reduced:
         verdict, why = "not reached at reduced scale", "the model did not reach it at our budget"
     else:
-        verdict = "fails"
+        verdict = "fails at reduced scale" if reduced else "fails"
     return verdict, why, True, tests
 
 
@@ -367,7 +369,8 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     return (kinds.pop() if len(kinds) == 1 else "undecided"), note, control, []
 
 
-_MARK = {"holds": "✓", "holds at reduced scale": "✓", "fails": "✗", "task cannot separate": "≈",
+_MARK = {"holds": "✓", "holds at reduced scale": "✓", "fails": "✗", "fails at reduced scale": "✗",
+         "task cannot separate": "≈",
          "not reached at reduced scale": "not reached", "undecided": "?"}
 
 
