@@ -192,6 +192,7 @@ def indexed(tmp_path: Path, identity_of: dict[str, str], today: str | None = Non
     for code, found in identity_of.items():
         index.codes[code] = {"commit": code * 5, "torch": torch.__version__,
                              "probe": identities.probe_format(),
+                             "machine": identities.probe_machine(),
                              "configs": {key: {"identity": found, "parts": {}}}}
     identities.save_index(index, "test")
     return out
@@ -396,3 +397,25 @@ def test_every_published_record_keeps_its_key_in_the_committed_index():
         if configs and identities.config_key(found) not in configs:
             lost.append(found.get("run_id"))
     assert not lost, f"{len(lost)} records' keys are not in the index, e.g. {lost[:3]}"
+
+
+def test_identities_are_compared_only_between_probes_of_one_machine(tmp_path, monkeypatch):
+    """Two codes whose probes agree are one version when one machine probed both; a code probed
+    on another CPU (its floats round otherwise: 25 of 136 configs moved beyond the tolerance
+    between two machines) is not compared with today's, and filling the index probes it again
+    here rather than keeping it."""
+    out = indexed(tmp_path, {"c0de1": "1d" * 8, "c0de2": "1d" * 8}, today="c0de2")
+    index = identities.load_index(out, today="c0de2")
+    old = made_by("c0de1")
+    assert index.version(old) == ("1d" * 8, True)
+    index.codes["c0de1"]["machine"] = "AVX2 another CPU"
+    assert index.version(old) == ("1d" * 8, False)  # its own identity: not called current
+    key = identities.config_key(record())
+    calls = []
+    monkeypatch.setattr(identities, "export_commit", lambda commit, folder: None)
+    monkeypatch.setattr(identities, "run_probes", lambda tree, specs, log=None: calls.append(
+        len(specs)) or {s["key"]: {"identity": "1d" * 8, "parts": {}} for s in specs})
+    identities.fill(index, {"c0de1": {key: {"key": key}}}, {"c0de1": "c0de1" * 5},
+                    torch.__version__)
+    assert calls == [1] and index.codes["c0de1"]["machine"] == identities.probe_machine()
+    assert index.version(old) == ("1d" * 8, True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -108,6 +109,23 @@ def torch_of(record: dict) -> str | None:
     return version if isinstance(version, str) else None
 
 
+def probe_machine() -> str:
+    """What a probe's floats depend on beyond the code and torch: the CPU's vector instructions
+    as torch uses them and its model (MKL and oneDNN take other code paths on another vendor's
+    CPU). Measured: the same code probed on an AMD EPYC with AVX512 and on the machine of the
+    earlier sessions differs beyond TOLERANCE in 25 of 136 configs (optimizer steps by 1e-5), so
+    identities are compared only between probes of one machine."""
+    import torch
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{torch.backends.cpu.get_cpu_capability()} {model}"
+
+
 def reproduces(old: dict, new: dict) -> bool:
     """Whether the probe result `new` (today's code) reproduces `old` (an older code's) for one
     config: every number old measured agrees (bench.reports.identity.agrees)."""
@@ -122,7 +140,8 @@ def differing_parts(old: dict, new: dict) -> list[str]:
 @dataclass
 class Index:
     """code digest -> {"commit": the commit its identities were computed at, "torch": the torch
-    they were computed with, "probe": the probe's format (bench.reports.identity.FORMAT), "configs":
+    they were computed with, "machine": where (probe_machine; absent in indexes before it), "probe":
+    the probe's format (bench.reports.identity.FORMAT), "configs":
     {config key: probe result,
     or {"error": why}}}; `today`: the code digest of this checkout, when clean."""
     path: Path
@@ -152,7 +171,9 @@ class Index:
         if own is None:
             return None, False
         now = self.entry(self.today, config_key(record))
-        if now is not None and reproduces(own, now):
+        same_machine = (self.codes[self.today].get("machine") ==
+                        self.codes[record_code(record)[0]].get("machine")) if now else False
+        if now is not None and same_machine and reproduces(own, now):
             return now["identity"], True
         return own["identity"], False
 
@@ -278,17 +299,20 @@ def export_commit(commit: str, folder: Path) -> None:
 
 
 def fill(index: Index, wanted: dict[str, dict[str, dict]], commits: dict[str, str],
-         torch_version: str, current: tuple[str, str] | None = None, log=None) -> int:
+         torch_version: str, current: tuple[str, str] | None = None, log=None,
+         machine: str | None = None) -> int:
     """Compute the index's missing entries: `wanted` maps code digest -> {config key: spec},
     `commits` code digest -> a commit of that code; `current`: (code digest, commit) of this
     checkout, probed in place. Returns the number of probes run."""
     ran = 0
+    machine = machine or probe_machine()
     for code, specs in wanted.items():
         slot = index.codes.get(code)
-        if slot is None or (slot.get("torch"), slot.get("probe")) != (torch_version,
-                                                                      probe_format()):
+        if slot is None or (slot.get("torch"), slot.get("probe"), slot.get("machine")) != (
+                torch_version, probe_format(), machine):
             slot = index.codes[code] = {"commit": commits[code], "torch": torch_version,
-                                        "probe": probe_format(), "configs": {}}
+                                        "machine": machine, "probe": probe_format(),
+                                        "configs": {}}
         missing = [spec for key, spec in specs.items() if key not in slot["configs"]]
         if not missing:
             continue
@@ -417,9 +441,12 @@ def report_identities(out_dir: str, check: bool = False) -> int:
         print("warning: the code of this checkout (bench/, tasks/, models/, conf/, "
               "pyproject.toml) differs from its commit, or git cannot tell: today's identities "
               "are not computed (commit first)", file=sys.stderr)
+    here = (torch.__version__, probe_format(), probe_machine())
     for code in [c for c, slot in index.codes.items()
-                 if (slot.get("torch"), slot.get("probe")) != (torch.__version__, probe_format())]:
-        del index.codes[code]  # probed with another torch (other random streams) or probe
+                 if (slot.get("torch"), slot.get("probe"), slot.get("machine")) != here]:
+        # probed with another torch (other random streams), probe, or on another machine (other
+        # float rounding): probed again here, so that every identity compared is of one machine
+        del index.codes[code]
     wanted, commits = wanted_probes(records, today)
     command = f"python -m bench identities out_dir={out_dir}"
     if check:
