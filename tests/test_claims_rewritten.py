@@ -335,3 +335,52 @@ def test_near_oracle_excludes_the_plateaued_linear_transformer(shipped, tmp_path
     plateau at 3,200 steps (0.032, 1.7%), which passed the 2% bar, is not."""
     d = plant(tmp_path, "r", shipped[claim], {"excess32": jitter(excess), "bayes32": [1.875] * 3})
     assert d.verdict == expected, d.note
+
+
+@pytest.mark.parametrize("below, expected", [(0.03, "holds at reduced scale"),
+                                             (0.002, "fails at reduced scale")])
+def test_widths_below_two_to_the_k_fail_where_two_to_the_k_learns(shipped, tmp_path, below,
+                                                                  expected):
+    d = plant(tmp_path, "r", shipped["000-fig6-width-below-2k-fails"],
+              {"o2d2": jitter(below), "o3d4": jitter(0.05), "o2d4": jitter(0.004),
+               "o3d8": jitter(0.005)})
+    assert d.control is True and d.verdict == expected
+
+
+@pytest.mark.parametrize("decay, expected", [(0.98, "holds at reduced scale"),
+                                             (0.5, "fails at reduced scale")])
+def test_mambazero_keeps_its_decay_near_one(shipped, tmp_path, decay, expected):
+    d = plant(tmp_path, "r", shipped["000-fig4-mambazero-decay-near-one"],
+              {"a": [decay] * 3, "mambazero": jitter(0.002), "unigram": [U1] * 3})
+    assert d.verdict == expected
+
+
+@pytest.mark.parametrize("tf1, expected", [(3.3, "holds at reduced scale"),
+                                           (1.76, "fails at reduced scale")])
+def test_constructed_token_transformers_go_either_way(shipped, tmp_path, tf1, expected):
+    d = plant(tmp_path, "r", shipped["002-fig4c-tokens-linear-transformers"],
+              {"tf1": jitter(tf1), "tf2": jitter(1.70, spread=0.002), "gd1": [1.754] * 3})
+    assert d.control is True and d.verdict == expected
+
+
+@pytest.mark.parametrize("claim, models", [
+    ("002-fig4c-tokens-ssms-stay-above-gd", ("lru1", "lru2", "mamba", "griffin1", "griffin2")),
+    ("002-fig6-nd-ssms-stay-above-gd", ("lru", "mamba", "griffin"))])
+@pytest.mark.parametrize("mamba, expected", [(3.3, "holds at reduced scale"),
+                                             (1.76, "fails at reduced scale")])
+def test_ssms_stay_above_gd_where_the_gd_ssm_reaches_it(shipped, tmp_path, claim, models, mamba,
+                                                        expected):
+    values = {name: jitter(3.3) for name in models}
+    values.update({"mamba": jitter(mamba), "gd1": [1.754] * 3,
+                   "gdssm": jitter(1.754, spread=0.002)})
+    d = plant(tmp_path, "r", shipped[claim], values)
+    assert d.control is True and d.verdict == expected
+
+
+@pytest.mark.parametrize("tf2, expected", [(1.70, "holds at reduced scale"),
+                                           (3.3, "not reached at reduced scale")])
+def test_nd_two_layer_linear_attention_reaches_gd_or_is_not_reached(shipped, tmp_path, tf2,
+                                                                    expected):
+    d = plant(tmp_path, "r", shipped["002-fig6-nd-linear-transformer-2layers"],
+              {"tf2": jitter(tf2, spread=0.002), "gd1": [1.685] * 3})
+    assert d.verdict == expected
