@@ -353,11 +353,36 @@ NEEDED_FILES = (("bench/training/reference_cache.py", "bench/reference_cache.py"
                 ("bench/training/train.py", "bench/train.py"))
 
 
+def _in_checkout(name: str) -> bool:
+    """Whether the checkout probed (the working directory) has module `name` and each package
+    above it, found without importing any of them from elsewhere: an editable install of today's
+    project answers for a package an old checkout lacks (bench.training), and importing it
+    would mix today's code into the old one's probe."""
+    import importlib.util
+    root = os.path.realpath(os.getcwd()) + os.sep
+    parts = name.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        try:
+            spec = importlib.util.find_spec(prefix)
+        except (ImportError, ValueError):
+            return False
+        origin = spec.origin if spec is not None else None
+        locations = [origin] if origin not in (None, "namespace") else \
+            list(spec.submodule_search_locations or []) if spec is not None else []
+        if spec is None or not locations or not all(
+                os.path.realpath(location).startswith(root) for location in locations):
+            return False
+    return True
+
+
 def _first_module(*names: str, optional: bool = False):
     """The first of `names` the checkout has: a module keeps its behaviour when it moves, and
     the probe reads old checkouts (bench/*.py) and today's (bench/<folder>/*.py) alike. None
     when it has none and `optional` (a module newer than the checkout)."""
     for name in names:
+        if not _in_checkout(name):
+            continue
         try:
             return importlib.import_module(name)
         except ModuleNotFoundError as error:
