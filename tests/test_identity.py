@@ -203,6 +203,40 @@ def made_by(code: str, **extra) -> dict:
                               "torch": torch.__version__}, **extra)
 
 
+def test_an_old_checkout_is_probed_without_todays_modules(tmp_path, monkeypatch):
+    """An editable install answers for a package by name wherever the checkout probed lacks it
+    (bench.training in a checkout from before the folders): the probe counts it absent and does
+    not import it, so no module of today's code enters an old code's probe."""
+    import importlib.util
+    import sys
+    from bench.reports import identity
+    checkout, installed = tmp_path / "checkout", tmp_path / "installed"
+    (checkout / "probedpkg").mkdir(parents=True)
+    (checkout / "probedpkg" / "__init__.py").write_text("")
+    (checkout / "probedpkg" / "train.py").write_text("WHERE = 'old'\n")
+    (installed / "training").mkdir(parents=True)
+    (installed / "training" / "__init__.py").write_text("")
+    (installed / "training" / "train.py").write_text("WHERE = 'today'\n")
+
+    class EditableFinder:  # what `pip install -e` adds: a finder that answers by name
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name == "probedpkg.training":
+                return importlib.util.spec_from_file_location(
+                    name, installed / "training" / "__init__.py",
+                    submodule_search_locations=[str(installed / "training")])
+            return None
+
+    monkeypatch.setattr(sys, "meta_path", [EditableFinder, *sys.meta_path])
+    monkeypatch.syspath_prepend(str(checkout))
+    monkeypatch.chdir(checkout)
+    for name in ("probedpkg", "probedpkg.train", "probedpkg.training", "probedpkg.training.train"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert identity._first_module("probedpkg.training.train", "probedpkg.train").WHERE == "old"
+    assert identity._first_module("probedpkg.training", optional=True) is None
+    assert "probedpkg.training" not in sys.modules
+
+
 def test_moving_the_probe_keeps_every_stored_identity(tmp_path, monkeypatch):
     """The index keys identities by the probe's format (bench.reports.identity.FORMAT), not by
     its file: the probe moved to another folder, with a comment added, leaves every stored entry
@@ -233,6 +267,7 @@ def test_the_probe_finds_modules_where_old_and_new_checkouts_keep_them(tmp_path,
     (tmp_path / "oldpkg" / "train.py").write_text("WHERE = 'old'\n")
     (tmp_path / "oldpkg" / "broken.py").write_text("import no_such_module_here\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the probe runs in the checkout it probes
     assert identity._first_module("oldpkg.training.train", "oldpkg.train").WHERE == "old"
     with pytest.raises(ModuleNotFoundError, match="no_such_module_here"):
         identity._first_module("oldpkg.broken", "oldpkg.train")
