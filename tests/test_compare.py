@@ -6,6 +6,9 @@ import math
 
 import numpy as np
 import pytest
+
+from bench.config.formats import fmt_sig
+from tasks.stats import across_seeds
 import torch
 
 from bench.cli.main import main
@@ -120,7 +123,7 @@ def test_a_worse_model_is_found_worse_overall_and_the_gaps_are_the_records(runs,
     assert main(["compare", write(tmp_path, "a.json", a), write(tmp_path, "b.json", b)]) == 0
     out = capsys.readouterr().out
     overall = next(line for line in out.splitlines() if line.startswith("all"))
-    assert overall.endswith("A better")
+    assert overall.endswith("mamba better")  # the better model named, not "A"
     result = compare(str(tmp_path / "a.json"), str(tmp_path / "b.json"))
     row = result["rows"][0]
     assert row["paired"]["difference"] == pytest.approx(
@@ -182,3 +185,32 @@ def test_a_different_reference_on_the_same_sequences_is_said(runs, tmp_path, cap
     assert main(["compare", str(tmp_path / "a.json"), write(tmp_path, "a2.json", a)]) == 0
     out = capsys.readouterr().out
     assert "references differ" not in out and "= gap B − gap A" in out
+
+
+def test_several_models_over_shared_seeds_are_paired_by_seed_and_the_winner_named(tmp_path,
+                                                                                 capsys):
+    """Three models on seeds 0-2 (and a fourth seed of one of them, not shared): each mean gap
+    with its t-interval, each pair's mean per-seed difference with its t-interval, a named
+    verdict, and the best overall; the unshared seed is left out."""
+    from test_claims import MAMBA, put, record
+    base = [a for a in MAMBA if not a.startswith("model")]
+    gaps = {"mamba": [0.010, 0.012, 0.011], "transformer": [0.030, 0.041, 0.035],
+            "lstm": [0.031, 0.040, 0.036]}
+    out = tmp_path / "r"
+    put(out, *(record([*base, f"model={m}"], seed=s, gap=g)
+               for m, values in gaps.items() for s, g in enumerate(values)),
+        record([*base, "model=lstm"], seed=3, gap=0.5))
+    assert main(["compare", *base, "model=mamba,transformer,lstm", f"out_dir={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 seeds in common (0, 1, 2)" in printed
+    rows = {line.split(" | ")[0]: line for line in printed.splitlines() if line.startswith("| ")}
+    mean, half = across_seeds(gaps["lstm"])
+    assert f"| lstm | {fmt_sig(mean)} | [{fmt_sig(mean - half)}, {fmt_sig(mean + half)}] |" \
+        in printed
+    differences = [b - a for a, b in zip(gaps["mamba"], gaps["transformer"])]
+    mean, half = across_seeds(differences)
+    assert rows["| B = transformer, A = mamba"].endswith(
+        f"| {fmt_sig(mean)} | [{fmt_sig(mean - half)}, {fmt_sig(mean + half)}] | mamba better |")
+    assert rows["| B = lstm, A = transformer"].endswith("| not distinguishable at 3 seeds |")
+    assert "best: mamba (better than every other, paired by seed)" in printed
+

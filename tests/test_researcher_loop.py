@@ -128,8 +128,9 @@ def test_compare_by_selection_pairs_the_newest_training_runs_of_a_shared_seed(tw
 
 
 @pytest.mark.parametrize("args, message", [
-    (["model=mamba"], "needs one setting with the two values compared"),
-    (["model=mamba,transformer,lstm"], "needs one setting with the two values compared"),
+    (["model=mamba"], "needs one setting with the values compared"),
+    (["model=mamba,transformer,lstm"], "no ok run record of model=lstm"),
+    (["model=mamba,transformer,mamba"], "needs one setting with the values compared"),
     (["model=mamba,transformer", "seed=1"], "seed 1 has no record on both sides"),
     (["model=mamba,lstm"], "no ok run record of model=lstm"),
 ])

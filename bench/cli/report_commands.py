@@ -142,10 +142,14 @@ def cmd_claims(argv: list[str]) -> int:
 
 
 def cmd_compare(argv: list[str]) -> int:
-    from bench.reports.compare import compare, print_comparison, select_pair
+    from bench.reports import compare as comparison
     options = [arg for arg in argv if "=" in arg and not os.path.exists(arg)]
     if options and len(options) == len(argv):  # by selection: model=mamba,transformer ...
-        print_comparison(compare(*select_pair(argv)))
+        selection = comparison.select(argv)
+        if comparison.by_seeds(selection):
+            comparison.print_across_seeds(comparison.compare_across_seeds(selection))
+        else:
+            comparison.print_comparison(comparison.compare(*comparison.select_pair(selection)))
         return 0
     if options:
         raise ConfigError(f"unknown argument '{options[0]}'; compare takes two record files, "
@@ -153,7 +157,7 @@ def cmd_compare(argv: list[str]) -> int:
     if len(argv) != 2:
         raise ConfigError(f"compare needs two run records (A.json B.json), got {len(argv)}; or "
                           "settings that select them: compare task=<task> model=<a>,<b> [seed=N]")
-    print_comparison(compare(*argv))
+    comparison.print_comparison(comparison.compare(*argv))
     return 0
 
 

@@ -16,7 +16,7 @@ HELP = """python -m bench <command> [key=value ...]
   gpucheck     every check of the GPU path (kernel parity, speed, end-to-end runs) in a budget
   plot         a figure of run records: training loss, gap by position (<record|dir> ...)
   eval         score a run's saved weights again on another task config (weights=<file>)
-  compare      two runs on the same held-out set, paired by sequence (<A.json> <B.json>)
+  compare      models on one held-out set: across shared seeds, or two runs by sequence
   identities   what each record's config does under its code and today's: which records are current
 
 python -m bench <command> --help   that command's usage
@@ -95,12 +95,21 @@ USAGE = {
             "family, without training: the weights' run's overrides with these on top. The "
             "record (origin eval) names the weights and carries the weights' run's training; "
             "leaderboard and claims never use it. Model, training and seed keys are refused.",
-    "compare": "python -m bench compare <A.json> <B.json>\n  Two `ok` run records of the same "
+    "compare": "python -m bench compare <A.json> <B.json>\n"
+               "python -m bench compare task=<task> model=<a>,<b>[,<c>...] [seed=N] "
+               "[out_dir=runs] [key=value ...]\n  Two `ok` run records of the same "
                "task config (the same held-out sequences: metrics.held_out_digest): their gaps, "
                "the difference B − A of the models' mean losses with a 95% bootstrap interval "
-               "over the paired sequences, and which is better or that they are not "
+               "over the paired sequences, and which model is better or that they are not "
                "distinguishable; overall and by context-length band. Records without "
-               "per-sequence losses (older ones, text) are refused.",
+               "per-sequence losses (older ones, text) are refused. By selection, one setting "
+               "holds the values compared (model=mamba,transformer; any key), the others are "
+               "shared, and the newest ok training record of each config in out_dir is used: "
+               "with seed=N (two values), that seed's two runs by sequence as above; without, "
+               "where every value has two or more seeds in common, a table of each value's "
+               "mean gap over those seeds with its 95% t-interval, every pair's seed-paired "
+               "difference with its interval and the better one named, and the best overall "
+               "(else the newest seed both have, by sequence).",
     "identities": "python -m bench identities [out_dir=results] [check=false]\n  The "
                   "behavioural identity (bench/reports/identity.py: training batches, held-out "
                   "set, references, initial parameters, schedule, three optimizer steps, scoring) of "

@@ -10,13 +10,15 @@ length band of the records (bench/training/evaluate.py BAND_STARTS), where short
 separate models that the full average does not."""
 from __future__ import annotations
 
+import itertools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.config import ConfigError, TrainerConfig, compose
 from bench.config.formats import fmt_sig
 from bench.records.store import read_record, read_records, record_matches
-from tasks.stats import paired_difference
+from tasks.stats import across_seeds, paired_difference
 
 
 def load(path: str) -> dict:
@@ -65,13 +67,27 @@ def well_formed(record: dict) -> bool:
         return False
 
 
-def verdict(paired: dict) -> str:
+def verdict(paired: dict, name_a: str = "A", name_b: str = "B") -> str:
+    """Which side is better (the lower loss) when the interval of B − A is clear of 0."""
     lo, hi = paired["ci"]
     if lo > 0:
-        return "A better"  # B's loss is higher on these sequences
+        return f"{name_a} better"  # B's loss is higher on these sequences
     if hi < 0:
-        return "B better"
+        return f"{name_b} better"
+    if "seeds" in paired:
+        return f"not distinguishable at {paired['seeds']} seeds"
     return f"not distinguishable at {paired['sequences']} sequences"
+
+
+def names(a: dict, b: dict) -> tuple[str, str]:
+    """What a verdict calls the two runs: their model names, with seeds or A/B where those are
+    the same."""
+    name_a, name_b = a["model"]["name"], b["model"]["name"]
+    if name_a != name_b:
+        return name_a, name_b
+    if a["seed"] != b["seed"]:
+        return f"{name_a} (seed {a['seed']})", f"{name_b} (seed {b['seed']})"
+    return "A", "B"
 
 
 def resamples_of(record: dict) -> int:
@@ -120,6 +136,7 @@ def print_comparison(result: dict) -> None:
         print("(A and B are records of the same run — a copy, or a record and its edit)")
     print(f"task {a['task']['name']}: {m['sequences']} held-out sequences, the same in both "
           f"(digest {m['held_out_digest'][:12]}); gap = loss − loss of '{m['gap_reference']}'")
+    name_a, name_b = names(a, b)
     print(f"{'positions':<11}{'gap A':>11}{'gap B':>11}{'B − A':>12}{'95% paired CI':>26}  "
           "verdict")
     for row in result["rows"]:
@@ -131,7 +148,8 @@ def print_comparison(result: dict) -> None:
         lo, hi = paired["ci"]
         print(f"{row['positions']:<11}{fmt_sig(row['gap_a']):>11}{fmt_sig(row['gap_b']):>11}"
               f"{fmt_sig(paired['difference']):>12}"
-              f"{'[' + fmt_sig(lo) + ', ' + fmt_sig(hi) + ']':>26}  {verdict(paired)}")
+              f"{'[' + fmt_sig(lo) + ', ' + fmt_sig(hi) + ']':>26}  "
+              f"{verdict(paired, name_a, name_b)}")
     reference_a, reference_b = (r["metrics"]["loss"].get(m["gap_reference"]) for r in (a, b))
     same_reference = (b["metrics"]["gap_reference"] == m["gap_reference"]
                       and reference_a == reference_b)
@@ -145,36 +163,75 @@ def print_comparison(result: dict) -> None:
           "bootstrap over the paired sequences)")
 
 
-def select_pair(argv: list[str]) -> tuple[str, str]:
-    """The two records `compare task=lgssm_colored model=mamba,transformer [seed=N]
-    [out_dir=runs] ...` names: one override holds the two values compared (a comma between
-    them), the others are shared; each side is the newest `ok` training record of its config
-    (evaluations aside) in out_dir, on the given seed, else on the newest seed both have."""
+@dataclass
+class Selection:
+    """What `compare <settings>` names: the setting varied (key) and its values, each value's
+    `ok` training records in out_dir (evaluations aside), and the seed asked for, if any."""
+
+    key: str
+    values: list[str]
+    shared: list[str]
+    records: list[list[dict]]
+    seed: int | None
+    out_dir: str
+
+    def seeds(self) -> list[set[int]]:
+        return [{r["seed"] for r in side} for side in self.records]
+
+    def newest(self, side: list[dict], seed: int) -> dict:
+        return max((r for r in side if r["seed"] == seed), key=lambda r: r["run_id"][-22:])
+
+
+def select(argv: list[str]) -> Selection:
+    """Parse `compare task=lgssm_colored model=mamba,transformer[,...] [seed=N] [out_dir=runs]
+    ...`: one override holds the values compared (commas between them), the others are shared;
+    each value's records are its config's `ok` training records in out_dir."""
     options = dict(arg.split("=", 1) for arg in argv)
     out_dir = options.pop("out_dir", "runs")
     seed = options.pop("seed", None)
     if seed is not None and not seed.isdigit():
         raise ConfigError(f"compare: seed must be a number, got '{seed}'")
     varied = [key for key, value in options.items() if "," in value]
-    if len(varied) != 1 or len(options[varied[0]].split(",")) != 2:
-        raise ConfigError("compare by selection needs one setting with the two values compared, "
+    values = options[varied[0]].split(",") if len(varied) == 1 else []
+    if len(varied) != 1 or len(values) < 2 or len(set(values)) != len(values) or "" in values:
+        raise ConfigError("compare by selection needs one setting with the values compared, "
                           "e.g. model=mamba,transformer (the others shared); got "
                           f"{' '.join(argv) or 'none'}")
     key = varied[0]
     shared = [f"{k}={v}" for k, v in options.items() if k != key]
-    configs = [compose([*shared, f"{key}={value}"]) for value in options[key].split(",")]
+    configs = [compose([*shared, f"{key}={value}"]) for value in values]
     if not Path(out_dir).is_dir():
         raise ConfigError(f"compare: out_dir '{out_dir}' is not a directory")
     records, _ = read_records(out_dir)
     found = [[r for r in records if r["status"] == "ok" and r.get("origin") != "eval"
               and record_matches(r, config)] for config in configs]
-    for side, config in zip(found, options[key].split(",")):
+    for side, value in zip(found, values):
         if not side:
-            raise ConfigError(f"compare: no ok run record of {key}={config} "
+            raise ConfigError(f"compare: no ok run record of {key}={value} "
                               f"{' '.join(shared)} in {out_dir}".rstrip())
-    seeds = [{r["seed"] for r in side} for side in found]
-    if seed is not None:
-        chosen = int(seed)
+    return Selection(key, values, shared, found, int(seed) if seed is not None else None,
+                     out_dir)
+
+
+def by_seeds(selection: Selection) -> bool:
+    """Whether the selection is compared across seeds (every value has at least two seeds in
+    common, and no seed was asked for) rather than one pair of runs by sequence."""
+    common = set.intersection(*selection.seeds())
+    return selection.seed is None and (len(common) >= 2 or len(selection.values) > 2)
+
+
+def select_pair(argv: list[str] | Selection) -> tuple[str, str]:
+    """The two records a two-value selection names: on the given seed, else on the newest seed
+    both have."""
+    selection = argv if isinstance(argv, Selection) else select(argv)
+    if len(selection.values) != 2:
+        raise ConfigError(f"compare: seed= pairs two runs by sequence; "
+                          f"{selection.key}={','.join(selection.values)} names "
+                          f"{len(selection.values)}: leave seed= out to compare them across "
+                          "seeds")
+    found, seeds = selection.records, selection.seeds()
+    if selection.seed is not None:
+        chosen = selection.seed
         if not all(chosen in s for s in seeds):
             raise ConfigError(f"compare: seed {chosen} has no record on both sides (seeds "
                               f"{sorted(seeds[0])} and {sorted(seeds[1])})")
@@ -185,7 +242,72 @@ def select_pair(argv: list[str]) -> tuple[str, str]:
                               f"and {sorted(seeds[1])}): runs of one seed pair")
         chosen = max(common, key=lambda s: max(r["run_id"][-22:] for side in found
                                                for r in side if r["seed"] == s))
-    newest = [max((r for r in side if r["seed"] == chosen), key=lambda r: r["run_id"][-22:])
-              for side in found]
+    newest = [selection.newest(side, chosen) for side in found]
     return newest[0]["_path"], newest[1]["_path"]
 
+
+def compare_across_seeds(selection: Selection) -> dict:
+    """Every value's mean gap over the seeds all values share (newest record of each) with its
+    95% t-interval, and every pair's seed-paired difference of gaps (the runs of one seed saw the
+    same training batches' seed and the same held-out sequences) with the t-interval of the
+    per-seed differences, and a verdict naming the better one."""
+    common = sorted(set.intersection(*selection.seeds()))
+    if len(common) < 2:
+        raise ConfigError(f"compare: {selection.key}={','.join(selection.values)} share "
+                          f"{len(common)} seed{'s' if len(common) != 1 else ''} "
+                          f"({', '.join(map(str, common)) or 'none'}); a comparison across seeds "
+                          "needs two (or give seed=N with two values, to pair by sequence)")
+    runs = [[selection.newest(side, seed) for seed in common] for side in selection.records]
+    digests = {r["metrics"].get("held_out_digest") for side in runs for r in side}
+    if len(digests) != 1:
+        raise ConfigError("compare: the records scored different held-out sets (another task "
+                          "configuration or eval_sequences); their seeds do not pair")
+    if any(not isinstance(r["metrics"].get("bayes_gap"), (int, float)) for side in runs
+           for r in side):
+        raise ConfigError("compare: a record without a Bayes gap (text is scored by perplexity "
+                          "over the whole split); compare text runs on the leaderboard")
+    gaps = [[float(r["metrics"]["bayes_gap"]) for r in side] for side in runs]
+    models = []
+    for value, side in zip(selection.values, gaps):
+        mean, half = across_seeds(side)
+        models.append({"value": value, "gap": mean, "ci": (mean - half, mean + half)})
+    pairs = []
+    for i, j in itertools.combinations(range(len(runs)), 2):
+        mean, half = across_seeds([b - a for a, b in zip(gaps[i], gaps[j])])
+        paired = {"difference": mean, "ci": (mean - half, mean + half), "seeds": len(common)}
+        pairs.append({"a": selection.values[i], "b": selection.values[j], "paired": paired,
+                      "verdict": verdict(paired, selection.values[i], selection.values[j])})
+    better = {v: sum(p["verdict"] == f"{v} better" for p in pairs) for v in selection.values}
+    best = [v for v, n in better.items() if n == len(selection.values) - 1]
+    return {"selection": selection, "seeds": common, "models": models, "pairs": pairs,
+            "best": best[0] if best else None, "reference": runs[0][0]["metrics"].get(
+                "gap_reference")}
+
+
+def print_across_seeds(result: dict) -> None:
+    selection = result["selection"]
+    seeds = result["seeds"]
+    print(f"{selection.key} = {', '.join(selection.values)}; {' '.join(selection.shared)}; "
+          f"{len(seeds)} seeds in common ({', '.join(map(str, seeds))}), the newest ok record "
+          f"of each in {selection.out_dir}; gap = loss − loss of '{result['reference']}' on the "
+          "same held-out sequences")
+    print("")
+    print(f"| {selection.key} | gap | 95% CI (seeds) |")
+    print("|---|---|---|")
+    for model in result["models"]:
+        lo, hi = model["ci"]
+        print(f"| {model['value']} | {fmt_sig(model['gap'])} | [{fmt_sig(lo)}, {fmt_sig(hi)}] |")
+    print("")
+    print("| pair | B − A | 95% CI (paired by seed) | verdict |")
+    print("|---|---|---|---|")
+    for pair in result["pairs"]:
+        lo, hi = pair["paired"]["ci"]
+        print(f"| B = {pair['b']}, A = {pair['a']} | {fmt_sig(pair['paired']['difference'])} | "
+              f"[{fmt_sig(lo)}, {fmt_sig(hi)}] | {pair['verdict']} |")
+    print("")
+    best = result["best"]
+    print(f"best: {best} (better than every other, paired by seed)" if best else
+          "best: none (no value is better than every other at these seeds)")
+    print("(B − A: the mean over seeds of the per-seed difference of gaps, with its 95% "
+          "t-interval across seeds, given the one held-out set every run is scored on; one "
+          "seed's two runs compare by sequence with seed=N)")
