@@ -163,3 +163,16 @@ def test_a_reference_read_from_another_models_records_asks_no_seeds_of_that_mode
     assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}", f"out={suite}"]) == 0
     entries = load_suite(str(suite))
     assert entries and all("model.conv=false" not in entry for entry in entries)
+
+
+def test_the_suite_lists_a_run_once_however_its_selectors_spell_it(tmp_path):
+    """Two claims whose selectors order the same overrides differently ask for the same seeds:
+    the suite file holds each run once (a suite refuses a run listed twice)."""
+    from bench.reports.claims.plan import Need, suite_yaml
+    one = tuple(MAMBA)
+    other = tuple(reversed(MAMBA))
+    needs = [Need("a", "undecided", [], 3, 4, runs={(one, 3): 60.0}),
+             Need("b", "undecided", [], 3, 4, runs={(other, 3): 60.0})]
+    path = tmp_path / "s.yaml"
+    path.write_text(suite_yaml(needs, "test"))
+    assert len(load_suite(str(path))) == 1

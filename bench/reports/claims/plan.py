@@ -221,11 +221,12 @@ def plan_table(needs: list[Need], budget_s: float | None
             lines.append(f"| {need.claim} | {need.verdict} | {tests} | {need.seeds_now} → not "
                          f"by seeds: {need.why} | — | {price} |")
             continue
-        extra = sum(c or 0.0 for r, c in need.runs.items() if r not in planned)
+        keys = {run: (same_run_key(run[0]), run[1]) for run in need.runs}
+        extra = sum(c or 0.0 for r, c in need.runs.items() if keys[r] not in planned)
         fits = budget_s is None or (need.cpu_s is not None and spent + extra <= budget_s)
         if fits:
             chosen.append(need)
-            planned.update(need.runs)
+            planned.update(keys.values())
             spent += extra
         mark = "" if fits else " (over the budget)"
         lines.append(f"| {need.claim} | {need.verdict} | {tests} | {need.seeds_now} → "
@@ -233,10 +234,32 @@ def plan_table(needs: list[Need], budget_s: float | None
     return lines, chosen, spent
 
 
+def same_run_key(selector: tuple[str, ...]) -> str:
+    """What a selector composes to, seed aside: selectors equal here make the same run."""
+    import json
+    from bench.reports.claims.spec import composed
+    described = composed(tuple(selector)).describe()
+    for key in ("overrides", "name", "seed", "origin"):
+        described.pop(key, None)
+    return json.dumps(described, sort_keys=True, default=str)
+
+
+def unique_runs(needs: list[Need]) -> list[Run]:
+    """The needs' runs in their order, each once: two claims' selectors may order or spell the
+    same config differently (a suite refuses a run listed twice)."""
+    seen, unique = set(), []
+    for selector, seed in dict.fromkeys(run for need in needs for run in sorted(need.runs)):
+        key = (same_run_key(selector), seed)
+        if key not in seen:
+            seen.add(key)
+            unique.append((selector, seed))
+    return unique
+
+
 def suite_yaml(needs: list[Need], command: str) -> str:
     """A suite file of the needs' runs, each once, in the needs' order (cheapest claim first:
     an interrupted suite has decided what it could)."""
-    runs = list(dict.fromkeys(run for need in needs for run in sorted(need.runs)))
+    runs = unique_runs(needs)
     claims = ", ".join(n.claim for n in needs)
     lines = [f"# Made by `{command}`: the runs that would decide (the seeds a power estimate "
              f"asks for, the records a claim lacks) {claims or 'nothing'}.", "runs:"]
@@ -249,7 +272,7 @@ def power_plan(decisions: list[Decision], budget_s: float | None, out: Path | No
     """The plan's report: its table, a summary line, and (out) the suite file it wrote."""
     needs = make_plan(decisions)
     lines, chosen, spent = plan_table(needs, budget_s)
-    runs = {run for need in chosen for run in need.runs}
+    runs = unique_runs(chosen)
     by_runs = [n for n in needs if n.seeds is not None]
     other = [n for n in needs if n.seeds is None and n.other_s is not None]
     budget = f" within {budget_s / 3600:g} h" if budget_s is not None else ""
