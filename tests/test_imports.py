@@ -272,6 +272,7 @@ FUNCTION_LOCAL_IMPORTS = {
     "tasks/corpora/sources.py": OPTIONAL + " (datasets, pyarrow, huggingface_hub)",
     "tasks/corpora/tokenizers.py": OPTIONAL + " (tokenizers, huggingface_hub)",
     "tasks/corpora/token_cache.py": OPTIONAL + " (pyarrow, tqdm)",
+    "bench/reports/export.py": OPTIONAL + " (pyarrow, for a .parquet table)",
 }
 
 

@@ -21,7 +21,7 @@ HANDLERS = {"run": run_commands.cmd_run, "references": run_commands.cmd_referenc
             "sweep": run_commands.cmd_sweep, "list": run_commands.cmd_list,
             "leaderboard": report_commands.cmd_leaderboard, "claims": report_commands.cmd_claims,
             "compare": report_commands.cmd_compare, "plot": report_commands.cmd_plot,
-            "identities": report_commands.cmd_identities}
+            "identities": report_commands.cmd_identities, "export": report_commands.cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

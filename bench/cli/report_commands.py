@@ -1,5 +1,5 @@
 """The commands that read records: leaderboard, claims (and claims plan), compare, identities,
-plot. Their modules load only when the command runs (compare's bootstrap loads torch, plot
+export, plot. Their modules load only when the command runs (compare's bootstrap loads torch, plot
 matplotlib), so that every other command starts without them."""
 from __future__ import annotations
 
@@ -209,4 +209,27 @@ def cmd_plot(argv: list[str]) -> int:
         out = str(first.with_suffix(".png") if first.is_file() and len(usable) == 1
                   else (first / "curves.png" if first.is_dir() else Path("curves.png")))
     print(plot_runs(usable, output_path(out)))
+    return 0
+
+
+def cmd_export(argv: list[str]) -> int:
+    argv, out_dir = take_option(argv, "out_dir", "results")
+    argv, out = take_option(argv, "out", "")
+    argv, include = take_option(argv, "include", "suite")
+    if argv:
+        raise ConfigError(f"unknown argument '{argv[0]}'; export takes out_dir=<dir>, "
+                          "out=<records.csv|records.parquet>, include=suite|all")
+    if not out:
+        raise ConfigError("export needs out=<file>.csv or out=<file>.parquet")
+    check_paths(out_dir=out_dir, out=out)
+    from bench.reports.export import FORMATS, write_table
+    from bench.reports.selection import select_runs
+    if Path(out).suffix not in FORMATS:  # refused before the records are read
+        raise ConfigError(f"export: out '{out}' must end in {' or '.join(FORMATS)}")
+    out_path = output_path(out)
+    selection = select_runs(out_dir, include)
+    for line in selection.warnings():
+        print(line, file=sys.stderr)
+    rows = write_table(selection, out_path)
+    print(f"{out_path}: a row per record of {selection.summary()}")
     return 0

@@ -17,6 +17,7 @@ HELP = """python -m bench <command> [key=value ...]
   plot         a figure of run records: training loss, gap by position (<record|dir> ...)
   eval         score a run's saved weights again on another task config (weights=<file>)
   compare      models on one held-out set: across shared seeds, or two runs by sequence
+  export       every ok record of a folder as one table (out=records.csv|.parquet)
   identities   what each record's config does under its code and today's: which records are current
 
 python -m bench <command> --help   that command's usage
@@ -110,6 +111,15 @@ USAGE = {
                "mean gap over those seeds with its 95% t-interval, every pair's seed-paired "
                "difference with its interval and the better one named, and the best overall "
                "(else the newest seed both have, by sequence).",
+    "export": "python -m bench export out=<records.csv|records.parquet> [out_dir=results] "
+              "[include=suite|all]\n  Every ok run record the boards read as one table, a row "
+              "per record (superseded code versions too, marked): run id, origin, task, model, "
+              "seed, overrides, trainer preset, steps, device, SSD kernel, precision, compile, "
+              "world size, parameters, state size, held-out sequences, the gap and its interval, "
+              "relative gap, perplexity (text), wall time, commit, the version the board pools it "
+              "by and whether today's code reproduces it, then loss.<predictor>, gap.<predictor> "
+              "and accuracy.<predictor> for every predictor a record has. .parquet needs "
+              "pyarrow. The file is replaced whole.",
     "identities": "python -m bench identities [out_dir=results] [check=false]\n  The "
                   "behavioural identity (bench/reports/identity.py: training batches, held-out "
                   "set, references, initial parameters, schedule, three optimizer steps, scoring) of "

@@ -2,4 +2,4 @@
 line (the claims' reproducing commands) need not import the CLI itself."""
 
 COMMANDS = ("run", "references", "leaderboard", "claims", "speed", "suite", "sweep", "list",
-            "gpucheck", "plot", "eval", "compare", "identities")
+            "gpucheck", "plot", "eval", "compare", "identities", "export")

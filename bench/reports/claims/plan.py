@@ -17,11 +17,13 @@ twice the steps for the runs of the control's models; one not measured at the ru
 missing quantities, three seeds each, timed from records of the same task and model."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.config.formats import plural
+from bench.reports.claims.spec import composed
 from bench.reports.claims.verdicts import Decision
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
@@ -236,8 +238,6 @@ def plan_table(needs: list[Need], budget_s: float | None
 
 def same_run_key(selector: tuple[str, ...]) -> str:
     """What a selector composes to, seed aside: selectors equal here make the same run."""
-    import json
-    from bench.reports.claims.spec import composed
     described = composed(tuple(selector)).describe()
     for key in ("overrides", "name", "seed", "origin"):
         described.pop(key, None)
