@@ -229,3 +229,19 @@ def test_the_reports_read_records_without_lightning(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "loaded: 0 []", done.stderr[-1000:]
+
+
+def test_the_console_script_is_the_command_line():
+    """`icl-bench` (pyproject's [project.scripts], installed with the package) answers as
+    `python -m bench` does."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = shutil.which("icl-bench") or str(Path(sys.executable).parent / "icl-bench")
+    if not Path(script).exists():
+        pytest.skip("the package is not installed with its scripts here")
+    done = subprocess.run([script, "list"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "tasks" in done.stdout.lower()
+    wrong = subprocess.run([script, "nonsense"], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
