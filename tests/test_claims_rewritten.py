@@ -385,3 +385,16 @@ def test_nd_two_layer_linear_attention_reaches_gd_or_is_not_reached(shipped, tmp
     d = plant(tmp_path, "r", shipped["002-fig6-nd-linear-transformer-2layers"],
               {"tf2": jitter(tf2, spread=0.002), "gd1": [1.685] * 3})
     assert d.verdict == expected
+
+
+@pytest.mark.parametrize("claim", ["002-fig1a-tokens-final-query", "002-t1-gdssm-final-query"])
+def test_a_gd_ssm_whose_seeds_split_is_judged_run_by_run(shipped, tmp_path, claim):
+    """GD-SSM runs either reach GD or stay near the zero predictor: the mean of such seeds would
+    be 'not reached'; run by run the row says the seeds disagree, and holds when all reach."""
+    assert shipped[claim].per_seed
+    d = plant(tmp_path, "split", shipped[claim], {"gdssm": [1.76, 3.3, 1.75],
+                                                  "gd1": [1.754] * 3})
+    assert d.verdict == "undecided" and "2 of 3 seeds holds at reduced scale" in d.note
+    d = plant(tmp_path, "all", shipped[claim], {"gdssm": [1.76, 1.75, 1.755],
+                                                "gd1": [1.754] * 3})
+    assert d.verdict == "holds at reduced scale"
