@@ -143,28 +143,6 @@ def test_plan_arguments_are_checked(tmp_path, capsys, args, message):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_reference_read_from_another_models_records_asks_no_seeds_of_that_model(tmp_path,
-                                                                                  capsys):
-    """`mamba <= 0.1 * u` with u the unigram gap read from the conv-less Mamba's records: only
-    Mamba's seeds can narrow it (u is the same on every seed), so the suite holds no run of the
-    conv-less Mamba."""
-    out = tmp_path / "r"
-    gaps = [0.0062, 0.0078, 0.0070]
-    records = [record(MAMBA, seed=s, gap=g, wall_time_s=60.0) for s, g in enumerate(gaps)]
-    records += [record(NOCONV, seed=s, gap=0.05, wall_time_s=60.0) for s in range(3)]
-    for rec in records:
-        rec["metrics"]["gap_ci"]["unigram"] = [0.0799, 0.0801]
-    put(out, *records)
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES_REFERENCE.replace(
-        "      unigram: {metric: metrics.gap.unigram}",
-        "      unigram: {where: [model.conv=false], metric: metrics.gap.unigram}"))
-    suite = tmp_path / "plan.yaml"
-    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}", f"out={suite}"]) == 0
-    entries = load_suite(str(suite))
-    assert entries and all("model.conv=false" not in entry for entry in entries)
-
-
 def test_the_suite_lists_a_run_once_however_its_selectors_spell_it(tmp_path):
     """Two claims whose selectors order the same overrides differently ask for the same seeds:
     the suite file holds each run once (a suite refuses a run listed twice)."""

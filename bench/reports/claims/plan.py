@@ -129,9 +129,9 @@ def _undecided(decision: Decision, need: Need) -> Need:
         wanted.append((test, m))
     need.seeds = max(m for _, m in wanted)
     for test, m in wanted:
-        # a reference is the same on every seed: more seeds of the model whose records carry it
-        # add nothing to a comparison (t1's gd1, read from Mamba's records, asks no Mamba seeds)
-        for name in [n for n in test.names if not is_reference(quantities[n])]:
+        # a reference's records too: a comparison pairs on the seeds every quantity has, so a
+        # reference read from another model's records (t1's gd1, from Mamba's) needs its seeds
+        for name in test.names:
             measured, selector = decision.values[name], tuple(quantities[name].where)
             for seed in sorted(set(range(m)) - set(measured.seeds)):
                 need.runs.setdefault((selector, seed), measured.wall_time_s)
