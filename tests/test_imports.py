@@ -273,6 +273,7 @@ FUNCTION_LOCAL_IMPORTS = {
     "tasks/corpora/tokenizers.py": OPTIONAL + " (tokenizers, huggingface_hub)",
     "tasks/corpora/token_cache.py": OPTIONAL + " (pyarrow, tqdm)",
     "bench/reports/export.py": OPTIONAL + " (pyarrow, for a .parquet table)",
+    "bench/__main__.py": "Ctrl-C while the command line imports: one line, no traceback",
 }
 
 

@@ -43,7 +43,9 @@ def expand(arg: str) -> str:
     file (the newest name when several do); `<run_id>`: the README's first run (Quick start)."""
     key, sep, value = arg.partition("=") if "=" in arg else ("", "", arg)
     if "<run_id>" in value:  # README's placeholder for the run a command printed: its first run's
-        first = min(Path("runs").glob("*.json"), key=lambda p: p.stem.rsplit("--", 1)[1])
+        # the first written: runs of one second share a time stamp, and their ids' random tails
+        # do not sort by age
+        first = min(Path("runs").glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
         value = value.replace("<run_id>", first.stem)
     matches = sorted(glob.glob(value)) if any(c in value for c in "*?") else []
     value = matches[-1] if matches else value
