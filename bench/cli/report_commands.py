@@ -222,10 +222,9 @@ def cmd_export(argv: list[str]) -> int:
     if not out:
         raise ConfigError("export needs out=<file>.csv or out=<file>.parquet")
     check_paths(out_dir=out_dir, out=out)
-    from bench.reports.export import FORMATS, write_table
+    from bench.reports.export import check_format, write_table
     from bench.reports.selection import select_runs
-    if Path(out).suffix not in FORMATS:  # refused before the records are read
-        raise ConfigError(f"export: out '{out}' must end in {' or '.join(FORMATS)}")
+    check_format(out)  # refused before the records are read
     out_path = output_path(out)
     selection = select_runs(out_dir, include)
     for line in selection.warnings():

@@ -220,10 +220,9 @@ def by_seeds(selection: Selection) -> bool:
     return selection.seed is None and (len(common) >= 2 or len(selection.values) > 2)
 
 
-def select_pair(argv: list[str] | Selection) -> tuple[str, str]:
+def select_pair(selection: Selection) -> tuple[str, str]:
     """The two records a two-value selection names: on the given seed, else on the newest seed
     both have."""
-    selection = argv if isinstance(argv, Selection) else select(argv)
     if len(selection.values) != 2:
         raise ConfigError(f"compare: seed= pairs two runs by sequence; "
                           f"{selection.key}={','.join(selection.values)} names "

@@ -74,10 +74,15 @@ def table(selection: Selection) -> tuple[list[str], list[dict]]:
     return [*FIXED, *extra], rows
 
 
+def check_format(out: str | Path) -> None:
+    """ConfigError unless out names a table this writes (.csv, .parquet)."""
+    if Path(out).suffix not in FORMATS:
+        raise ConfigError(f"export: out '{out}' must end in {' or '.join(FORMATS)}")
+
+
 def write_table(selection: Selection, out: Path) -> int:
     """Write the table to out (.csv, or .parquet with pyarrow), replacing it whole; the rows."""
-    if out.suffix not in FORMATS:
-        raise ConfigError(f"export: out '{out}' must end in {' or '.join(FORMATS)}")
+    check_format(out)
     columns, rows = table(selection)
     if not rows:
         raise ConfigError(f"export: no ok record to export in {selection.out_dir}")

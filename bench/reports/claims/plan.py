@@ -17,13 +17,12 @@ twice the steps for the runs of the control's models; one not measured at the ru
 missing quantities, three seeds each, timed from records of the same task and model."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.config.formats import plural
-from bench.reports.claims.spec import composed
+from bench.reports.claims.spec import composed, is_reference, run_key
 from bench.reports.claims.verdicts import Decision
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
@@ -73,18 +72,6 @@ def seeds_to_decide(difference: float, seed_half: float, n: int, held_out_half: 
         if math.hypot(t_quantile(m - 1) * spread / math.sqrt(m), held_out_half) < abs(difference):
             return m
     return None
-
-
-MODEL_METRICS = ("bayes_gap", "relative_gap", "l1_to_bayes", "probe", "gap_closed")
-
-
-def is_reference(quantity) -> bool:
-    """Whether a quantity reads a reference's number (the same on every seed: a predictor other
-    than the model, e.g. metrics.gap.unigram, per_position.loss.bayes[0])."""
-    path = quantity.path
-    if len(path) > 1 and path[0] == "metrics" and path[1] in MODEL_METRICS:
-        return False
-    return path[-1].split(".")[-1] != "model"
 
 
 def _quantities(decision: Decision):
@@ -237,11 +224,8 @@ def plan_table(needs: list[Need], budget_s: float | None
 
 
 def same_run_key(selector: tuple[str, ...]) -> str:
-    """What a selector composes to, seed aside: selectors equal here make the same run."""
-    described = composed(tuple(selector)).describe()
-    for key in ("overrides", "name", "seed", "origin"):
-        described.pop(key, None)
-    return json.dumps(described, sort_keys=True, default=str)
+    """run_key of what a selector composes to."""
+    return run_key(composed(tuple(selector)))
 
 
 def unique_runs(needs: list[Need]) -> list[Run]:

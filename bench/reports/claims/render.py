@@ -2,7 +2,6 @@
 numbers that decided it, its control, rule, verdict and the command that makes its records."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import shlex
@@ -12,10 +11,10 @@ import yaml
 
 from bench.config import ConfigError, RunConfig, conf_file, load_suite
 from bench.config.formats import plural
-from bench.records.store import RESULT_NEUTRAL, not_written, output_path
+from bench.records.store import not_written, output_path
 from bench.reports.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules,
-                                       load_claims, read_rules_text, rules_files)
-from bench.reports.claims.plan import is_reference
+                                       is_reference, load_claims, read_rules_text, rules_files,
+                                       run_key)
 from bench.reports.claims.verdicts import FAILS, VERDICTS, Decision, Measured, decide_all
 from bench.reports.selection import Selection
 from tasks.files import write_atomic
@@ -262,11 +261,7 @@ def evidence(decision: Decision) -> str:
 
 def same_run(a: RunConfig, b: RunConfig) -> bool:
     """Whether two configurations would make records that pool (seed aside)."""
-    return (a.task_name == b.task_name and a.model_name == b.model_name
-            and dataclasses.asdict(a.task) == dataclasses.asdict(b.task)
-            and dataclasses.asdict(a.model) == dataclasses.asdict(b.model)
-            and {k: v for k, v in dataclasses.asdict(a.trainer).items() if k not in RESULT_NEUTRAL}
-            == {k: v for k, v in dataclasses.asdict(b.trainer).items() if k not in RESULT_NEUTRAL})
+    return run_key(a) == run_key(b)
 
 
 @functools.lru_cache(maxsize=None)

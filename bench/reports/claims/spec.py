@@ -23,7 +23,9 @@ and `per_seed: true` for a claim about each trained model (judged seed by seed: 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import keyword
 import re
 import shlex
@@ -34,6 +36,7 @@ import yaml
 
 from bench.config import CONF_DIR, GROUPS, ConfigError, RunConfig, choices, compose, load_yaml_text
 from bench.config.commands import COMMANDS
+from bench.records.store import RESULT_NEUTRAL
 from bench.reports.claims.rules import FUNCTIONS, Rule
 
 SCALES = ("paper", "cpu")
@@ -101,6 +104,27 @@ class Claim:
     source: str = ""
     per_seed: bool = False  # a claim about each trained model: judged seed by seed
     separable: Rule | None = None  # the room the task must leave for the rule to decide
+
+
+MODEL_METRICS = ("bayes_gap", "relative_gap", "l1_to_bayes", "probe", "gap_closed")
+
+
+def is_reference(quantity: Quantity) -> bool:
+    """Whether a quantity reads a reference's number (the same on every seed: a predictor other
+    than the model, e.g. metrics.gap.unigram, per_position.loss.bayes[0])."""
+    path = quantity.path
+    if len(path) > 1 and path[0] == "metrics" and path[1] in MODEL_METRICS:
+        return False
+    return path[-1].split(".")[-1] != "model"
+
+
+def run_key(config: RunConfig) -> str:
+    """What makes records pool, seed aside: the task, the model and the trainer settings but the
+    result-neutral ones. Two configs with one key make the same run."""
+    trainer = {k: v for k, v in dataclasses.asdict(config.trainer).items()
+               if k not in RESULT_NEUTRAL}
+    return json.dumps([config.task_name, config.model_name, dataclasses.asdict(config.task),
+                       dataclasses.asdict(config.model), trainer], sort_keys=True, default=str)
 
 
 def merge(base: list[str], layer: list[str], drop_groups: bool = False) -> list[str]:
