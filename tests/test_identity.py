@@ -2,6 +2,7 @@
 that changes no number keeps every identity, a planted change in each layer changes the identity
 of exactly the configs it affects, rows and suites pool by identity, and an index that cannot be
 trusted is not used."""
+import hashlib
 import importlib.util
 import json
 import shutil
@@ -199,7 +200,10 @@ def indexed(tmp_path: Path, identity_of: dict[str, str], today: str | None = Non
 
 
 def made_by(code: str, **extra) -> dict:
-    return record(provenance={"commit": (code * 40)[:40], "code": code, "dirty": False,
+    """A record of a clean checkout of code version `code` (its commit a full hash, as
+    provenance() records it: another name would not be resolved)."""
+    commit = hashlib.sha1(code.encode()).hexdigest()
+    return record(provenance={"commit": commit, "code": code, "dirty": False,
                               "torch": torch.__version__}, **extra)
 
 
@@ -301,8 +305,9 @@ def test_one_seed_disagreeing_under_one_identity_is_named(tmp_path):
     # the newest of each seed is used: seeds 0.1 and 0.25, standard deviation 0.106
     assert ("records of one seed in one row differ — training amplifies float-level "
             "differences, behaviour after the identity's probe changed, or a record was edited: "
-            "mamba seed 1: 0.2 "
-            "(c0de1c0) vs 0.25 (c0de2c0), 0.47× the seeds' standard deviation") in \
+            f"mamba seed 1: 0.2 ({made_by('c0de1')['provenance']['commit'][:7]}) vs 0.25 "
+            f"({made_by('c0de2')['provenance']['commit'][:7]}), 0.47× the seeds' standard "
+            "deviation") in \
         (tmp_path / "lb.md").read_text()
 
 
@@ -312,7 +317,8 @@ def test_an_index_that_does_not_match_its_digest_is_ignored(tmp_path, capsys):
     data["codes"]["c0de2"]["configs"][identities.config_key(record())]["identity"] = "ff" * 8
     (out / identities.INDEX_NAME).write_text(json.dumps(data))
     assert identities.load_index(out).codes == {}
-    assert "does not match the digest it was written with; ignored" in capsys.readouterr().err
+    assert ("is altered (its content does not match the digest it was written with); ignored"
+            in capsys.readouterr().err)
     put(out, made_by("c0de1", seed=0), made_by("c0de2", seed=1, stamp="20260102-100000"))
     (section,) = select_runs(str(out)).sections
     assert len(section.rows) + len(section.superseded) == 2  # by code version, not pooled

@@ -277,7 +277,8 @@ def test_a_rules_file_with_an_unknown_or_repeated_key_is_one_line(old, new, need
     path = rules(tmp_path, old, new)
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_claims(path)
-    assert cli.main(["claims", f"rules={path}", f"out={tmp_path / 'claims.md'}"]) == 2
+    assert cli.main(["claims", f"rules={path}", f"out={tmp_path / 'claims.md'}",
+                     f"out_dir={tmp_path}"]) == 2
     assert needle in one_error_line(capsys.readouterr().err)
     assert not (tmp_path / "claims.md").exists()
 
@@ -367,7 +368,7 @@ def test_from_the_shell(case, tmp_path, weights):
         "eval": (["eval", f"weights={weights}", "task.order={a"], "task.order={a: malformed"),
         "suite-5000": (["suite", f"name={many}"], "holds 5000 runs; a suite has at most 1000"),
         "entries": (["sweep", "seed=0,1", "entries="], "entries is empty"),
-        "claims": (["claims", f"rules={colour}"], "unknown key 'colour'"),
+        "claims": (["claims", f"rules={colour}", "out_dir=."], "unknown key 'colour'"),
         "gpucheck": (["gpucheck", "budget=0", f"out={tmp_path / 'out'}"],
                      "budget must be a positive number of seconds"),
         "out_dir": (["run", f"out_dir={LONG_PATH}"], "bytes; file systems allow"),

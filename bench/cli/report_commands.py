@@ -57,7 +57,9 @@ def cmd_leaderboard(argv: list[str]) -> int:
         raise ConfigError(f"unknown argument '{argv[0]}'; leaderboard takes out_dir=<dir>, "
                           "out=<file>, include=suite|all")
     from bench.reports.leaderboard import write_leaderboard
-    from bench.reports.selection import select_runs
+    from bench.reports.selection import check_selection, select_runs
+    check_selection(out_dir, include)
+    output_path(out)  # refused before the records are read
     selection = select_runs(out_dir, include)
     for line in selection.warnings():  # before a possible error: they may be why it is empty
         print(line, file=sys.stderr)
@@ -91,10 +93,11 @@ def cmd_claims_plan(argv: list[str]) -> int:
                               "of hours")
     if out and not out.endswith((".yaml", ".yml")):
         raise ConfigError(f"out '{out}' must be a suite file ending in .yaml")
+    from bench.reports.selection import check_selection, select_runs
+    check_selection(out_dir, include)
     out_path = output_path(out) if out else None
     from bench.reports.claims import decide_all, load_claims
     from bench.reports.claims.plan import power_plan
-    from bench.reports.selection import select_runs
     claims = load_claims(rules or None)
     selection = select_runs(out_dir, include)
     for line in selection.warnings():
@@ -119,10 +122,13 @@ def cmd_claims(argv: list[str]) -> int:
     check_paths(out_dir=out_dir, out=out, rules=rules)
     if check not in ("true", "false"):
         raise ConfigError(f"check must be true or false, got '{check}'")
+    from bench.reports.selection import check_selection, select_runs
+    check_selection(out_dir, include)  # all refused now, not after the rules and records
+    if check == "false":
+        output_path(out)
     from bench.reports.claims import decide_all, load_claims, write_claims
     from bench.reports.claims.check import problems
     from bench.reports.claims.render import verdict_counts
-    from bench.reports.selection import select_runs
     claims = load_claims(rules or None)  # bad rules are reported before the records are read
     selection = select_runs(out_dir, include)
     for line in selection.warnings():
@@ -171,6 +177,9 @@ def cmd_identities(argv: list[str]) -> int:
         raise ConfigError(f"check must be true or false, got '{check}'")
     if not os.path.isdir(out_dir):
         raise ConfigError(f"out_dir '{out_dir}' is not a directory")
+    from bench.records.store import IDENTITY_INDEX
+    if check == "false":  # the index it will write: refused now, not after minutes of probes
+        output_path(str(Path(out_dir) / IDENTITY_INDEX), name="the identity index")
     from bench.reports.identities import report_identities
     return report_identities(out_dir, check == "true")
 

@@ -32,6 +32,9 @@ SCORED_FIELDS = {
     "perplexity": {("metrics", "perplexity"): dict, ("metrics", "perplexity_ci"): dict,
                    ("metrics", "bits_per_byte"): dict, ("per_position", "loss.model"): list}}
 COUNTS = {("seed",), ("params",), ("state_size",), ("train", "steps")}  # >= 0
+# A time no run takes (a year): 1e308 s is finite, passes a type check and would print 309 digits
+MAX_TIME_S = 366 * 86400
+TIMES = {("wall_time_s",): Real, ("eval_time_s",): Real}  # checked where present
 PROVENANCE = {"commit": str, "code": str, "dirty": bool, "version": str, "torch": str}
 
 
@@ -79,6 +82,8 @@ def _typed(record: dict, fields: dict) -> str | None:
             bad.append(f"{name} (not a finite number)")
         elif kind is Real and keys[-1].endswith("time_s") and value < 0:
             bad.append(f"{name} (negative)")
+        elif kind is Real and keys[-1].endswith("time_s") and value > MAX_TIME_S:
+            bad.append(f"{name} (over a year)")
         elif kind is int and keys in COUNTS and value < 0:
             bad.append(f"{name} (negative)")
         elif kind is list and not all(number_or_null(v) for v in value):
@@ -121,7 +126,8 @@ def _scored(record: dict) -> str | None:
     scoring = metrics.get("scoring", "gap") if isinstance(metrics, dict) else "gap"
     if scoring not in SCORED_FIELDS:
         return f"unknown metrics.scoring {scoring!r}"
-    why = _typed(record, {**FIELDS, **SCORED_FIELDS[scoring]})
+    present = {keys: kind for keys, kind in TIMES.items() if _lookup(record, keys) is not None}
+    why = _typed(record, {**FIELDS, **SCORED_FIELDS[scoring], **present})
     if why:
         return why
     m = record["metrics"]

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import signal
 import stat
@@ -88,11 +89,18 @@ def _shapes_results(path: str) -> bool:
     return not any(path == d or path.startswith(d + "/") for d in DOWNSTREAM_PATHS)
 
 
+def is_object_name(commit: str) -> bool:
+    """A full commit hash (SHA-1, or SHA-256 in a repository of that format), as provenance()
+    records it; not a ref, an abbreviation or an expression git would resolve today."""
+    return re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit) is not None
+
+
 def code_digest(commit: str | None) -> str | None:
     """A digest of the files of CODE_PATHS but DOWNSTREAM_PATHS at commit (git's own hashes of
     their contents): equal for two commits exactly when that code is equal. None when git cannot
-    tell (not a checkout, an unknown commit)."""
-    if not commit:
+    tell (not a checkout, an unknown commit), and for anything but a full object name: a record's
+    "HEAD" or "main" would name whatever is checked out today, not the code that ran."""
+    if not commit or not is_object_name(commit):
         return None
     listing = _git("ls-tree", "-r", "--full-tree", f"{commit}^{{commit}}", "--", *CODE_PATHS)
     if listing is None:  # not a commit of this repository
@@ -192,21 +200,23 @@ def write_record(out_dir: str | Path, record: dict) -> Path:
     return path
 
 
-def output_path(out: str) -> Path:
-    """out= of a generated report (leaderboard, claims, speed): a file name in an existing
-    directory, naming nothing or a regular file. The report replaces the file whole (a rename),
-    so a symlink would become a file and a FIFO or a device node would be replaced: refused."""
+def output_path(out: str, name: str = "out") -> Path:
+    """out= of a generated report (leaderboard, claims, speed), or another file a command will
+    write (`name` says which, in the messages): a file name in an existing directory, naming
+    nothing or a regular file. The report replaces the file whole (a rename), so a symlink would
+    become a file and a FIFO or a device node would be replaced: refused."""
     if not out:
         raise ConfigError("out= needs a file name")
     out_path = Path(out)
     try:
         if out_path.is_dir():
-            raise ConfigError(f"out '{out}' is a directory; give a file name")
+            raise ConfigError(f"{name} '{out}' is a directory; "
+                              + ("give a file name" if name == "out" else "it must be a file"))
         if not out_path.resolve().parent.is_dir():
-            raise ConfigError(f"out '{out}': directory {out_path.parent} does not exist")
+            raise ConfigError(f"{name} '{out}': directory {out_path.parent} does not exist")
         not_plain = not_a_regular_file(out_path)
         if not_plain:
-            raise ConfigError(f"out '{out}' is {not_plain}; reports are written only as "
+            raise ConfigError(f"{name} '{out}' is {not_plain}; reports are written only as "
                               "regular files: give the path of one, or of none yet")
         # a byte written and synced where the report will go: a read-only or full file system
         # is one line now, not an error after the figures were drawn
@@ -216,7 +226,7 @@ def output_path(out: str) -> Path:
             probe.flush()
             os.fsync(probe.fileno())
     except OSError as error:
-        raise ConfigError(f"out '{shorten(out)}' cannot be written: "
+        raise ConfigError(f"{name} '{shorten(out)}' cannot be written: "
                           f"{error.strerror or error}") from None
     return out_path
 

@@ -93,6 +93,8 @@ def record_code(record: dict) -> tuple[str | None, str | None, str]:
     commit = prov.get("commit") if isinstance(prov.get("commit"), str) else None
     if not commit:
         return None, None, "no commit recorded"
+    if not store.is_object_name(commit):
+        return None, None, "its commit is not a full commit hash"
     if prov.get("dirty") is not False:
         return None, commit, "made by a dirty checkout" if prov.get("dirty") else \
             "not known whether the checkout was clean"
@@ -209,14 +211,14 @@ def load_index(out_dir: str | Path, today: str | None = None, quiet: bool = Fals
     if not problem:
         try:
             data = json.loads(path.read_text())
-        except (OSError, ValueError, UnicodeDecodeError) as error:
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
             problem = f"unreadable ({type(error).__name__})"
     if data is not None:
         if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT:
             problem = "not an identity index of this format"
         elif not isinstance(data.get("codes"), dict) or \
                 data.get("digest") != content_digest(data["codes"]):
-            problem = "does not match the digest it was written with"
+            problem = "altered (its content does not match the digest it was written with)"
     if problem:
         if not quiet:
             print(f"warning: the identity index {path} is {problem}; ignored (python -m bench "
@@ -406,16 +408,20 @@ def wanted_probes(records: list[dict], today: tuple[str, str] | None
     return wanted, commits
 
 
-def ok_records(out_dir: str | Path) -> list[dict]:
-    found, _ = read_records(out_dir)
+def ok_records(out_dir: str | Path, warn: bool = False) -> list[dict]:
+    """The ok records of out_dir that have a config key; warn: a line on stderr naming each
+    file left out as unusable (as the leaderboard's and claims' warnings do)."""
+    found, bad = read_records(out_dir)
     usable = []
     for record in found:
         try:
             if record.get("status") == "ok":
                 config_key(record)
                 usable.append(record)
-        except (KeyError, TypeError, AttributeError):  # a malformed record has no config
-            continue
+        except (KeyError, TypeError, AttributeError) as error:  # a malformed record: no config
+            bad.append((record["_path"], f"no config key ({type(error).__name__}: {error})"))
+    for path, reason in bad if warn else ():
+        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
     return usable
 
 
@@ -434,7 +440,7 @@ def summary_lines(status: Status, today: tuple[str, str] | None) -> list[str]:
 def report_identities(out_dir: str, check: bool = False) -> int:
     """`python -m bench identities`: fill out_dir's index, say which records are current."""
     import torch
-    records = ok_records(out_dir)
+    records = ok_records(out_dir, warn=True)
     index = load_index(out_dir)
     today = current_code()
     if today is None:

@@ -199,8 +199,9 @@ class Selection:
         return plural(self.runs, "run") + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def select_runs(out_dir: str, include: str = "suite") -> Selection:
-    """Read out_dir and sort its records into sections and rows by the pooling rules."""
+def check_selection(out_dir: str, include: str) -> None:
+    """The options of a selection, refused before anything is read (a command checks them first,
+    so a typo does not wait for the claims' rules or the records)."""
     if include not in INCLUDE:
         raise ConfigError(f"include must be one of {'|'.join(INCLUDE)}, got '{include}'")
     directory = Path(out_dir)
@@ -208,6 +209,12 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
         raise ConfigError(f"out_dir '{out_dir}' does not exist")
     if not directory.is_dir():
         raise ConfigError(f"out_dir '{out_dir}' is not a directory")
+
+
+def select_runs(out_dir: str, include: str = "suite") -> Selection:
+    """Read out_dir and sort its records into sections and rows by the pooling rules."""
+    check_selection(out_dir, include)
+    directory = Path(out_dir)
     records, bad = read_records(directory)
     index = load_index(directory)
     today = current_code() if index.codes else None
