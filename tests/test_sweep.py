@@ -172,10 +172,10 @@ def test_two_suites_of_one_name_are_refused(tmp_path, monkeypatch):
 
 def test_what_a_run_of_one_kind_writes_never_makes_another_kind_skip(tmp_path, monkeypatch,
                                                                      capsys):
-    """An ad-hoc run of seed 0 in the suite's out_dir does not finish the suite's seed 0; the
-    suite's own record does. A sweep's entry is finished only by a sweep's record. run, sweep
-    and suite write to runs/ by default (a suite publishes with out_dir=results); the progress
-    bar goes to stderr."""
+    """An ad-hoc run of seed 0 in the suite's out_dir does not finish the suite's seed 0 (boards
+    count suite records only); the suite's own record does. A sweep's entry is finished by any
+    record of its run: a suite's, an ad-hoc run's, its own. run, sweep and suite write to runs/
+    by default (a suite publishes with out_dir=results); the progress bar goes to stderr."""
     version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
     monkeypatch.setattr(bench.records.store, "provenance", lambda: dict(version))  # a clean checkout
     monkeypatch.setattr(bench.training.train, "code_of_this_process", lambda: dict(version))
@@ -205,13 +205,15 @@ def test_what_a_run_of_one_kind_writes_never_makes_another_kind_skip(tmp_path, m
     assert "done already" not in capsys.readouterr().out
     assert [r["origin"] for r in records("runs")] == [f"suite:{suite_file}"]
 
-    # a sweep of the same config: suite records do not finish it; its own do
-    assert main(["sweep", "seed=0,1", *TINY]) == 0
-    assert "done already" not in capsys.readouterr().out
+    # a sweep of the same config: the suite's seed 0 finishes its seed 0, an ad-hoc run its
+    # seed 2, and its own records all three when it is started again
+    assert main(["run", "seed=2", *TINY]) == 0
+    assert main(["sweep", "seed=0,1,2", *TINY]) == 0
+    assert capsys.readouterr().out.count("done already") == 2
     assert sorted(r["origin"] for r in records("runs")) == sorted(
-        ["sweep", "sweep", f"suite:{suite_file}"])
-    assert main(["sweep", "seed=0-1", *TINY]) == 0
-    assert capsys.readouterr().out.count("done already") == 2 and len(records("runs")) == 3
+        ["adhoc", "sweep", f"suite:{suite_file}"])
+    assert main(["sweep", "seed=0-2", *TINY]) == 0
+    assert capsys.readouterr().out.count("done already") == 3 and len(records("runs")) == 3
     assert len(records("results")) == 2
 
 

@@ -23,10 +23,19 @@ def origin_kind(origin) -> str:
     return str(origin or "adhoc").split(":", 1)[0]
 
 
+def finishes(record_origin, config_origin) -> bool:
+    """Whether a record made as record_origin finishes a run about to be made as config_origin:
+    a suite entry only a suite's record (any suite's: boards and claims pool suite records
+    only, so an ad-hoc run's or a sweep's would leave a hole in them); a sweep entry any record
+    of the run, ad hoc, a sweep's or a suite's (its table pools what exists); an ad-hoc run is
+    never finished (`run` always trains)."""
+    kind = origin_kind(config_origin)
+    return kind == "sweep" or (kind == "suite" and origin_kind(record_origin) == "suite")
+
+
 def finished_runs(configs: list) -> dict[int, str]:
-    """{index in configs: record path} of the configs that have an `ok` record of their own kind
-    in their out_dir — a suite entry a suite's record (any suite's: boards and claims pool
-    them), a sweep entry a sweep's; an ad-hoc run finishes nothing — with the same seed, in the
+    """{index in configs: record path} of the configs that have an `ok` record that finishes
+    them (`finishes`) in their out_dir, with the same seed, in the
     environment the run would train in here (checks.planned_environment: a CPU record does not
     finish a GPU run, nor the reverse), made by the current code version (records.code_digest)
     from a clean checkout, or by code whose behavioural identity for the config is today's
@@ -42,15 +51,15 @@ def finished_runs(configs: list) -> dict[int, str]:
     for i, config in enumerate(configs):
         planned = planned_environment(config)
         if config.out_dir not in by_dir:
-            found = read_records(config.out_dir)[0] if os.path.isdir(config.out_dir) else []
+            found, bad = read_records(config.out_dir) if os.path.isdir(config.out_dir) \
+                else ([], [])
+            for path, reason in bad:  # a damaged record's run runs again: say which file
+                print(f"warning: skipped {path}: {reason}; it finishes no run", file=sys.stderr)
             by_dir[config.out_dir] = [r for r in found if r.get("status") == "ok"]
         for record in by_dir[config.out_dir]:
             try:
                 same = (type(record.get("seed")) is int and record["seed"] == config.seed
-                        # a suite's record counts where boards and claims count it: an
-                        # ad-hoc run or a sweep of the same config does not finish a suite entry
-                        and origin_kind(config.origin) != "adhoc"
-                        and origin_kind(record.get("origin")) == origin_kind(config.origin)
+                        and finishes(record.get("origin"), config.origin)
                         and record_matches(record, config)
                         and environment(record) == planned)
             except (KeyError, TypeError):  # a malformed record proves nothing

@@ -49,8 +49,12 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 def load_yaml_text(text: str):
     """A YAML document a user wrote (conf/ files, suite files, claims rules): safe types only,
-    no key twice in a mapping. Raises yaml.YAMLError."""
-    return yaml.load(text, Loader=UniqueKeyLoader)
+    no key twice in a mapping. Raises yaml.YAMLError, also for a document nested too deeply
+    for the parser's recursion (`[[[...]]]` 20,000 deep)."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
 
 
 def yaml_problem(error: yaml.YAMLError) -> str:
@@ -148,8 +152,9 @@ def check_value(key: str, value: str) -> None:
 
 # Numbers YAML 1.1 (OmegaConf's parser) reads other than a reader would: octal 010 = 8,
 # sexagesimal 1:04 = 64, 0x10, 0b10. In an override they are refused, not reinterpreted.
-YAML11_NUMBER = re.compile(r"[-+]?(0[0-9_]+|0[xob][0-9a-f_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)",
-                           re.IGNORECASE)
+# And 1_0 = 10, which a reader takes for a typo.
+YAML11_NUMBER = re.compile(r"[-+]?(0[0-9_]+|0[xob][0-9a-f_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?"
+                           r"|[0-9]+_[0-9_]*(\.[0-9_]*)?)", re.IGNORECASE)
 
 
 def entry_numbers(text: str, size: int) -> list[int]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,10 +188,15 @@ def select(argv: list[str]) -> Selection:
     """Parse `compare task=lgssm_colored model=mamba,transformer[,...] [seed=N] [out_dir=runs]
     ...`: one override holds the values compared (commas between them), the others are shared;
     each value's records are its config's `ok` training records in out_dir."""
-    options = dict(arg.split("=", 1) for arg in argv)
+    options: dict[str, str] = {}
+    for key, value in (arg.split("=", 1) for arg in argv):
+        if key in options:  # as every other command: not the last value silently
+            raise ConfigError(f"compare: '{key}' is given twice; give each key once")
+        options[key] = value
     out_dir = options.pop("out_dir", "runs")
     seed = options.pop("seed", None)
-    if seed is not None and not seed.isdigit():
+    # plain ASCII digits: str.isdigit also takes '²' (which int() refuses) and '１'
+    if seed is not None and not re.fullmatch(r"[0-9]+", seed):
         raise ConfigError(f"compare: seed must be a number, got '{seed}'")
     varied = [key for key, value in options.items() if "," in value]
     values = options[varied[0]].split(",") if len(varied) == 1 else []
@@ -202,7 +209,9 @@ def select(argv: list[str]) -> Selection:
     configs = [compose([*shared, f"{key}={value}"]) for value in values]
     if not Path(out_dir).is_dir():
         raise ConfigError(f"compare: out_dir '{out_dir}' is not a directory")
-    records, _ = read_records(out_dir)
+    records, bad = read_records(out_dir)
+    for path, reason in bad:  # a damaged newest record must not let an older one stand in unsaid
+        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
     found = [[r for r in records if r["status"] == "ok" and r.get("origin") != "eval"
               and record_matches(r, config)] for config in configs]
     for side, value in zip(found, values):
