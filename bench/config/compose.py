@@ -123,6 +123,10 @@ def check_fields(group: str, schema) -> None:
     for key, value in schema.items():
         values = value if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
         for v in values:
+            if v is not value and (OmegaConf.is_config(v) or isinstance(v, (list, tuple, dict))):
+                # no field holds nested lists; its own range check would fail on list < int
+                raise ConfigError(f"{group}.{key}: {shown(str(OmegaConf.to_object(value)))} "
+                                  "holds a list or mapping; give a flat list of numbers")
             if isinstance(v, float) and not math.isfinite(v):
                 raise ConfigError(f"{group}.{key}: {v} is not a finite number")
             if isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63:

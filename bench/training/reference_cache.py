@@ -97,7 +97,10 @@ def save(out_dir: str, task: Task, n: int, batch: Batch, references: ReferenceSc
                "reference_probs": references.reference_probs}
     data = {"format": FORMAT, "key": cache_key(task, n), "digest": content_digest(content),
             "content": content}
-    write_atomic(path, lambda temporary: torch.save(data, temporary))
+    def write(temporary: str) -> None:
+        with open(temporary, "wb") as file:  # a file object: a full disk is OSError ENOSPC, not
+            torch.save(data, file)           # the archive writer's "enforce fail" RuntimeError
+    write_atomic(path, write)
     return path
 
 

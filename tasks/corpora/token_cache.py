@@ -94,9 +94,9 @@ def _read_meta(meta_path: Path, bin_path: Path, tokenizer: TextTokenizer,
     try:
         meta = json.loads(meta_path.read_text())
         size = bin_path.stat().st_size
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
-    ok = (meta.get("format") == CACHE_FORMAT
+    ok = (isinstance(meta, dict) and meta.get("format") == CACHE_FORMAT
           and meta.get("tokenizer_identity") == tokenizer.identity
           and meta.get("dtype") == dtype.name
           and isinstance(meta.get("n_tokens"), int) and meta["n_tokens"] > 0
