@@ -268,9 +268,9 @@ class LGSSMColoredTask(Task):
 
         def per_k(values: Tensor) -> tuple[list, list]:
             """The mean over sequences of each bin's mean of values (B, T), its standard error."""
-            per_sequence = values @ bins.T  # (B, len(ks))
+            per_sequence = values @ bins.T  # (B, len(ks)); no bin at all at seq_len 1
             stderr = (per_sequence.std(0) / math.sqrt(len(per_sequence))).tolist() \
-                if len(per_sequence) > 1 else [None] * len(ks)
+                if len(per_sequence) > 1 and ks else [None] * len(ks)
             return per_sequence.mean(0).tolist(), stderr
 
         summary: dict = {"context_lengths": ks, "eval_rho": self.config.eval_rho,

@@ -71,6 +71,17 @@ def test_list_names_every_task_and_model(capsys):
     assert "markov" in text and "mamba" in text and "transformer" in text
 
 
+def test_list_shows_no_preset_cut_mid_sentence(capsys):
+    """`list` shows a file's first comment line: a line that goes on in the next (the ddp
+    preset's ended "the other settings are the") reads as a cut."""
+    from bench.config import choices, describe_choice
+    dangling = ("the", "a", "an", "of", "to", "and", "or", "in", "on", "for", "with", "are", "is")
+    for group in ("task", "model", "trainer"):
+        for name in choices(group):
+            words = describe_choice(group, name).rstrip(",;:").split()
+            assert not words or words[-1].lower() not in dangling, (group, name, words[-3:])
+
+
 def test_list_describes_a_file_without_a_comment_by_its_family(tmp_path, monkeypatch):
     """The first comment line of a conf file, else its family's `description` (a user's own
     preset, or an empty file, which made `bench list` fail with an IndexError)."""
@@ -238,8 +249,11 @@ def test_the_console_script_is_the_command_line():
     import subprocess
     import sys
     from pathlib import Path
-    script = shutil.which("icl-bench") or str(Path(sys.executable).parent / "icl-bench")
-    if not Path(script).exists():
+    # the script of the interpreter running the tests before one elsewhere on PATH (another
+    # Python's install of another checkout)
+    beside = Path(sys.executable).parent / "icl-bench"
+    script = str(beside) if beside.exists() else shutil.which("icl-bench")
+    if script is None:
         pytest.skip("the package is not installed with its scripts here")
     done = subprocess.run([script, "list"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "tasks" in done.stdout.lower()

@@ -158,3 +158,25 @@ def test_a_run_summary_says_what_the_gap_means(scored, capsys):
     bands = ", ".join(f"{b['positions'][0]}–{b['positions'][1]} {fmt_sig(b['gap'])}"
                       for b in m["gap_by_band"])
     assert f"gap by position: {bands}\n" in out
+
+
+def test_a_run_prints_its_tasks_own_metrics_only_when_asked(scored, capsys):
+    """lgssm_colored's probes were 20 lines between the table and the headline: behind
+    details=true now, and one line says where they are."""
+    from bench.reports.report import print_run
+    task, batch, preds, _ = scored
+    m = score(task, batch, {**preds, "model": preds["unigram"]}, resamples=100)["metrics"]
+    m["task"] = {"context_lengths": [8, 16], "mse": {"model": [1.0, 2.0]}, "eval_rho": 0.95,
+                 "mse_stderr": {"model": [0.1, 0.1]}}
+    record = {"metrics": m, "model": {"name": "mamba"}, "task": {"name": "markov"},
+              "train": {"steps": 1, "wall_time_s": 1.0, "device": "cpu"}, "params": 1,
+              "state_size": 1, "wall_time_s": 1.0}
+    print_run(record, "r.json")
+    out = capsys.readouterr().out
+    assert "mse at context length" not in out and "eval_rho" not in out
+    assert ("(2 more metrics of the task in the record's metrics.task; details=true prints "
+            "them)\nBayes gap") in out
+    print_run(record, "r.json", details=True)
+    out = capsys.readouterr().out
+    assert "mse at context length 8 16:\n  model                1 2\n" in out
+    assert "eval_rho: 0.95" in out and "more metrics" not in out

@@ -235,3 +235,14 @@ def test_summary_reports_binned_mse_and_the_papers_loglog_slope_of_it():
 def test_config_rejects_invalid_values(bad):
     with pytest.raises(ValueError):
         LGSSMColoredConfig(**bad)
+
+
+def test_a_summary_with_no_context_bin_warns_nothing():
+    """At seq_len 1 no bin k >= 8 exists: torch's std() warned of zero degrees of freedom."""
+    import warnings
+    task = LGSSMColoredTask(LGSSMColoredConfig(seq_len=1))
+    losses = {name: torch.ones(4, 1, dtype=torch.float64) for name in ("model", "bayes")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = task.summarize(None, losses)
+    assert summary["context_lengths"] == [] and summary["mse_stderr"]["model"] == []

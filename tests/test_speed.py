@@ -94,3 +94,22 @@ def test_the_lm_loss_measurement_compares_both_losses_in_both_precisions(capsys)
         < steps["bf16-mixed torch"]["peak_allocated_mib"]
     with pytest.raises(ConfigError, match="lm_loss takes"):
         lm_loss.main(["steps=3"])
+
+
+def test_the_profilers_own_lines_are_kept_out_of_stderr(capfd):
+    """torch's profiler library prints "USDT:... profiler_start" on file descriptor 2 at every
+    profile (speed printed four); other lines written there come through."""
+    import os
+    import sys
+
+    import torch
+
+    from bench.perf.speed import profile_ops, without_profiler_chatter
+    with without_profiler_chatter():
+        os.write(2, b"USDT:2026-11-28 04:39:08 1:1 SyncActivityProfilerHandler.cpp:52] start\n")
+        os.write(2, b"a real message\n")
+        print("from python", file=sys.stderr)
+    # (under pytest, Python's sys.stderr is pytest's, not file descriptor 2: order aside)
+    assert sorted(capfd.readouterr().err.splitlines()) == ["a real message", "from python"]
+    assert profile_ops(lambda: torch.ones(2) + 1)["aten::add"] == 1
+    assert "USDT" not in capfd.readouterr().err

@@ -29,20 +29,28 @@ def cmd_list(argv: list[str]) -> int:
     return 0
 
 
+def take_flag(argv: list[str], key: str) -> tuple[list[str], bool]:
+    """A command's true|false option (default false)."""
+    argv, value = take_option(argv, key, "false")
+    if value not in ("true", "false"):
+        raise ConfigError(f"{key} must be true or false, got '{value}'")
+    return argv, value == "true"
+
+
 def cmd_run(argv: list[str]) -> int:
-    argv, dry = take_option(argv, "print_config", "false")
-    if dry not in ("true", "false"):
-        raise ConfigError(f"print_config must be true or false, got '{dry}'")
+    argv, dry = take_flag(argv, "print_config")
+    argv, details = take_flag(argv, "details")
     config, task = composed_and_checked(argv)
-    if dry == "true":
+    if dry:
         print_config(config, task)
         return 0
-    return run_and_print(config, task)  # the task the checks built
+    return run_and_print(config, task, details)  # the task the checks built
 
 
-def run_and_print(config, task, **weights) -> int:
+def run_and_print(config, task, details: bool = False, **weights) -> int:
     """One run (bench.training.train.run; `weights`: an evaluation of saved ones), its process
-    group left whatever happens, and its result printed."""
+    group left whatever happens, and its result printed (`details`: the task's own metrics
+    too)."""
     from bench.training.signals import end_distributed
     from bench.training.train import run
     try:
@@ -50,7 +58,7 @@ def run_and_print(config, task, **weights) -> int:
     finally:
         end_distributed()
     if path:
-        print_run(record, path)
+        print_run(record, path, details)
     return 0
 
 
@@ -96,6 +104,7 @@ def cmd_references(argv: list[str]) -> int:
 
 def cmd_eval(argv: list[str]) -> int:
     argv, weights = take_option(argv, "weights", "")
+    argv, details = take_flag(argv, "details")
     if not weights:
         raise ConfigError("eval needs weights=<file> (a run's out_dir/weights/<run_id>.pt)")
     check_path("weights", weights)
@@ -103,7 +112,7 @@ def cmd_eval(argv: list[str]) -> int:
     check_eval_overrides(argv)  # a refused key is refused before the file is read
     payload = load_weights(weights)
     config, task = eval_config(payload, argv)
-    return run_and_print(config, task, weights=payload, weights_path=weights)
+    return run_and_print(config, task, details, weights=payload, weights_path=weights)
 
 
 def cmd_speed(argv: list[str]) -> int:

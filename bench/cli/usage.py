@@ -27,10 +27,11 @@ OVERRIDES = ("  task=<name> model=<name> trainer=<name>   a file of conf/task, c
              "  task.<field>=v model.<field>=v trainer.<field>=v   one field of it\n"
              "  seed=<int> out_dir=<dir> name=<tag> resume=<checkpoint>")
 USAGE = {
-    "run": "python -m bench run [print_config=false] [key=value ...]\n  Train one model on one "
-           "task, evaluate it on the held-out set, write a run record to out_dir (default runs/, "
-           "git-ignored). print_config=true: print the composed config and the memory estimate "
-           "as YAML and exit without training.\n" + OVERRIDES,
+    "run": "python -m bench run [print_config=false] [details=false] [key=value ...]\n  Train "
+           "one model on one task, evaluate it on the held-out set, write a run record to out_dir "
+           "(default runs/, git-ignored). print_config=true: print the composed config and the "
+           "memory estimate as YAML and exit without training. details=true: print the task's "
+           "own metrics too (probes, per-length tables; always in the record).\n" + OVERRIDES,
     "references": "python -m bench references [n=<sequences>] [key=value ...]\n  The task's "
                   "references alone on n held-out sequences (default trainer.eval_sequences); "
                   "no training.\n" + OVERRIDES,
@@ -91,7 +92,7 @@ USAGE = {
     "eval": "python -m bench eval weights=<out_dir/weights/run.pt> [task.<field>=v ...] "
             "[task=<name>] [trainer.eval_sequences=n] [trainer.eval_batch_size=n] "
             "[trainer.bootstrap=n] [trainer.reference_cache=b] [trainer.progress=b] "
-            "[trainer.threads=n] [out_dir=<dir>] [name=<tag>]\n  Score the model a run saved "
+            "[trainer.threads=n] [out_dir=<dir>] [name=<tag>] [details=false]\n  Score the model a run saved "
             "(trainer.save_weights) on the held-out set of another task config of the same "
             "family, without training: the weights' run's overrides with these on top. The "
             "record (origin eval) names the weights and carries the weights' run's training; "

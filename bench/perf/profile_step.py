@@ -26,7 +26,7 @@ import torch
 
 import models.ssd
 from bench.config import ConfigError
-from bench.perf.speed import lightning_step_time
+from bench.perf.speed import lightning_step_time, without_profiler_chatter
 from bench.records.store import write_json
 from bench.training.checks import compose_checked
 from bench.training.evaluate import masked_loss
@@ -136,7 +136,8 @@ def op_profile(step: BareStep, steps: int) -> dict:
 
     models.ssd.ssd_chunked = ranged
     try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with without_profiler_chatter(), \
+                torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             for _ in range(steps):
                 step()
     finally:

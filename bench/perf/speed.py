@@ -15,7 +15,9 @@ import contextlib
 import dataclasses
 import io
 import itertools
+import os
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -272,10 +274,36 @@ def time_outside_training(config: RunConfig, device: torch.device) -> dict:
     return times, n
 
 
+@contextlib.contextmanager
+def without_profiler_chatter():
+    """The process's own stderr (file descriptor 2, where C++ writes) kept aside inside, and
+    written back without the lines of torch's profiler library ("USDT:... profiler_start"), which
+    it prints at every profile however the Python side is set: noise in `speed`'s output."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no file descriptor 2 (an embedding host): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as kept:
+        os.dup2(kept.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            kept.seek(0)
+            lines = kept.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not line.startswith("USDT:")))
+            sys.stderr.flush()
+
+
 def profile_ops(fn) -> Counter:
     """How many times each aten op ran in fn() (torch's profiler, forward and backward ops, nested
     calls included)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with without_profiler_chatter(), \
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     return Counter({event.key: event.count for event in prof.key_averages()
                     if event.key.startswith("aten::")})
@@ -355,8 +383,9 @@ def step_profile(config: RunConfig, steps: int = 4) -> dict:
 
     # the batches sampled in a loader worker, as on a GPU: the sampler's own ops are CPU work
     # there, never the device's
-    trainer = _short_fit(config, Probe(), max_steps=steps, log_every=steps + 1,
-                         loader_workers=max(1, config.trainer.loader_workers))
+    with without_profiler_chatter():
+        trainer = _short_fit(config, Probe(), max_steps=steps, log_every=steps + 1,
+                             loader_workers=max(1, config.trainer.loader_workers))
     ops = found["ops"]
     cuda_syncs = [str(w.message).splitlines()[0] for w in found["warnings"]
                   if "synchroniz" in str(w.message)]

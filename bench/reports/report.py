@@ -20,7 +20,9 @@ def print_perplexity_metrics(metrics: dict) -> None:
     print("(no Bayes predictor for text: the references are baselines fit on the training split)")
 
 
-def print_metrics(metrics: dict) -> None:
+def print_metrics(metrics: dict, details: bool = True) -> None:
+    """The predictors' table; `details`: and the task's own metrics (probes, per-length tables),
+    else one line naming them (a run's output leads with its table and headline)."""
     if metrics.get("scoring") == "perplexity":
         return print_perplexity_metrics(metrics)
     reference = metrics["gap_reference"]
@@ -44,7 +46,13 @@ def print_metrics(metrics: dict) -> None:
         print(line)
     print(f"(gap = loss − loss of '{reference}', the {metrics['gap_reference_role']} reference; "
           f"{'nats/token' if tokens else 'squared error per coordinate'})")
-    print_task_metrics(metrics.get("task", {}))
+    extra = [k for k in metrics.get("task", {})
+             if k != "context_lengths" and not k.endswith("_stderr")]
+    if details:
+        print_task_metrics(metrics.get("task", {}))
+    elif extra:
+        print(f"({len(extra)} more metrics of the task in the record's metrics.task; "
+              "details=true prints them)")
 
 
 def _num(x) -> str:
@@ -106,7 +114,7 @@ def gap_closed_line(closed: dict | None) -> str:
     return f"gap closed: {share}% of the gap of {baseline}"
 
 
-def print_run(record: dict, path: str) -> None:
+def print_run(record: dict, path: str, details: bool = False) -> None:
     m = record["metrics"]
     if record.get("weights_run_id"):  # python -m bench eval: no training in this record
         print(f"\nevaluation of the weights of {record['weights_run_id']} "
@@ -114,7 +122,7 @@ def print_run(record: dict, path: str) -> None:
     print(f"\n{record['model']['name']} on {record['task']['name']}: {record['train']['steps']} "
           f"steps in {record['train']['wall_time_s']:.1f} s ({record['train']['device']}), "
           f"{record['params']} parameters, state {record['state_size']} floats")
-    print_metrics(m)
+    print_metrics(m, details)
     if m.get("scoring") == "perplexity":
         print(f"{headline(m)} on {m['scored_positions']:,} tokens; total wall "
               f"{record['wall_time_s']:.1f} s")

@@ -206,7 +206,10 @@ def quiet_lightning() -> None:
                     ".*Total length of `DataLoader`.*", ".*IterableDataset.*",
                     # a resumed run needs the weights, optimizer and loop state, not the state
                     # of the ModelCheckpoint callback that wrote the file
-                    ".*callbacks used to create the checkpoint need to be provided.*"):
+                    ".*callbacks used to create the checkpoint need to be provided.*",
+                    # a resume into another out_dir: its checkpoints go to the new one, and the
+                    # best-model bookkeeping the warning is about is not used here
+                    ".*dirpath has changed.*"):
         warnings.filterwarnings("ignore", message=pattern)
     for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)
