@@ -391,7 +391,7 @@ def test_unreadable_and_failed_records_are_named_and_counted(tmp_path, capsys):
 def test_curve_colours_never_repeat_and_references_are_dashed(models, references):
     styles = curve_styles(models, references)
     assert len({colour for colour, _ in styles}) == models + references
-    fig = gap_figure("t", {f"m{i}": [0.1, 0.2] for i in range(models)},
+    fig = gap_figure("t", {f"m{i}": [[0.1, 0.2]] for i in range(models)},
                      {f"r{i}": [0.3, 0.4] for i in range(references)}, "gap")
     try:
         lines = fig.axes[0].lines  # the curves and the zero line
@@ -505,10 +505,13 @@ def test_a_record_nested_too_deeply_is_named(tmp_path, capsys):
 def test_the_gap_axis_turns_symlog_only_when_references_are_off_the_models_scale():
     from bench.reports.plot import gap_scale
     models = {"a": [1e-4, -2e-4, None], "b": [5e-4]}
-    assert gap_scale(models, {"erm": [5.0]}) == ("symlog", pytest.approx(5e-5))
-    assert gap_scale(models, {"unigram": [5e-3]}) == ("linear", None)  # 10x: still readable
+    assert gap_scale(models, {"erm": [5.0]}) == ("symlog", pytest.approx(5e-4))
+    # 10x flattened the room task's 0.02 and 0.06 models under erm's 1.9: symlog too
+    assert gap_scale(models, {"unigram": [5e-3]}) == ("symlog", pytest.approx(5e-4))
+    assert gap_scale(models, {"unigram": [1e-3]}) == ("linear", None)  # 2x: readable as is
     assert gap_scale({"a": [0.0]}, {"erm": [5.0]}) == ("linear", None)  # nothing to zoom on
-    fig = gap_figure("t", models, {"erm": [5.0, 5.0, 5.0]}, "nats")
+    fig = gap_figure("t", {name: [curve] for name, curve in models.items()},
+                     {"erm": [5.0, 5.0, 5.0]}, "nats")
     assert fig.axes[0].get_yscale() == "symlog"
     plt.close(fig)
 

@@ -29,14 +29,6 @@ def exp_or_inf(x: float) -> float:
     return math.exp(x) if x < 709.0 else math.inf
 
 
-def mean_curve(curves: list[list]) -> list:
-    out = []
-    for values in zip(*curves):
-        present = [v for v in values if v is not None]
-        out.append(sum(present) / len(present) if present else None)
-    return out
-
-
 def perplexity_section(section: Section, figure: Path, figure_link: str) -> list[str]:
     """A text task's section: perplexity (no Bayes predictor), its baselines, and the loss by
     position (how much the context helps)."""
@@ -68,7 +60,7 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
     for _, label, code, group, cells in rows:
         lines.append(f"| {label} | {code} | {cells}")
         name = label if label not in models else f"{label} @ {code}"
-        models[name] = mean_curve([r["per_position"]["loss.model"] for r in group])
+        models[name] = [r["per_position"]["loss.model"] for r in group]
     lines += superseded_note(section)
     lines += ["", "| baseline | perplexity | 95% CI | nats/token | bits/byte |",
               "|---|---|---|---|---|"]
@@ -78,7 +70,8 @@ def perplexity_section(section: Section, figure: Path, figure_link: str) -> list
         lines.append(f"| {name} | {metrics['perplexity'][name]:.2f} | [{lo:.2f}, {hi:.2f}] | "
                      f"{fmt(metrics['loss'][name])} | {fmt(metrics['bits_per_byte'][name], 3)} |")
         references[f"{name} (baseline)"] = newest["per_position"].get(f"loss.{name}", [])
-    plot_gaps(figure, f"{section.task}: loss by position", models, references, "nats/token")
+    plot_gaps(figure, f"{section.task}: loss by position", models, references,
+              "loss (nats/token)")
     lines += ["", f"![loss by position]({figure_link})", ""]
     return lines
 
@@ -185,7 +178,7 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
         name = label if labels.count(label) == 1 else f"{label} @ {code}"
         if name in models:
             name = f"{name} #{digest([group[0]['model'], group[0]['trainer']])}"
-        models[name] = mean_curve([r["per_position"]["gap.model"] for r in group])
+        models[name] = [r["per_position"]["gap.model"] for r in group]  # a band across seeds
     lines += superseded_note(section)
     lines += ["", f"Reference losses from the newest record ({version_label(newest)}).",
               "", "| reference | role | loss | gap | 95% CI |", "|---|---|---|---|---|"]
@@ -199,7 +192,8 @@ def task_section(section: Section, figure: Path, figure_link: str) -> list[str]:
         if name != reference and f"gap.{name}" in newest["per_position"]:
             references[f"{name} ({metrics['roles'][name]})"] = newest["per_position"][f"gap.{name}"]
     plot_gaps(figure, f"{section.task}: gap to {reference} by position", models, references,
-              f"loss − loss({reference})")
+              f"gap to {reference}, loss − loss({reference}) "
+              f"({'nats/token' if 'accuracy' in metrics else 'squared error'})")
     lines += ["", f"![per-position gap]({figure_link})", ""]
     return lines
 

@@ -2,14 +2,20 @@
 more runs (`python -m bench plot`: training loss, validation gap when recorded, gap by position).
 
 Gaps of a model near the Bayes predictor are ~1e-4 while a no-learning baseline can be ~5: on a
-linear axis the models are a flat line at 0. When the references reach more than OFF_SCALE times
+linear axis the models are a flat line at 0. Wherever the references reach more than NEAR times
 the models' largest |gap|, the gap axis is symmetric-logarithmic (linear within the models'
-range, logarithmic beyond), so both stay readable and negative gaps still show."""
+range, logarithmic beyond), so both stay readable and negative gaps still show.
+
+One layout for every figure: a name (a model's config, a reference) has one colour in the whole
+figure and no model shares a reference's colour (Palette); a config is spelt one way, by what
+differs in its resolved config (facets); a kind of panel has one column in every row (PANELS);
+models are the mean of their seeds with the band of its 95% interval; axes say their unit."""
 from __future__ import annotations
 
 import colorsys
 import json
 import math
+import textwrap
 from pathlib import Path
 
 from bench.records.store import RESULT_NEUTRAL, not_written
@@ -17,9 +23,14 @@ from bench.reports.identities import resolved_config
 from tasks.files import write_atomic
 from tasks.stats import across_seeds
 
-OFF_SCALE = 20.0  # references beyond this multiple of the models' largest |gap|: symlog axis
+NEAR = 3.0  # references beyond this multiple of the models' largest |gap|: a symlog axis
+PANELS = ("training", "validation", "position", "references")  # the columns, in this order
+LABEL_WIDTH = 34  # characters a line of an axis label holds beside a 4-inch axis at 9 points
+# result-neutral keys tell no runs apart; steps come from train.steps
+HIDDEN_TRAINER_KEYS = (*RESULT_NEUTRAL, "max_steps")
 
 
+# --- colours, scales and labels --------------------------------------------------------------
 def curve_styles(n_models: int, n_references: int = 0) -> list[tuple[tuple, str]]:
     """(colour, line style) for n_models model curves followed by n_references reference curves.
     Colours never repeat within a figure: tab10 up to 10 curves, tab20 (its ten strong colours
@@ -37,6 +48,24 @@ def curve_styles(n_models: int, n_references: int = 0) -> list[tuple[tuple, str]
             for i, colour in enumerate(colours)]
 
 
+class Palette:
+    """The colour of each curve name of a figure (curve_styles): models and references each
+    their own, the same in every panel and row that draws the name (clairvoyant was green in
+    one row and orange, the transformer's colour, in the next)."""
+
+    def __init__(self, models, references):
+        models, references = list(dict.fromkeys(models)), list(dict.fromkeys(references))
+        colours = [colour for colour, _ in curve_styles(len(models), len(references))]
+        self.models = dict(zip(models, colours))
+        self.references = dict(zip(references, colours[len(models):]))
+
+    def model(self, name: str) -> tuple:
+        return self.models[name]
+
+    def reference(self, name: str) -> tuple:
+        return self.references[name]
+
+
 def largest_magnitude(curves) -> float:
     values = [abs(v) for curve in curves for v in curve
               if v is not None and math.isfinite(v)]
@@ -45,44 +74,101 @@ def largest_magnitude(curves) -> float:
 
 def gap_scale(models: dict[str, list], references: dict[str, list]) -> tuple[str, float | None]:
     """("linear", None), or ("symlog", linear threshold) when the references are off the
-    models' scale (OFF_SCALE); the threshold is a tenth of the models' largest |gap|."""
+    models' scale (beyond NEAR times their largest |gap|); the threshold is the models'
+    largest |gap|, so their range stays linear."""
     inner = largest_magnitude(models.values())
     outer = largest_magnitude(references.values())
-    if inner > 0 and outer > OFF_SCALE * inner:
-        return "symlog", inner / 10
+    if inner > 0 and outer > NEAR * inner:
+        return "symlog", inner
     return "linear", None
 
 
-def draw_curves(ax, models: dict[str, list], references: dict[str, list], start: int = 1):
-    """Solid model curves and dashed reference curves, x = start + index; None values skipped."""
-    curves = [*models.items(), *references.items()]
-    for (name, curve), (colour, style) in zip(curves, curve_styles(len(models), len(references))):
-        xs = [i + start for i, v in enumerate(curve) if v is not None]
-        ys = [v for v in curve if v is not None]
-        ax.plot(xs, ys, label=name, color=colour, linestyle=style, lw=1.0, alpha=0.85)
+def set_symlog(ax, threshold: float, outer: float) -> None:
+    """A symlog y axis, linear within ±threshold and each half of that part as tall as the
+    decades above it: the models' range is not squeezed, and the ticks at 0 and ±threshold keep
+    apart (at the default linscale, 10^-2, 0 and -10^-2 printed over one another)."""
+    decades = math.log10(max(outer / threshold, 10.0))
+    ax.set_yscale("symlog", linthresh=threshold, linscale=decades)
 
 
-def gap_axes(ax, models: dict[str, list], references: dict[str, list], ylabel: str) -> None:
-    """Per-position curves on ax, with the axis scale of `gap_scale` and a zero line."""
-    draw_curves(ax, models, references)
-    scale, threshold = gap_scale(models, references)
-    if scale == "symlog":
-        ax.set_yscale("symlog", linthresh=threshold)
-        ylabel += " (symlog)"
-    ax.axhline(0, color="k", lw=0.6)  # black: in neither palette
-    ax.set_xlabel("position (context length)")
-    ax.set_ylabel(ylabel)
+def set_ylabel(ax, text: str) -> None:
+    """An axis label wrapped to lines that fit beside the axis (a long one grew taller than its
+    axis and printed over the legend of the panel below)."""
+    ax.set_ylabel("\n".join(textwrap.wrap(text, LABEL_WIDTH)), fontsize=9)
 
 
-def gap_figure(title: str, models: dict[str, list], references: dict[str, list], ylabel: str):
-    """Per-position gap curves: solid for models, dashed for references, each its own colour.
-    The legend sits below the axes so it never hides the curves, and the figure grows with the
-    number of curves."""
+def mean_and_band(curves: list[list]) -> tuple[list, list, list]:
+    """Position by position: the mean across seeds and its 95% t-interval (None where fewer
+    than two seeds have a value)."""
+    length = max((len(c) for c in curves), default=0)
+    means, lows, highs = [], [], []
+    for i in range(length):
+        values = [c[i] for c in curves if i < len(c) and c[i] is not None
+                  and math.isfinite(c[i])]
+        if not values:
+            means.append(None), lows.append(None), highs.append(None)
+            continue
+        mean, half = across_seeds(values)
+        means.append(mean)
+        lows.append(None if half is None else mean - half)
+        highs.append(None if half is None else mean + half)
+    return means, lows, highs
+
+
+def draw_group(ax, xs: list, curves: list[list], label: str, colour, marker=None) -> bool:
+    """One group's curve (the mean of its seeds) with the band of its interval across seeds;
+    False when it has nothing to draw (no legend entry then)."""
+    means, lows, highs = mean_and_band(curves)
+    points = [(x, m) for x, m in zip(xs, means) if m is not None]
+    if not points:
+        return False
+    ax.plot(*zip(*points), color=colour, lw=1.0, label=label, marker=marker, ms=2.5)
+    band = [(x, lo, hi) for x, lo, hi in zip(xs, lows, highs) if lo is not None]
+    if band:
+        ax.fill_between(*zip(*band), color=colour, alpha=0.18, lw=0)
+    return True
+
+
+def by_position(ax, curves: list[list], label: str, colour) -> bool:
+    """draw_group of per-position curves (position 1 first)."""
+    return draw_group(ax, list(range(1, 1 + max(map(len, curves), default=0))), curves, label,
+                      colour)
+
+
+def draw_reference(ax, name: str, curve: list, colour) -> None:
+    xs = [i + 1 for i, v in enumerate(curve) if v is not None]
+    ax.plot(xs, [v for v in curve if v is not None], color=colour, linestyle="--", lw=1.0,
+            alpha=0.85, label=name)
+
+
+def legend_below(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:  # only what is drawn
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+
+
+# --- the leaderboard's figure: one task section ------------------------------------------------
+def gap_figure(title: str, models: dict[str, list[list]], references: dict[str, list],
+               ylabel: str):
+    """Per-position curves of a section: each model the mean of its seeds' curves (one list per
+    seed) with its band, the references dashed, the axis of `gap_scale`, a zero line. The legend
+    sits below the axes so it never hides the curves, and the figure grows with the curves."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 3.4 + 0.22 * (len(models) + len(references))))
-    gap_axes(ax, models, references, ylabel)
+    palette = Palette(models, references)
+    for name, curves in models.items():
+        by_position(ax, curves, name, palette.model(name))
+    for name, curve in references.items():
+        draw_reference(ax, name, curve, palette.reference(name))
+    means = {name: mean_and_band(curves)[0] for name, curves in models.items()}
+    scale, threshold = gap_scale(means, references)
+    if scale == "symlog":
+        set_symlog(ax, threshold, largest_magnitude(references.values()))
+        ylabel += ", symlog"
+    ax.axhline(0, color="k", lw=0.6)  # black: in neither palette
+    ax.set_xlabel("position (context length)")
+    set_ylabel(ax, ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, frameon=False)
     fig.tight_layout()
@@ -99,18 +185,12 @@ def save_png(fig, path: Path) -> None:
         plt.close(fig)
 
 
-def plot_gaps(path: Path, title: str, models: dict[str, list], references: dict[str, list],
-              ylabel: str) -> None:
+def plot_gaps(path: Path, title: str, models: dict[str, list[list]],
+              references: dict[str, list], ylabel: str) -> None:
     save_png(gap_figure(title, models, references, ylabel), path)
 
 
 # --- python -m bench plot ------------------------------------------------------------------
-NEAR = 3.0  # references within this multiple of the models' largest |gap| share their panel
-SHOWN_KEYS = ("task.", "model.", "trainer.")  # overrides that can tell two runs apart
-# result-neutral keys tell no runs apart; steps come from train.steps
-HIDDEN_KEYS = (*(f"trainer.{key}" for key in RESULT_NEUTRAL), "trainer.max_steps")
-
-
 def position_curves(record: dict) -> tuple[dict[str, list], str]:
     """Per-position curves of a record by predictor: its gaps to the gap reference when
     recorded, else its losses; and what they are."""
@@ -153,14 +233,27 @@ def task_config(record: dict) -> dict:
         return record["task"]["config"]
 
 
+def shown_value(value) -> str:
+    """A config value as an override spells it: true/false, numbers as given, lists as JSON."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
 def facets(record: dict) -> dict[str, str]:
-    """What can tell a run apart from another of its section: the model, its command line's
-    model/task/trainer settings, the steps it trained and whether it is an evaluation."""
+    """What can tell a run apart from another of its section: the model, its resolved model and
+    trainer settings (not the result-neutral ones; a default given on the command line and one
+    left out are one setting: `mamba (s0)` and `mamba order=1 (2 seeds)` were one config), the
+    steps it trained and whether it is an evaluation."""
     found = {"model": record["model"]["name"], "steps": f"{record['train']['steps']} steps"}
-    for override in record.get("overrides") or []:
-        key, _, value = override.partition("=")
-        if key.startswith(SHOWN_KEYS) and not key.startswith(HIDDEN_KEYS):
-            found[key] = f"{key.split('.', 1)[1]}={value}"
+    for group in ("model", "trainer"):
+        try:
+            config = resolved_config(record, group)
+        except (KeyError, TypeError, ValueError):  # a family this code no longer knows
+            config = (record.get(group) or {}).get("config") or {}
+        for key, value in sorted(config.items()):
+            if not (group == "trainer" and key in HIDDEN_TRAINER_KEYS):
+                found[f"{group}.{key}"] = f"{key}={shown_value(value)}"
     if record.get("origin") == "eval":
         found["origin"] = "eval"
     if record.get("name"):
@@ -170,13 +263,20 @@ def facets(record: dict) -> dict[str, str]:
 
 def run_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """The runs of one section grouped by their facets (the seeds of one config together), each
-    labelled by the model and what differs between the groups, never by what all share."""
+    labelled by the model and what differs between the groups, never by what all share: a model
+    setting where it differs between the groups of that model, any other where it differs
+    between any groups."""
     groups: dict[tuple, list[dict]] = {}
     for record in records:
         groups.setdefault(tuple(sorted(facets(record).items())), []).append(record)
-    keys = {key for group in groups for key, _ in group}
-    differing = [key for key in sorted(keys) if key != "model" and
-                 len({dict(group).get(key) for group in groups}) > 1]
+    everyone = [dict(group) for group in groups]
+    keys = sorted({key for values in everyone for key in values} - {"model"})
+
+    def differs(key: str, values: dict) -> bool:
+        among = ([other for other in everyone if other["model"] == values["model"]]
+                 if key.startswith("model.") else everyone)
+        return len({other.get(key) for other in among}) > 1
+
     labelled = []
     for group, runs in groups.items():
         newest = {}  # a seed once: its newest record (a re-run or resumed copy replaces it)
@@ -184,30 +284,12 @@ def run_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
             newest[record["seed"]] = record
         runs = list(newest.values())
         values = dict(group)
-        parts = [values[key] for key in differing if key in values]
+        parts = [values[key] for key in keys if key in values and differs(key, values)]
         seeds = sorted(r["seed"] for r in runs)
         seed_text = (f"s{seeds[0]}" if len(seeds) == 1 else f"{len(seeds)} seeds")
         label = " ".join([values["model"], *parts, f"({seed_text})"])
         labelled.append((label, sorted(runs, key=lambda r: r["seed"])))
     return sorted(labelled)
-
-
-def mean_and_band(curves: list[list]) -> tuple[list, list, list]:
-    """Position by position: the mean across seeds and its 95% t-interval (None where fewer
-    than two seeds have a value)."""
-    length = max((len(c) for c in curves), default=0)
-    means, lows, highs = [], [], []
-    for i in range(length):
-        values = [c[i] for c in curves if i < len(c) and c[i] is not None
-                  and math.isfinite(c[i])]
-        if not values:
-            means.append(None), lows.append(None), highs.append(None)
-            continue
-        mean, half = across_seeds(values)
-        means.append(mean)
-        lows.append(None if half is None else mean - half)
-        highs.append(None if half is None else mean + half)
-    return means, lows, highs
 
 
 def by_step(curves: list[list]) -> tuple[list, list]:
@@ -220,25 +302,6 @@ def by_step(curves: list[list]) -> tuple[list, list]:
         for s, v in curve:
             row[index[s]] = v
     return steps, table
-
-
-def draw_group(ax, xs: list, curves: list[list], label: str, colour, marker=None) -> bool:
-    """One group's curve (the mean of its seeds) with the band of its interval across seeds;
-    False when it has nothing to draw (no legend entry then)."""
-    means, lows, highs = mean_and_band(curves)
-    points = [(x, m) for x, m in zip(xs, means) if m is not None]
-    if not points:
-        return False
-    ax.plot(*zip(*points), color=colour, lw=1.0, label=label, marker=marker, ms=2.5)
-    band = [(x, lo, hi) for x, lo, hi in zip(xs, lows, highs) if lo is not None]
-    if band:
-        ax.fill_between(*zip(*band), color=colour, alpha=0.18, lw=0)
-    return True
-
-
-def legend_below(ax) -> None:
-    if ax.get_legend_handles_labels()[0]:  # only what is drawn
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
 
 
 def section_title(records: list[dict]) -> str:
@@ -270,8 +333,8 @@ def reference_curves(records: list[dict]) -> tuple[dict[str, list], str, str]:
     if kind == "gap":
         reference = records[0]["metrics"].get("gap_reference", "bayes")
         references.pop(reference, None)  # its gap to itself is 0: the zero line
-        return references, kind, f"gap to {reference} by position ({unit})"
-    return references, kind, f"loss by position ({unit})"
+        return references, kind, f"gap to {reference} ({unit})"
+    return references, kind, f"loss ({unit})"
 
 
 def far_references(records: list[dict]) -> dict[str, list]:
@@ -284,82 +347,81 @@ def far_references(records: list[dict]) -> dict[str, list]:
 
 
 def runs_figure(records: list[dict]):
-    """One row of panels per section (a task config and its held-out set): training loss by
-    step, the validation gap where recorded, and the gap (or loss) by position of every run,
-    the references dashed, those far off the models' scale in a panel of their own. Runs of one
-    config (seeds) are one curve, their mean, with a band of the 95% interval across seeds;
-    labels say what differs between the curves."""
+    """One row of panels per section (a task config and its held-out set), one column per kind
+    of panel (PANELS: training loss by step, the validation gap where recorded, the gap or loss
+    by position with the references near the models, and every reference on a symlog axis where
+    some are far off), a row without a kind leaving its column empty. Runs of one config (seeds)
+    are one curve, their mean, with a band of the 95% interval across seeds; labels say what
+    differs between the curves; a config or reference has one colour in the whole figure."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     sections: dict[tuple, list[dict]] = {}
     for record in records:
         sections.setdefault(section_of(record), []).append(record)
-    layout = [(runs, section_panels(runs)) for runs in sections.values()]
-    columns = max(len(panels) for _, panels in layout)
-    height = sum(4.0 + 0.18 * len(run_groups(runs)) for runs, _ in layout)
-    fig, axes = plt.subplots(len(layout), columns, figsize=(5.0 * columns, height),
+    layout = [(runs, section_panels(runs), run_groups(runs)) for runs in sections.values()]
+    columns = [panel for panel in PANELS if any(panel in panels for _, panels, _ in layout)]
+    palette = Palette([label for _, _, groups in layout for label, _ in groups],
+                      [name for runs, _, _ in layout for name in reference_curves(runs)[0]])
+    height = sum(4.0 + 0.18 * max(len(groups), 1) for _, _, groups in layout)
+    fig, axes = plt.subplots(len(layout), len(columns), figsize=(5.0 * len(columns), height),
                              squeeze=False)
-    for row, (runs, panels) in zip(axes, layout):
-        draw_section(row, runs, panels)
-        for ax in row[len(panels):]:
-            ax.set_visible(False)
+    for row, (runs, panels, groups) in zip(axes, layout):
+        draw_section({panel: row[columns.index(panel)] for panel in panels}, runs, groups,
+                     palette)
+        for panel, ax in zip(columns, row):
+            if panel not in panels:
+                ax.set_visible(False)
     fig.tight_layout()
     return fig
 
 
-def draw_section(row, runs: list[dict], panels: list[str]) -> None:
-    groups = run_groups(runs)
+def draw_section(axes: dict, runs: list[dict], groups: list, palette: Palette) -> None:
     references, kind, ylabel = reference_curves(runs)
     far = far_references(runs)
-    near = {name: curve for name, curve in references.items() if name not in far}
-    styles = curve_styles(len(groups), len(references))
-    run_colours = [colour for colour, _ in styles[:len(groups)]]
-    reference_colours = dict(zip(references, (colour for colour, _ in styles[len(groups):])))
     unit = unit_of(runs[0])
-    axes = dict(zip(panels, row))
     ax = axes["training"]
-    for (label, members), colour in zip(groups, run_colours):
+    for label, members in groups:
         steps, table = by_step([(r.get("train") or {}).get("loss_curve") or [] for r in members])
-        draw_group(ax, steps, table, label, colour)
+        draw_group(ax, steps, table, label, palette.model(label))
     ax.set_xlabel("step")
-    ax.set_ylabel(f"training loss ({unit})")
+    set_ylabel(ax, f"training loss ({unit})")
     losses = [v for line in ax.lines for v in line.get_ydata() if v is not None]
-    if losses and min(losses) > 0 and max(losses) > OFF_SCALE * min(losses):
+    if losses and min(losses) > 0 and max(losses) > 20 * min(losses):
         ax.set_yscale("log")  # an early spike would flatten the rest of the curve
     ax.set_title(section_title(runs), fontsize=9, loc="left")
     legend_below(ax)
     if "validation" in axes:
         ax = axes["validation"]
-        for (label, members), colour in zip(groups, run_colours):
+        for label, members in groups:
             steps, table = by_step([(r.get("train") or {}).get("val_curve") or []
                                     for r in members])
-            draw_group(ax, steps, table, label, colour, marker="o")
+            draw_group(ax, steps, table, label, palette.model(label), marker="o")
         ax.set_xlabel("step")
-        ax.set_ylabel(f"{validation_label(runs[0])}" + ("" if "nats" in
-                                                        validation_label(runs[0]) else f" ({unit})"))
+        text = validation_label(runs[0])
+        set_ylabel(ax, text if "nats" in text else f"{text} ({unit})")
         if kind == "gap":
             ax.axhline(0, color="k", lw=0.6)  # a gap's zero; nats/token are far from it
         legend_below(ax)
+    near = {name: curve for name, curve in references.items() if name not in far}
     for panel, shown in (("position", near), ("references", references)):
         if panel not in axes:
             continue
         ax = axes[panel]
-        for (label, members), colour in zip(groups, run_colours):
-            curves = [position_curves(r)[0].get("model", []) for r in members]
-            draw_group(ax, list(range(1, 1 + max(map(len, curves), default=0))), curves, label,
-                       colour)
+        for label, members in groups:
+            by_position(ax, [position_curves(r)[0].get("model", []) for r in members], label,
+                        palette.model(label))
         for name, curve in shown.items():
-            xs = [i + 1 for i, v in enumerate(curve) if v is not None]
-            ax.plot(xs, [v for v in curve if v is not None], color=reference_colours[name],
-                    linestyle="--", lw=1.0, label=name)
+            draw_reference(ax, name, curve, palette.reference(name))
         if kind == "gap":
             ax.axhline(0, color="k", lw=0.6)
+        label = ylabel
         if panel == "references":
-            ax.set_yscale("symlog", linthresh=max(largest_magnitude(
-                position_curves(r)[0].get("model", []) for r in runs), 1e-12))
+            inner = largest_magnitude(position_curves(r)[0].get("model", []) for r in runs)
+            set_symlog(ax, max(inner, 1e-12), largest_magnitude(references.values()))
+            label = f"{ylabel}, every reference, symlog"
         ax.set_xlabel("position (context length)")
-        ax.set_ylabel(ylabel if panel == "position" else f"{ylabel}, all references (symlog)")
+        set_ylabel(ax, label)
         legend_below(ax)
 
 
