@@ -9,6 +9,7 @@ import sys
 
 import yaml
 
+from bench.cli.launch import take_launcher
 from bench.cli.options import fail, positive_int, take_option, take_selection
 from bench.cli.suites import run_entries
 from bench.config import (PRECISIONS, ConfigError, check_path, choices, compose, describe_choice,
@@ -164,16 +165,19 @@ def cmd_suite(argv: list[str]) -> int:
     publish with out_dir=results, the records the committed boards and claims read."""
     argv, name = take_option(argv, "name", "")
     argv, *selection = take_selection(argv)
+    argv, launcher = take_launcher(argv)
     if not name:
         return fail(f"suite needs name=<suite> or name=<file.yaml>; suites: "
                     f"{', '.join(choices('suite'))}")
     return run_entries(f"suite {name}", load_suite(name), argv, *selection,
-                       origin=f"suite:{suite_label(name)}")
+                       origin=f"suite:{suite_label(name)}", launcher=launcher)
 
 
 def cmd_sweep(argv: list[str]) -> int:
     """The grid of the command line's comma lists and ranges (bench/config/sweep.py), run as a suite
     is: numbered entries, shard=, entries=, rerun=; records go to out_dir (default runs/)."""
     argv, *selection = take_selection(argv)
+    argv, launcher = take_launcher(argv)
     entries, shared = grid(argv)
-    return run_entries("the sweep", entries, shared, *selection, origin="sweep")
+    return run_entries("the sweep", entries, shared, *selection, origin="sweep",
+                       launcher=launcher)

@@ -89,10 +89,12 @@ def finished_runs(configs: list) -> dict[int, str]:
 
 
 def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tuple[int, int],
-                chosen: str | None, rerun: bool, origin: str, defaults: list[str] = ()) -> int:
+                chosen: str | None, rerun: bool, origin: str, defaults: list[str] = (),
+                launcher=None) -> int:
     """Runs the entries (override lists) of a suite or sweep chosen by `chosen` (entries=) and
     `shard`, each with argv's overrides over its own and `defaults` under both; all are
-    composed and validated before the first one runs."""
+    composed and validated before the first one runs. `launcher` (bench/cli/launch.py): in
+    this process one after another (the default), in worker processes, or on SLURM."""
     size = len(entries)
     if size > MAX_RUNS:  # what load_suite and the sweep's grid refuse, whoever made the list
         raise ConfigError(f"{what} has {size} runs; at most {MAX_RUNS}")
@@ -156,6 +158,13 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
                   f"({shown(' '.join(entry) or '(defaults)')}); both run", file=sys.stderr)
     for config in configs:
         config.origin = origin
+    if launcher is not None and not launcher.sequential:
+        from bench.cli.launch import Plan, launch_local, launch_slurm
+        plan = Plan(what, size, numbers, [[*unless_given(e), *e] for e in runs], origin, rerun)
+        out_dirs = [config.out_dir for config in configs]
+        if launcher.kind == "slurm":
+            return launch_slurm(plan, launcher.slurm, out_dirs)
+        return launch_local(plan, launcher.workers, out_dirs)
     from bench.training.signals import end_distributed
     try:
         return run_suite(what, size, numbers, runs, configs, rerun, tasks)
@@ -169,7 +178,6 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
     DDP), each unless finished_runs finds it done; `tasks`: each entry's task as the checks
     built it (checked_task_of), which its run trains on and then lets go (a pool of training
     tasks can be large)."""
-    from bench.training.train import run
     done = {} if rerun else finished_runs(configs)
     tasks = dict(enumerate(tasks)) if tasks is not None else {}
     failed, paths = [], []
@@ -180,21 +188,11 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
             paths.append(done[i])
             tasks.pop(i, None)
             continue
-        try:
-            record, path = run(config, task=tasks.pop(i, None))
-        except RunFailed as error:
-            if error.exit_code > 128:  # interrupted: the user wants the whole suite to stop
-                raise
-            # one run's failure (its record says why) does not cost the rest of the suite
-            print(f"    failed: {error.reason}" + (f" -> {error.path}" if error.path else ""),
-                  flush=True)
+        status, path = run_entry(config, tasks.pop(i, None))
+        if status == "failed":
             failed.append(number)
-            continue
-        if not path:  # a DDP rank other than 0: rank 0 reports
-            continue
-        print(f"    {headline(record['metrics'])} in {record['wall_time_s']:.0f} s -> {path}",
-              flush=True)
-        paths.append(path)
+        elif path:  # a DDP rank other than 0 has none: rank 0 reports
+            paths.append(path)
     if what == "the sweep" and paths:  # what a sweep is for: its table, seeds pooled per config
         print_sweep_table(paths)
     if failed:
@@ -202,6 +200,25 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
               f"{', '.join(map(str, failed))}); their failed records say why", file=sys.stderr)
         return 1
     return 0
+
+
+def run_entry(config, task=None) -> tuple[str, str]:
+    """One entry's run, said in a line: ("ok", record path), ("failed", its failed record's path
+    or ""); an interrupted run raises its RunFailed, as the whole suite is to stop. One run's
+    failure (its record says why) does not cost the rest of the suite."""
+    from bench.training.train import run
+    try:
+        record, path = run(config, task=task)
+    except RunFailed as error:
+        if error.exit_code > 128:  # interrupted: the user wants the whole suite to stop
+            raise
+        print(f"    failed: {error.reason}" + (f" -> {error.path}" if error.path else ""),
+              flush=True)
+        return "failed", error.path or ""
+    if path:
+        print(f"    {headline(record['metrics'])} in {record['wall_time_s']:.0f} s -> {path}",
+              flush=True)
+    return "ok", path
 
 
 def print_sweep_table(paths: list[str]) -> None:

@@ -1,0 +1,365 @@
+"""Suites and sweeps over several processes: `launcher=local workers=N` on this machine, and
+`launcher=slurm` as a SLURM job array through submitit. The default, `launcher=local` with one
+worker, is the sequential runner of bench/cli/suites.py.
+
+Every worker (a process here, an array task there) goes through the entries in its own order and
+runs each one that is neither finished (suites.finished_runs: an ok record, as the sequential
+runner skips) nor locked by another living worker (bench/records/locks.py), so two workers, or
+two launchers on one out_dir, never run one entry, and records are written as a lone run writes
+them. A worker killed mid-run leaves no ok record: its lock dies with it and the entry runs
+again (here at once, by the worker that replaces it; on SLURM in the requeued task, resuming
+from the run's checkpoint where it wrote one). The parent here pins each worker to a GPU or to
+its share of the cores, reports progress from the workers' result files, replaces a worker that
+dies, and on Ctrl-C or SIGTERM stops them all; a rerun of the same command completes the rest."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench.cli.options import positive_int, take_option
+from bench.config import ConfigError, compose
+
+LAUNCHES = ".launch"  # <out_dir>/.launch/<stamp>-<pid>/: the plan, worker logs and results
+REPLACEMENTS = 3  # workers that die are replaced at most this many times in all
+SLURM_KEYS = ("partition", "time_min", "gpus_per_task", "cpus_per_task", "array_parallelism",
+              "tasks", "sbatch")
+
+
+@dataclass
+class Launcher:
+    """launcher=local|slurm, workers=N (local), slurm.<key>=value (slurm)."""
+
+    kind: str = "local"
+    workers: int = 1
+    slurm: dict = field(default_factory=dict)
+
+    @property
+    def sequential(self) -> bool:
+        return self.kind == "local" and self.workers == 1
+
+
+def take_launcher(argv: list[str]) -> tuple[list[str], Launcher]:
+    """The launcher options of a suite or sweep command line, checked."""
+    argv, kind = take_option(argv, "launcher", "local")
+    argv, workers = take_option(argv, "workers", None)
+    if kind not in ("local", "slurm"):
+        raise ConfigError(f"launcher must be local or slurm, got '{kind}'")
+    if workers is not None and kind != "local":
+        raise ConfigError("workers= is for launcher=local; launcher=slurm runs slurm.tasks= "
+                          "array tasks")
+    launcher = Launcher(kind, positive_int("workers", workers, high=512) if workers else 1)
+    rest = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if not key.startswith("slurm."):
+            rest.append(arg)
+            continue
+        name = key[len("slurm."):]
+        if kind != "slurm":
+            raise ConfigError(f"{key} is an option of launcher=slurm")
+        if name not in SLURM_KEYS:
+            raise ConfigError(f"unknown key '{key}'; launcher=slurm takes "
+                              + ", ".join(f"slurm.{k}" for k in SLURM_KEYS))
+        if name in launcher.slurm:
+            raise ConfigError(f"'{key}' is given twice; give each key once")
+        if name in ("partition", "sbatch"):
+            if not value:
+                raise ConfigError(f"{key} is empty")
+            launcher.slurm[name] = value
+        else:
+            launcher.slurm[name] = positive_int(key, value, high=10**6)
+    return rest, launcher
+
+
+# --- what a worker runs ------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """The entries of a suite or sweep as composed overrides (each entry's defaults, its own
+    settings and the command line's), their numbers, and how they run."""
+
+    what: str
+    size: int
+    numbers: list[int]
+    overrides: list[list[str]]
+    origin: str
+    rerun: bool
+
+    def configs(self) -> list:
+        configs = [compose(overrides) for overrides in self.overrides]
+        for config in configs:
+            config.origin = self.origin
+        return configs
+
+
+def lock_key_of(config) -> str:
+    from bench.records.locks import lock_key
+    described = config.describe()
+    return lock_key(described, config.out_dir)
+
+
+def work(plan: Plan, index: int, folder: Path, workers: int = 1) -> int:
+    """A worker (number `index` of `workers`): each entry, in an order that starts at this
+    worker's share of them (so workers rarely meet at a lock), unless it is finished (an ok
+    record skipped as the sequential runner skips it, or settled by another worker of this
+    launch) or another worker holds it; one JSON line per entry it settles, in
+    `folder`/results-<index>.jsonl. Returns 0, or the exit status of an interrupted run (the
+    worker stops there)."""
+    results = folder / f"results-{index}.jsonl"
+    from bench.cli.suites import finished_runs, run_entry
+    from bench.records.locks import try_lock
+    from bench.records.store import RunFailed
+    configs = plan.configs()
+    order = list(range(len(configs)))
+    start = (index * len(order)) // max(1, workers) % max(1, len(order))
+    order = order[start:] + order[:start]
+
+    def settle(i: int, status: str, path: str) -> None:
+        line = json.dumps({"number": plan.numbers[i], "status": status, "path": path,
+                           "worker": index, "pid": os.getpid()})
+        with open(results, "a") as handle:  # one short line: appended whole
+            handle.write(line + "\n")
+
+    def finished(i: int) -> bool:
+        if plan.numbers[i] in read_results(folder):  # settled in this launch (a failed run too)
+            return True
+        done = {} if plan.rerun else finished_runs([configs[i]])
+        if done:
+            settle(i, "done already", done[0])
+        return bool(done)
+
+    for i in order:
+        config = configs[i]
+        if finished(i):
+            continue
+        lock = try_lock(config.out_dir, lock_key_of(config))
+        if lock is None:
+            continue  # another worker runs it
+        with lock:
+            if finished(i):  # settled meanwhile, before this worker took the lock
+                continue
+            print(f"[{plan.numbers[i]}/{plan.size}] {' '.join(plan.overrides[i])}", flush=True)
+            try:
+                status, path = run_entry(config)
+            except RunFailed as error:  # interrupted: the entry is free again, the worker stops
+                return error.exit_code
+            settle(i, status, path)
+    return 0
+
+
+# --- launcher=local workers=N --------------------------------------------------------------------
+def worker_environments(workers: int) -> list[dict[str, str]]:
+    """Each worker's environment: its own GPU (CUDA_VISIBLE_DEVICES) where there are GPUs, else
+    its own share of this process's cores (the affinity mask, OMP_NUM_THREADS): no worker
+    oversubscribes another."""
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus:
+        if workers > gpus:
+            raise ConfigError(f"workers={workers} but {gpus} GPU(s) are visible: one worker per "
+                              "GPU")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        names = visible.split(",") if visible else [str(i) for i in range(gpus)]
+        return [{"CUDA_VISIBLE_DEVICES": names[i]} for i in range(workers)]
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else list(range(os.cpu_count() or 1))
+    share = len(cores) // workers
+    if share == 0:
+        raise ConfigError(f"workers={workers} on {len(cores)} core(s): at most one worker per "
+                          "core")
+    return [{"BENCH_WORKER_CPUS": ",".join(map(str, cores[i * share:(i + 1) * share])),
+             "OMP_NUM_THREADS": str(share), "MKL_NUM_THREADS": str(share)}
+            for i in range(workers)]
+
+
+def launch_dir(plan: Plan, out_dir: str) -> Path:
+    folder = Path(out_dir) / LAUNCHES / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plan.json").write_text(json.dumps(asdict(plan)))
+    return folder
+
+
+def read_results(folder: Path) -> dict[int, dict]:
+    """The entries the workers settled so far, by number (the last line of each wins)."""
+    settled = {}
+    for path in sorted(folder.glob("results-*.jsonl")):
+        with contextlib.suppress(OSError):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(ValueError):
+                    entry = json.loads(line)
+                    settled[entry["number"]] = entry
+    return settled
+
+
+class Stop(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
+    """Run the plan in `workers` worker processes; returns the exit status of the whole."""
+    from bench.records.locks import remove_locks_of
+    environments = worker_environments(workers)
+    folder = launch_dir(plan, out_dirs[0])
+    pinned = ("GPU " + ", ".join(e["CUDA_VISIBLE_DEVICES"] for e in environments)
+              if "CUDA_VISIBLE_DEVICES" in environments[0]
+              else "cores " + " | ".join(e["BENCH_WORKER_CPUS"] for e in environments))
+    print(f"{plan.what}: {len(plan.numbers)} entries on {workers} workers ({pinned}); their "
+          f"logs: {folder}", flush=True)
+
+    def start(slot: int) -> subprocess.Popen:
+        log = open(folder / f"worker-{slot}.log", "a")
+        env = {**os.environ, **environments[slot]}
+        return subprocess.Popen([sys.executable, "-m", "bench.cli.worker", str(folder), str(slot),
+                                 str(workers)],
+                                env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # a terminal's Ctrl-C reaches the parent
+
+    def on_signal(signum, frame):
+        raise Stop(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    procs = {slot: start(slot) for slot in range(workers)}
+    replaced, shown, began = 0, None, time.monotonic()
+    try:
+        while procs:
+            time.sleep(0.5)
+            settled = read_results(folder)
+            for slot, proc in list(procs.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                del procs[slot]
+                if code != 0:  # died (killed, out of memory): its entry is free again now
+                    remove_locks_of(out_dirs, proc.pid)
+                    left = len(plan.numbers) - len(settled)
+                    if left and replaced < REPLACEMENTS:
+                        replaced += 1
+                        print(f"worker {slot} (pid {proc.pid}) ended with status {code}; "
+                              f"replaced ({replaced} of at most {REPLACEMENTS})", flush=True)
+                        procs[slot] = start(slot)
+            state = (len(settled), len(procs))
+            if state != shown:  # a line when an entry settles or a worker ends
+                print(progress_line(plan, settled, len(procs), time.monotonic() - began),
+                      flush=True)
+                shown = state
+    except Stop as stop:
+        print(f"stopping: {signal.Signals(stop.signum).name}; the workers are told to stop",
+              flush=True)
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            remove_locks_of(out_dirs, proc.pid)
+        print(f"stopped; {progress_line(plan, read_results(folder), 0, time.monotonic() - began)}"
+              "; the same command goes on from there", flush=True)
+        return 128 + stop.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return finish(plan, read_results(folder))
+
+
+def progress_line(plan: Plan, settled: dict, running: int, elapsed: float) -> str:
+    failed = sum(1 for entry in settled.values() if entry["status"] == "failed")
+    done = len(settled) - failed
+    total = len(plan.numbers)
+    return (f"[{len(settled)}/{total} settled: {done} ok or done already, {failed} failed; "
+            f"{running} worker(s) running; {elapsed / 60:.1f} min]")
+
+
+def finish(plan: Plan, settled: dict) -> int:
+    from bench.cli.suites import print_sweep_table
+    paths = [settled[n]["path"] for n in plan.numbers
+             if n in settled and settled[n]["status"] != "failed" and settled[n]["path"]]
+    if plan.what == "the sweep" and paths:
+        print_sweep_table(paths)
+    failed = [n for n in plan.numbers if settled.get(n, {}).get("status") == "failed"]
+    missing = [n for n in plan.numbers if n not in settled]
+    if failed:
+        print(f"error: {len(failed)} of {len(plan.numbers)} runs of {plan.what} failed (entries "
+              f"{', '.join(map(str, failed))}); their failed records say why", file=sys.stderr)
+    if missing:
+        print(f"error: {len(missing)} entries of {plan.what} did not run (entries "
+              f"{', '.join(map(str, missing))}): their workers died; the same command runs "
+              "them", file=sys.stderr)
+    return 1 if failed or missing else 0
+
+
+# --- launcher=slurm ----------------------------------------------------------------------------
+class ArrayTask:
+    """What one task of the job array runs (submitit pickles it): a worker over the plan. On
+    preemption or timeout submitit calls `checkpoint`, which requeues the same task; its entries
+    that finished are skipped, the interrupted one runs again."""
+
+    def __init__(self, plan: Plan, folder: str, tasks: int):
+        self.plan, self.folder, self.tasks = plan, folder, tasks
+
+    def __call__(self, index: int) -> int:
+        return work(self.plan, index, Path(self.folder), self.tasks)
+
+    def checkpoint(self, index: int):
+        import submitit
+        return submitit.helpers.DelayedSubmission(ArrayTask(self.plan, self.folder, self.tasks),
+                                                  index)
+
+
+def slurm_executor(folder: Path, options: dict, tasks: int):
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError("launcher=slurm needs submitit: pip install -e \".[cluster]\"") from None
+    executor = submitit.AutoExecutor(folder=folder / "%A_%a", cluster="slurm")
+    parameters = {"timeout_min": options.get("time_min", 240),
+                  "slurm_array_parallelism": options.get("array_parallelism", tasks),
+                  "cpus_per_task": options.get("cpus_per_task", 2),
+                  "gpus_per_node": options.get("gpus_per_task", 0), "tasks_per_node": 1,
+                  "nodes": 1}
+    if "partition" in options:
+        parameters["slurm_partition"] = options["partition"]
+    if "sbatch" in options:  # extra #SBATCH lines: "key=value;key=value"
+        extra = {}
+        for item in options["sbatch"].split(";"):
+            key, _, value = item.partition("=")
+            extra[key.strip().lstrip("-")] = value.strip()
+        parameters["slurm_additional_parameters"] = extra
+    executor.update_parameters(**parameters)
+    return executor
+
+
+def launch_slurm(plan: Plan, options: dict, out_dirs: list[str]) -> int:
+    """Submit the plan as one job array (slurm.tasks tasks, default one per entry) and return:
+    the records arrive in out_dir as the tasks run; the same command later says what is done
+    (every finished entry is skipped) and submits what is left."""
+    folder = launch_dir(plan, out_dirs[0])
+    tasks = min(len(plan.numbers), options.get("tasks", len(plan.numbers)))
+    executor = slurm_executor(folder, options, tasks)
+    with executor.batch():
+        jobs = [executor.submit(ArrayTask(plan, str(folder), tasks), index)
+                for index in range(tasks)]
+    array = str(jobs[0].job_id).split("_")[0] if jobs else "?"
+    print(f"{plan.what}: {len(plan.numbers)} entries submitted as SLURM job array {array} "
+          f"({tasks} tasks); logs and submission scripts in {folder}; the same command again "
+          "skips what has finished")
+    return 0
+
+
+def pin_cores() -> None:
+    """A worker started by launch_local keeps to its share of the cores (BENCH_WORKER_CPUS)."""
+    cpus = os.environ.get("BENCH_WORKER_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
