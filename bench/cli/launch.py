@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -323,7 +324,11 @@ def slurm_executor(folder: Path, options: dict, tasks: int):
         import submitit
     except ImportError:
         raise ConfigError("launcher=slurm needs submitit: pip install -e \".[cluster]\"") from None
-    executor = submitit.AutoExecutor(folder=folder / "%A_%a", cluster="slurm")
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+    if missing:
+        raise ConfigError(f"launcher=slurm needs SLURM's {' and '.join(missing)} on PATH: run it "
+                          "on a login node of the cluster")
+    executor = submitit.AutoExecutor(folder=folder / "slurm", cluster="slurm")
     parameters = {"timeout_min": options.get("time_min", 240),
                   "slurm_array_parallelism": options.get("array_parallelism", tasks),
                   "cpus_per_task": options.get("cpus_per_task", 2),

@@ -5,7 +5,8 @@ A lock is a file `<out_dir>/.locks/<key>.lock`, made with O_CREAT | O_EXCL (atom
 file system and on NFSv3+), holding its owner's host, pid and start time. Its owner refreshes the
 file's mtime while the run goes on (a heartbeat thread), and removes it when the run ends,
 whichever way. A lock is stale when its owner is gone: on this host, a pid that no longer runs;
-anywhere, no heartbeat for STALE_S. A stale lock is taken over by renaming it away first (only
+anywhere, no heartbeat for STALE_S; a SLURM array task's own lock from before it was requeued.
+A stale lock is taken over by renaming it away first (only
 one of several takers' renames succeeds) and then creating a new one."""
 from __future__ import annotations
 
@@ -35,8 +36,15 @@ def lock_path(out_dir: str, key: str) -> Path:
     return Path(out_dir) / LOCKS / f"{key}.lock"
 
 
+def _job() -> str | None:
+    """The SLURM array task this process is (the same in its requeued incarnation), if any."""
+    job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{job}_{task}" if job and task else os.environ.get("SLURM_JOB_ID")
+
+
 def _owner() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "job": _job(),
+            "since": time.time()}
 
 
 def _alive(pid: int) -> bool:
@@ -60,9 +68,13 @@ def stale(path: Path, now: float | None = None) -> bool:
         owner = json.loads(path.read_text())
     except (OSError, ValueError):
         return age > STALE_S
-    if isinstance(owner, dict) and owner.get("host") == socket.gethostname() \
-            and isinstance(owner.get("pid"), int) and not _alive(owner["pid"]):
+    if not isinstance(owner, dict):
+        return age > STALE_S
+    if owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int) \
+            and not _alive(owner["pid"]):
         return True
+    if owner.get("job") and owner.get("job") == _job() and owner.get("pid") != os.getpid():
+        return True  # this array task's own lock from before it was requeued
     return age > STALE_S
 
 
