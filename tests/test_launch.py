@@ -49,6 +49,17 @@ def wait_for_lock(out_dir: Path, timeout: float = 120) -> Path:
     raise AssertionError("no worker took an entry")
 
 
+def wait_for_training(out_dir: Path, timeout: float = 120) -> None:
+    """Until a worker's run has started training (its signal handling in place)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any("training started" in log.read_text()
+               for log in out_dir.glob(".launch/*/worker-*.log")):
+            return
+        time.sleep(0.2)
+    raise AssertionError("no run started training")
+
+
 def clean_checkout() -> bool:
     return store.provenance()["dirty"] is False
 
@@ -86,11 +97,11 @@ def test_a_worker_killed_mid_entry_is_replaced_and_its_entry_runs_again(tmp_path
 
 def test_sigterm_to_the_launcher_stops_every_worker_and_a_rerun_completes(tmp_path):
     out = tmp_path / "out"
-    sweep = ["sweep", "seed=0-2", "trainer.max_steps=400", *TINY, f"out_dir={out}",
+    shown = [a for a in TINY if a != "trainer.progress=false"] + ["trainer.progress=true"]
+    sweep = ["sweep", "seed=0-2", "trainer.max_steps=400", *shown, f"out_dir={out}",
              "launcher=local", "workers=2"]
     parent = bench(*sweep)
-    wait_for_lock(out)
-    time.sleep(1.0)
+    wait_for_training(out)
     parent.send_signal(signal.SIGTERM)
     output = parent.communicate(timeout=120)[0]
     assert parent.returncode == 143, output[-3000:]

@@ -135,22 +135,30 @@ def work(plan: Plan, index: int, folder: Path, workers: int = 1) -> int:
             settle(i, "done already", done[0])
         return bool(done)
 
-    for i in order:
-        config = configs[i]
-        if finished(i):
-            continue
-        lock = try_lock(config.out_dir, lock_key_of(config))
-        if lock is None:
-            continue  # another worker runs it
-        with lock:
-            if finished(i):  # settled meanwhile, before this worker took the lock
+    pending = order
+    while pending:
+        held_elsewhere = []
+        for i in pending:
+            config = configs[i]
+            if finished(i):
                 continue
-            print(f"[{plan.numbers[i]}/{plan.size}] {' '.join(plan.overrides[i])}", flush=True)
-            try:
-                status, path = run_entry(config)
-            except RunFailed as error:  # interrupted: the entry is free again, the worker stops
-                return error.exit_code
-            settle(i, status, path)
+            lock = try_lock(config.out_dir, lock_key_of(config))
+            if lock is None:  # another worker runs it, maybe another launcher's: seen again
+                held_elsewhere.append(i)  # when it lets go (done, or to run if it failed)
+                continue
+            with lock:
+                if finished(i):  # settled meanwhile, before this worker took the lock
+                    continue
+                print(f"[{plan.numbers[i]}/{plan.size}] {' '.join(plan.overrides[i])}",
+                      flush=True)
+                try:
+                    status, path = run_entry(config)
+                except RunFailed as error:  # interrupted: the entry is free again; stop here
+                    return error.exit_code
+                settle(i, status, path)
+        pending = held_elsewhere
+        if pending:
+            time.sleep(1.0)
     return 0
 
 
