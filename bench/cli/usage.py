@@ -26,6 +26,11 @@ python -m bench <command> --help   that command's usage
 OVERRIDES = ("  task=<name> model=<name> trainer=<name>   a file of conf/task, conf/model, conf/trainer\n"
              "  task.<field>=v model.<field>=v trainer.<field>=v   one field of it\n"
              "  seed=<int> out_dir=<dir> name=<tag> resume=<checkpoint>")
+LAUNCHER = ("  [launcher=local] [workers=N]: N worker processes, each on one GPU or its share of "
+            "the cores, no entry run twice (docs/reference.md, suites on several processes).\n"
+            "  launcher=slurm [slurm.partition=p] [slurm.time_min=240] [slurm.gpus_per_task=g] "
+            "[slurm.cpus_per_task=2] [slurm.array_parallelism=k] [slurm.tasks=n] "
+            "[slurm.sbatch=\"key=value;...\"]: one SLURM job array through submitit.")
 USAGE = {
     "run": "python -m bench run [print_config=false] [details=false] [key=value ...]\n  Train "
            "one model on one task, evaluate it on the held-out set, write a run record to out_dir "
@@ -70,17 +75,17 @@ USAGE = {
              "(same config and seed, made by the current code, not dirty, on the device and SSD "
              "kernel it would use here) is in out_dir already is skipped, so an interrupted suite "
              "goes on where it stopped; an ad-hoc run or a sweep of the same config does not "
-             "count; rerun=true runs it again.\n  suites: "
+             "count; rerun=true runs it again.\n" + LAUNCHER + "\n  suites: "
              + ", ".join(choices("suite")),
     "sweep": "python -m bench sweep key=a,b,c seed=lo-hi [entries=1,4-6] [shard=i/n] "
              "[rerun=false] [key=value ...]\n  The grid of every comma list and range (the "
              "cartesian product, the first key varying slowest), run in turn as a suite is: "
              "numbered entries, entries=, shard= for parallel workers, and a run whose `ok` "
-             "sweep record is in out_dir already is skipped. A value splits at commas outside "
+             "record (a sweep's, an ad-hoc run's or a suite's) is in out_dir already is skipped. A value splits at commas outside "
              "brackets and quotes (task.gd_steps=[1,2] is one value); lo-hi (0 <= lo <= hi) is "
              "a range for seed and integer fields only; out_dir, name and resume are never "
              "split. At least one list or range, at most 1000 runs. Records go to out_dir "
-             "(default runs/, git-ignored).\n"
+             "(default runs/, git-ignored).\n" + LAUNCHER + "\n"
              + OVERRIDES,
     "list": "python -m bench list\n  The tasks, models and trainer presets, one line each.",
     "plot": "python -m bench plot <record.json|dir> [...] [out=<file.png>]\n  One figure of the "
