@@ -135,12 +135,17 @@ def work(plan: Plan, index: int, folder: Path, workers: int = 1) -> int:
             settle(i, "done already", done[0])
         return bool(done)
 
-    pending = order
+    # what is finished at the start, in one reading of the out_dirs (not one an entry)
+    done = {} if plan.rerun else finished_runs(configs)
+    for i, path in done.items():
+        if plan.numbers[i] not in read_results(folder):
+            settle(i, "done already", path)
+    pending = [i for i in order if i not in done]
     while pending:
         held_elsewhere = []
         for i in pending:
             config = configs[i]
-            if finished(i):
+            if plan.numbers[i] in read_results(folder):
                 continue
             lock = try_lock(config.out_dir, lock_key_of(config))
             if lock is None:  # another worker runs it, maybe another launcher's: seen again
