@@ -462,6 +462,10 @@ def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone
             "wall_time_s": module.train_time(),
             "device": trained_on or str(next(model.parameters()).device),
             "device_name": device_name(trained_on or "cpu"),
+            # the intra-op threads it trained with: trainer.threads, else torch's default
+            # (OMP_NUM_THREADS: a launcher's worker has its share of the cores); they move a
+            # run's numbers at the level of float rounding
+            "threads": torch.get_num_threads(),
             "world_size": trainer.world_size if trainer is not None else None,
             "precision": str(trainer.precision) if trainer is not None else None,
             "tf32": module.config.tf32,
