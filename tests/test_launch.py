@@ -77,9 +77,8 @@ def test_two_workers_make_the_sequential_runs_records(tmp_path):
     sequential, parallel = gaps(tmp_path / "one"), gaps(tmp_path / "two")
     assert sorted(parallel) == [0, 1, 2, 3] and all(len(v) == 1 for v in parallel.values())
     assert parallel == sequential
-    share = len(os.sched_getaffinity(0)) // 2  # each worker's cores; the entries ask for 1 thread
-    assert {json.loads(p.read_text())["train"]["threads"] for p in (tmp_path / "two").glob(
-        "*.json")} == {1} and share >= 1
+    assert {json.loads(p.read_text())["train"]["threads"]  # the record says what ran
+            for p in (tmp_path / "two").glob("*.json")} == {1}
     assert not list((tmp_path / "two" / locks.LOCKS).glob("*.lock"))
 
 
