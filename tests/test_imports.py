@@ -252,6 +252,8 @@ FUNCTION_LOCAL_IMPORTS = {
     "bench/cli/run_commands.py": START_UP,
     "bench/cli/report_commands.py": START_UP,
     "bench/cli/suites.py": START_UP,
+    "bench/cli/launch.py": START_UP + "; submitit, an optional dependency, for launcher=slurm",
+    "bench/cli/worker.py": "after the worker's environment is set, as bench/cli/main.py does",
     "bench/perf/gpucheck/driver.py": START_UP + " (a bad option is refused before torch loads)",
     "bench/records/store.py": TORCH_FREE,
     "bench/reports/identities.py": TORCH_FREE,

@@ -25,7 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.cli.options import positive_int, take_option
+from bench.cli.suites import finished_runs, print_sweep_table, run_entry
 from bench.config import ConfigError, compose
+from bench.records.locks import lock_key, remove_locks_of, try_lock
+from bench.records.store import RunFailed
 
 LAUNCHES = ".launch"  # <out_dir>/.launch/<stamp>-<pid>/: the plan, worker logs and results
 REPLACEMENTS = 3  # workers that die are replaced at most this many times in all
@@ -100,9 +103,21 @@ class Plan:
 
 
 def lock_key_of(config) -> str:
-    from bench.records.locks import lock_key
-    described = config.describe()
-    return lock_key(described, config.out_dir)
+    return lock_key(config.describe(), config.out_dir)
+
+
+def dispatcher(launcher: Launcher):
+    """What suites.run_entries hands its checked entries to: None for the sequential runner,
+    else a function that runs them in workers here or submits them to SLURM."""
+    if launcher.sequential:
+        return None
+
+    def dispatch(what, size, numbers, overrides, origin, rerun, out_dirs) -> int:
+        plan = Plan(what, size, numbers, overrides, origin, rerun)
+        if launcher.kind == "slurm":
+            return launch_slurm(plan, launcher.slurm, out_dirs)
+        return launch_local(plan, launcher.workers, out_dirs)
+    return dispatch
 
 
 def work(plan: Plan, index: int, folder: Path, workers: int = 1) -> int:
@@ -113,9 +128,6 @@ def work(plan: Plan, index: int, folder: Path, workers: int = 1) -> int:
     `folder`/results-<index>.jsonl. Returns 0, or the exit status of an interrupted run (the
     worker stops there)."""
     results = folder / f"results-{index}.jsonl"
-    from bench.cli.suites import finished_runs, run_entry
-    from bench.records.locks import try_lock
-    from bench.records.store import RunFailed
     configs = plan.configs()
     order = list(range(len(configs)))
     start = (index * len(order)) // max(1, workers) % max(1, len(order))
@@ -219,7 +231,6 @@ class Stop(Exception):
 
 def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
     """Run the plan in `workers` worker processes; returns the exit status of the whole."""
-    from bench.records.locks import remove_locks_of
     environments = worker_environments(workers)
     folder = launch_dir(plan, out_dirs[0])
     pinned = ("GPU " + ", ".join(e["CUDA_VISIBLE_DEVICES"] for e in environments)
@@ -297,7 +308,6 @@ def progress_line(plan: Plan, settled: dict, running: int, elapsed: float) -> st
 
 
 def finish(plan: Plan, settled: dict) -> int:
-    from bench.cli.suites import print_sweep_table
     paths = [settled[n]["path"] for n in plan.numbers
              if n in settled and settled[n]["status"] != "failed" and settled[n]["path"]]
     if plan.what == "the sweep" and paths:

@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from bench.cli.launch import take_launcher
+from bench.cli.launch import dispatcher, take_launcher
 from bench.cli.options import fail, positive_int, take_option, take_selection
 from bench.cli.suites import run_entries
 from bench.config import (PRECISIONS, ConfigError, check_path, choices, compose, describe_choice,
@@ -170,7 +170,7 @@ def cmd_suite(argv: list[str]) -> int:
         return fail(f"suite needs name=<suite> or name=<file.yaml>; suites: "
                     f"{', '.join(choices('suite'))}")
     return run_entries(f"suite {name}", load_suite(name), argv, *selection,
-                       origin=f"suite:{suite_label(name)}", launcher=launcher)
+                       origin=f"suite:{suite_label(name)}", dispatch=dispatcher(launcher))
 
 
 def cmd_sweep(argv: list[str]) -> int:
@@ -180,4 +180,4 @@ def cmd_sweep(argv: list[str]) -> int:
     argv, launcher = take_launcher(argv)
     entries, shared = grid(argv)
     return run_entries("the sweep", entries, shared, *selection, origin="sweep",
-                       launcher=launcher)
+                       dispatch=dispatcher(launcher))

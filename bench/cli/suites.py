@@ -90,11 +90,12 @@ def finished_runs(configs: list) -> dict[int, str]:
 
 def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tuple[int, int],
                 chosen: str | None, rerun: bool, origin: str, defaults: list[str] = (),
-                launcher=None) -> int:
+                dispatch=None) -> int:
     """Runs the entries (override lists) of a suite or sweep chosen by `chosen` (entries=) and
     `shard`, each with argv's overrides over its own and `defaults` under both; all are
-    composed and validated before the first one runs. `launcher` (bench/cli/launch.py): in
-    this process one after another (the default), in worker processes, or on SLURM."""
+    composed and validated before the first one runs: here one after another, or by `dispatch`
+    (bench/cli/launch.py: worker processes, a SLURM job array), which takes them as composed
+    override lists and returns the exit status."""
     size = len(entries)
     if size > MAX_RUNS:  # what load_suite and the sweep's grid refuse, whoever made the list
         raise ConfigError(f"{what} has {size} runs; at most {MAX_RUNS}")
@@ -158,13 +159,9 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
                   f"({shown(' '.join(entry) or '(defaults)')}); both run", file=sys.stderr)
     for config in configs:
         config.origin = origin
-    if launcher is not None and not launcher.sequential:
-        from bench.cli.launch import Plan, launch_local, launch_slurm
-        plan = Plan(what, size, numbers, [[*unless_given(e), *e] for e in runs], origin, rerun)
-        out_dirs = [config.out_dir for config in configs]
-        if launcher.kind == "slurm":
-            return launch_slurm(plan, launcher.slurm, out_dirs)
-        return launch_local(plan, launcher.workers, out_dirs)
+    if dispatch is not None:
+        return dispatch(what, size, numbers, [[*unless_given(e), *e] for e in runs], origin,
+                        rerun, [config.out_dir for config in configs])
     from bench.training.signals import end_distributed
     try:
         return run_suite(what, size, numbers, runs, configs, rerun, tasks)
