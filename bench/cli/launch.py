@@ -7,8 +7,8 @@ runs each one that is neither finished (suites.finished_runs: an ok record, as t
 runner skips) nor locked by another living worker (bench/records/locks.py), so two workers, or
 two launchers on one out_dir, never run one entry, and records are written as a lone run writes
 them. A worker killed mid-run leaves no ok record: its lock dies with it and the entry runs
-again (here at once, by the worker that replaces it; on SLURM in the requeued task, resuming
-from the run's checkpoint where it wrote one). The parent here pins each worker to a GPU or to
+again from its start (here at once, by the worker that replaces it; on SLURM in the requeued
+task). The parent here pins each worker to a GPU or to
 its share of the cores, reports progress from the workers' result files, replaces a worker that
 dies, and on Ctrl-C or SIGTERM stops them all; a rerun of the same command completes the rest."""
 from __future__ import annotations
@@ -149,8 +149,9 @@ def work(plan: Plan, index: int, folder: Path, workers: int = 1) -> int:
 
     # what is finished at the start, in one reading of the out_dirs (not one an entry)
     done = {} if plan.rerun else finished_runs(configs)
+    settled = read_results(folder)
     for i, path in done.items():
-        if plan.numbers[i] not in read_results(folder):
+        if plan.numbers[i] not in settled:
             settle(i, "done already", path)
     pending = [i for i in order if i not in done]
     while pending:
@@ -240,12 +241,11 @@ def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
           f"logs: {folder}", flush=True)
 
     def start(slot: int) -> subprocess.Popen:
-        log = open(folder / f"worker-{slot}.log", "a")
-        env = {**os.environ, **environments[slot]}
-        return subprocess.Popen([sys.executable, "-m", "bench.cli.worker", str(folder), str(slot),
-                                 str(workers)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # a terminal's Ctrl-C reaches the parent
+        with open(folder / f"worker-{slot}.log", "a") as log:  # the worker keeps its own copy
+            return subprocess.Popen(
+                [sys.executable, "-m", "bench.cli.worker", str(folder), str(slot), str(workers)],
+                env={**os.environ, **environments[slot]}, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)  # a terminal's Ctrl-C reaches the parent alone
 
     def on_signal(signum, frame):
         raise Stop(signum)
@@ -338,11 +338,11 @@ class ArrayTask:
 
     def checkpoint(self, index: int):
         import submitit
-        return submitit.helpers.DelayedSubmission(ArrayTask(self.plan, self.folder, self.tasks),
-                                                  index)
+        return submitit.helpers.DelayedSubmission(self, index)
 
 
-def slurm_executor(folder: Path, options: dict, tasks: int):
+def require_slurm():
+    """submitit, where SLURM's sbatch and srun are on PATH; else one line."""
     try:
         import submitit
     except ImportError:
@@ -351,6 +351,10 @@ def slurm_executor(folder: Path, options: dict, tasks: int):
     if missing:
         raise ConfigError(f"launcher=slurm needs SLURM's {' and '.join(missing)} on PATH: run it "
                           "on a login node of the cluster")
+    return submitit
+
+
+def slurm_executor(submitit, folder: Path, options: dict, tasks: int):
     executor = submitit.AutoExecutor(folder=folder / "slurm", cluster="slurm")
     parameters = {"timeout_min": options.get("time_min", 240),
                   "slurm_array_parallelism": options.get("array_parallelism", tasks),
@@ -373,9 +377,10 @@ def launch_slurm(plan: Plan, options: dict, out_dirs: list[str]) -> int:
     """Submit the plan as one job array (slurm.tasks tasks, default one per entry) and return:
     the records arrive in out_dir as the tasks run; the same command later says what is done
     (every finished entry is skipped) and submits what is left."""
+    submitit = require_slurm()  # before the launch folder: a refusal leaves nothing behind
     folder = launch_dir(plan, out_dirs[0])
     tasks = min(len(plan.numbers), options.get("tasks", len(plan.numbers)))
-    executor = slurm_executor(folder, options, tasks)
+    executor = slurm_executor(submitit, folder, options, tasks)
     with executor.batch():
         jobs = [executor.submit(ArrayTask(plan, str(folder), tasks), index)
                 for index in range(tasks)]

@@ -23,6 +23,14 @@ def take_option(argv: list[str], key: str, default: str | None) -> tuple[list[st
     return rest, values[0].split("=", 1)[1] if values else default
 
 
+def take_flag(argv: list[str], key: str) -> tuple[list[str], bool]:
+    """A command's true|false option (default false), taken as take_option takes it."""
+    argv, value = take_option(argv, key, "false")
+    if value not in ("true", "false"):
+        raise ConfigError(f"{key} must be true or false, got '{value}'")
+    return argv, value == "true"
+
+
 def positive_int(key: str, text: str, low: int = 1, high: int = 10 ** 9) -> int:
     """A command option's integer: plain decimal digits (not '²', which isdigit accepts, nor
     YAML 1.1's octal-looking '010') within [low, high]."""
@@ -38,14 +46,12 @@ def positive_int(key: str, text: str, low: int = 1, high: int = 10 ** 9) -> int:
 def take_selection(argv: list[str]) -> tuple[list[str], tuple[int, int], str | None, bool]:
     """The options a suite and a sweep share: shard=i/n, entries=1,4-6 and rerun=true|false."""
     argv, shard = take_option(argv, "shard", "0/1")  # i/n: entries i, i+n, ... (parallel workers)
-    argv, rerun = take_option(argv, "rerun", "false")
+    argv, rerun = take_flag(argv, "rerun")
     argv, entries = take_option(argv, "entries", None)  # None: every entry; "": refused
-    if rerun not in ("true", "false"):
-        raise ConfigError(f"rerun must be true or false, got '{rerun}'")
     found = re.fullmatch(r"([0-9]+)/([0-9]+)", shard)  # not int(): it reads '１', ' 1', '1_0'
     if found is None or not 0 <= int(found[1]) < int(found[2]):
         raise ConfigError(f"shard must be i/n with 0 <= i < n, got '{shard}'")
-    return argv, (int(found[1]), int(found[2])), entries, rerun == "true"
+    return argv, (int(found[1]), int(found[2])), entries, rerun
 
 
 def check_paths(**paths: str) -> None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.cli.options import check_paths, take_option
+from bench.cli.options import check_paths, take_flag, take_option
 from bench.config import ConfigError
 from bench.config.formats import plural
 from bench.records.store import output_path, read_record, read_records
@@ -114,17 +114,15 @@ def cmd_claims(argv: list[str]) -> int:
     argv, out = take_option(argv, "out", default_report(out_dir, "claims.md"))
     argv, include = take_option(argv, "include", "suite")
     argv, rules = take_option(argv, "rules", "")
-    argv, check = take_option(argv, "check", "false")
+    argv, check = take_flag(argv, "check")
     if argv:
         raise ConfigError(f"unknown argument '{argv[0]}'; claims takes out_dir=<dir>, "
                           "out=<file>, include=suite|all, rules=<file or folder>, "
                           "check=true|false")
     check_paths(out_dir=out_dir, out=out, rules=rules)
-    if check not in ("true", "false"):
-        raise ConfigError(f"check must be true or false, got '{check}'")
     from bench.reports.selection import check_selection, select_runs
     check_selection(out_dir, include)  # all refused now, not after the rules and records
-    if check == "false":
+    if not check:
         output_path(out)
     from bench.reports.claims import decide_all, load_claims, write_claims
     from bench.reports.claims.check import problems
@@ -133,7 +131,7 @@ def cmd_claims(argv: list[str]) -> int:
     selection = select_runs(out_dir, include)
     for line in selection.warnings():
         print(line, file=sys.stderr)
-    if check == "true":  # the research checks of the records; claims.md is not written
+    if check:  # the research checks of the records; claims.md is not written
         found = problems(decide_all(claims, selection))
         for problem in found:
             print(f"error: {problem}", file=sys.stderr)
@@ -169,19 +167,17 @@ def cmd_compare(argv: list[str]) -> int:
 
 def cmd_identities(argv: list[str]) -> int:
     argv, out_dir = take_option(argv, "out_dir", "results")
-    argv, check = take_option(argv, "check", "false")
+    argv, check = take_flag(argv, "check")
     if argv:
         raise ConfigError(f"unknown argument '{argv[0]}'; identities takes out_dir=<dir>, "
                           "check=true|false")
-    if check not in ("true", "false"):
-        raise ConfigError(f"check must be true or false, got '{check}'")
     if not os.path.isdir(out_dir):
         raise ConfigError(f"out_dir '{out_dir}' is not a directory")
     from bench.records.store import IDENTITY_INDEX
-    if check == "false":  # the index it will write: refused now, not after minutes of probes
+    if not check:  # the index it will write: refused now, not after minutes of probes
         output_path(str(Path(out_dir) / IDENTITY_INDEX), name="the identity index")
     from bench.reports.identities import report_identities
-    return report_identities(out_dir, check == "true")
+    return report_identities(out_dir, check)
 
 
 def cmd_plot(argv: list[str]) -> int:

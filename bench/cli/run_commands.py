@@ -10,7 +10,7 @@ import sys
 import yaml
 
 from bench.cli.launch import dispatcher, take_launcher
-from bench.cli.options import fail, positive_int, take_option, take_selection
+from bench.cli.options import fail, positive_int, take_flag, take_option, take_selection
 from bench.cli.suites import run_entries
 from bench.config import (PRECISIONS, ConfigError, check_path, choices, compose, describe_choice,
                           load_suite, suite_label)
@@ -28,14 +28,6 @@ def cmd_list(argv: list[str]) -> int:
         for name in choices(group):
             print(f"  {name:<22} {describe_choice(group, name)}")
     return 0
-
-
-def take_flag(argv: list[str], key: str) -> tuple[list[str], bool]:
-    """A command's true|false option (default false)."""
-    argv, value = take_option(argv, key, "false")
-    if value not in ("true", "false"):
-        raise ConfigError(f"{key} must be true or false, got '{value}'")
-    return argv, value == "true"
 
 
 def cmd_run(argv: list[str]) -> int:
