@@ -1,7 +1,8 @@
 """Suites and sweeps over several processes (bench/cli/launch.py, bench/records/locks.py):
 workers that match the sequential run record for record, a worker killed mid-entry, SIGTERM to
-the launcher, two launchers on one out_dir, and the SLURM path through submitit (a stand-in
-sbatch, and submitit's local executor running an array task for real)."""
+the launcher, two launchers on one out_dir, an interrupted entry resumed from its checkpoint,
+and the SLURM path through submitit (a stand-in sbatch, and submitit's local executor running an
+array task for real, preempted and requeued)."""
 from __future__ import annotations
 
 import json
@@ -213,3 +214,123 @@ def test_an_array_task_runs_its_entries_under_submitits_local_executor(tmp_path)
     assert sorted(gaps(out)) == [0, 1]
     settled = [json.loads(line) for line in (folder / "results-0.jsonl").read_text().splitlines()]
     assert sorted(entry["number"] for entry in settled) == [1, 2]
+
+
+def records(out_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
+
+
+def test_a_killed_runs_entry_goes_on_from_its_newest_checkpoint(tmp_path):
+    """A run killed after its step-10 checkpoint (no record: its ok record never came) is
+    resumed by the sweep from that checkpoint, not from step 0; the record it makes is the
+    uninterrupted run's. A diverged run's checkpoints are not resumed (it would diverge again),
+    nor are any with rerun=true."""
+    out = tmp_path / "out"
+    config = ["trainer.max_steps=20", "trainer.checkpoint_every=10", *TINY, f"out_dir={out}"]
+    whole = bench("run", *config)
+    assert whole.communicate(timeout=600) and whole.returncode == 0
+    (first,) = records(out)
+    (out / f"{first['run_id']}.json").unlink()  # as if killed before its record was written
+    for path in (out / "checkpoints" / first["run_id"]).glob("*.ckpt"):
+        if "step=10" not in path.name:
+            path.unlink()
+    sweep = bench("sweep", "seed=0,1", *config)  # seed 1: nothing to resume
+    output = sweep.communicate(timeout=600)[0]
+    assert sweep.returncode == 0, output[-3000:]
+    assert output.count("resuming the interrupted run from") == 1 and "step=10" in output
+    (resumed,) = [r for r in records(out) if r["seed"] == 0]
+    assert resumed["resumed_from"].endswith("step=10.ckpt")
+    assert resumed["resumed_run_id"] == first["run_id"]
+    assert resumed["train"]["steps"] == 20
+    assert resumed["metrics"]["bayes_gap"] == first["metrics"]["bayes_gap"]
+    assert resumed["train"]["loss_curve"] == first["train"]["loss_curve"]
+
+
+def test_a_run_that_finished_or_diverged_is_not_resumed(tmp_path):
+    from bench.cli.suites import interrupted_checkpoint
+    from bench.config import compose
+    out = tmp_path / "out"
+    config = ["trainer.max_steps=20", "trainer.checkpoint_every=10", *TINY, f"out_dir={out}"]
+    whole = bench("run", *config)
+    assert whole.communicate(timeout=600) and whole.returncode == 0
+    composed = compose(config)
+    assert interrupted_checkpoint(composed) == ""  # its ok record: finished
+    (path,) = out.glob("*.json")
+    record = json.loads(path.read_text())
+    path.unlink()
+    assert interrupted_checkpoint(composed).endswith(".ckpt")  # killed: no record
+    record.update(status="failed", reason="diverged at step 12: loss nan")
+    path.write_text(json.dumps(record))
+    assert interrupted_checkpoint(composed) == ""
+    record.update(reason="interrupted (SIGTERM) at step 12")
+    path.write_text(json.dumps(record))
+    assert interrupted_checkpoint(composed).endswith(".ckpt")
+    assert interrupted_checkpoint(compose([*config, "seed=1"])) == ""  # another seed's
+    assert interrupted_checkpoint(compose([*config, "trainer.lr=0.01"])) == ""  # other settings
+    unwritten = [a for a in config if not a.startswith("trainer.checkpoint_every")]
+    assert interrupted_checkpoint(compose([*unwritten, "trainer.checkpoint_every=0"])) == ""
+
+
+def test_a_preempted_array_task_is_requeued_and_resumes_from_its_checkpoint(tmp_path):
+    """SLURM's preemption, under submitit's local executor: the preemption signal (SIGUSR2) to
+    the task mid-run stops the run at its next step (a failed record that says so), submitit
+    requeues the task, and the requeued task resumes the entry from its newest checkpoint; the
+    ok record has the uninterrupted run's numbers."""
+    submitit = pytest.importorskip("submitit")
+    out, alone = tmp_path / "out", tmp_path / "alone"
+    config = ["seed=0", "trainer.max_steps=300", "trainer.checkpoint_every=50", *TINY]
+    plan = Plan("the sweep", 1, [1], [[*config, f"out_dir={out}"]], "sweep", False)
+    folder = tmp_path / "launch"
+    folder.mkdir()
+    executor = submitit.LocalExecutor(folder=tmp_path / "submitit")
+    executor.update_parameters(timeout_min=20)
+    job = executor.submit(ArrayTask(plan, str(folder), 1), 0)
+    deadline = time.monotonic() + 300
+    while not list(out.glob("checkpoints/*/*step=50*.ckpt")):
+        assert time.monotonic() < deadline and not job.done(), job.stderr()
+        time.sleep(0.05)
+    owner = json.loads(locks.lock_path(str(out), next(iter(
+        p.stem for p in (out / locks.LOCKS).glob("*.lock")))).read_text())
+    os.kill(owner["pid"], signal.SIGUSR2)
+    assert job.result() == 0, job.stderr()
+    by_status = {r["status"]: r for r in records(out)}
+    assert sorted(by_status) == ["failed", "ok"], [r["status"] for r in records(out)]
+    assert by_status["failed"]["reason"].startswith("interrupted (SIGUSR2) at step ")
+    ok = by_status["ok"]
+    assert ok["resumed_run_id"] == by_status["failed"]["run_id"]
+    assert ok["resumed_from"].endswith(".ckpt") and ok["train"]["steps"] == 300
+    assert "Requeued" in job.stderr() or "Requeued" in (job.stdout() or "")
+    whole = bench("run", *config, f"out_dir={alone}")
+    assert whole.communicate(timeout=600) and whole.returncode == 0
+    (uninterrupted,) = records(alone)
+    assert ok["metrics"]["bayes_gap"] == uninterrupted["metrics"]["bayes_gap"]
+
+
+def test_a_foreign_sys_exit_mid_run_exits_the_process_after_its_failed_record(tmp_path):
+    """Another library's signal handler calling sys.exit mid-step (submitit's requeue does): the
+    run records itself failed and the process exits with that status, instead of the exit being
+    swallowed as one run's failure while a suite carries on."""
+    probe = (  # seed 1 would run if the exit were swallowed
+        "import signal, sys\n"
+        "from bench.cli.main import main\n"
+        "import bench.training.train\n"
+        "signal.signal(signal.SIGALRM, lambda *a: sys.exit(7))\n"
+        "signal.setitimer(signal.ITIMER_REAL, 4.0)\n"
+        f"sys.exit(main(['sweep', 'seed=0,1', 'trainer.max_steps=100000', "
+        f"{', '.join(repr(a) for a in TINY)}, 'out_dir={tmp_path}']))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=600)
+    assert done.returncode == 7, done.stderr[-3000:]
+    (record,) = records(tmp_path)  # seed 1 never started
+    assert record["status"] == "failed" and record["reason"].startswith("SystemExit: 7")
+
+
+def test_the_progress_line_estimates_the_time_left():
+    from bench.cli.launch import Progress
+    plan = Plan("the sweep", 4, [1, 2, 3, 4], [[]] * 4, "sweep", False)
+    progress = Progress(plan, terminal=False)
+    progress.began -= 120  # two minutes in
+    settled = {1: {"status": "done already"}, 2: {"status": "ok"}}
+    assert progress.line(settled, 2) == ("[2/4 settled: 2 ok or done already, 0 failed; "
+                                         "2 worker(s) running; 2.0 min; about 4.0 min left]")
+    assert "left" not in progress.line({1: {"status": "done already"}}, 2)  # nothing ran yet

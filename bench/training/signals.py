@@ -65,7 +65,8 @@ class SignalGuard:
     # SIGHUP: the terminal closed or the SSH connection dropped; it ends a run like SIGTERM
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self):
+    def __init__(self, also: tuple = ()):
+        self.signals = self.SIGNALS + tuple(s for s in also if s not in self.SIGNALS)
         self.signum: int | None = None
         self.mode = "raise"
         self.distributed = False
@@ -74,7 +75,7 @@ class SignalGuard:
 
     def __enter__(self) -> "SignalGuard":
         if threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
+            for signum in self.signals:
                 # An ignored signal stays ignored (e.g. SIGINT of a shell's background job).
                 if signal.getsignal(signum) is not signal.SIG_IGN:
                     self._previous[signum] = signal.signal(signum, self._handle)

@@ -238,7 +238,7 @@ def _failure(error: BaseException, signals: SignalGuard, step: int) -> tuple[str
 
 
 def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
-        task: Task | None = None) -> tuple[dict, str]:
+        task: Task | None = None, stop_signals: tuple = ()) -> tuple[dict, str]:
     """Train, evaluate on the held-out set, write the record. Returns (record, path); path is
     "" on ranks other than 0. A run that fails after it started writes a `failed` record (rank
     0) and raises RunFailed; a bad resume checkpoint raises ConfigError before anything runs.
@@ -250,7 +250,12 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
     to out_dir/weights/<run_id>.pt just before its ok record, which names the file (`weights`).
 
     `task`: the one the checks built (bench.training.checks.checked_run), so that the run does not
-    build it again; built here without it."""
+    build it again; built here without it. `stop_signals`: signals that stop the run as SIGINT,
+    SIGTERM and SIGHUP do (SignalGuard), such as a SLURM array task's preemption signal.
+
+    A SystemExit that no signal of ours caused (another library's signal handler calling
+    sys.exit mid-step, as submitit's requeue does) is recorded as failed and then raised as it
+    was: the process was told to exit, and a suite must not carry on as if one run had failed."""
     quiet_lightning()
     t = config.trainer
     if weights is not None:
@@ -285,7 +290,7 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
     _RUNS_STARTED.append(run_id)
     trainer = module = model = None
     path, failure = "", None
-    with SignalGuard() as signals:
+    with SignalGuard(stop_signals) as signals:
         signals.distributed = world_size(config) > 1
         try:
             apply_tf32_policy(config.trainer.tf32)
@@ -380,6 +385,10 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
         if trainer is not None and trainer.world_size > 1 and torch.distributed.is_initialized():
             failure = leave_run_together(trainer, signals, failure, path)
         if failure is not None:
+            cause = failure.__cause__
+            if (isinstance(cause, SystemExit) and not isinstance(cause, SIGTERMException)
+                    and signals.signum is None):
+                raise cause  # the process was told to exit (see the docstring)
             raise failure
         return record, path
 
