@@ -7,8 +7,9 @@ runs each one that is neither finished (suites.finished_runs: an ok record, as t
 runner skips) nor locked by another living worker (bench/records/locks.py), so two workers, or
 two launchers on one out_dir, never run one entry, and records are written as a lone run writes
 them. A worker killed mid-run leaves no ok record: its lock dies with it and the entry runs
-again from its start (here at once, by the worker that replaces it; on SLURM in the requeued
-task). The parent here pins each worker to a GPU or to
+again (here at once, by the worker that replaces it; on SLURM in the requeued task), from the
+interrupted run's newest checkpoint where its trainer writes them (trainer.checkpoint_every),
+else from its start. The parent here pins each worker to a GPU or to
 its share of the cores, reports progress from the workers' result files, replaces a worker that
 dies, and on Ctrl-C or SIGTERM stops them all; a rerun of the same command completes the rest."""
 from __future__ import annotations
@@ -28,7 +29,7 @@ from bench.cli.options import positive_int, take_option
 from bench.cli.suites import finished_runs, print_sweep_table, run_entry
 from bench.config import ConfigError, compose
 from bench.records.locks import lock_key, remove_locks_of, try_lock
-from bench.records.store import RunFailed
+from bench.records.store import RunFailed, SignalAfterRecord
 
 LAUNCHES = ".launch"  # <out_dir>/.launch/<stamp>-<pid>/: the plan, worker logs and results
 REPLACEMENTS = 3  # workers that die are replaced at most this many times in all
@@ -120,13 +121,16 @@ def dispatcher(launcher: Launcher):
     return dispatch
 
 
-def work(plan: Plan, index: int, folder: Path, workers: int = 1) -> int:
+def work(plan: Plan, index: int, folder: Path, workers: int = 1,
+         stop_signals: tuple = ()) -> int:
     """A worker (number `index` of `workers`): each entry, in an order that starts at this
     worker's share of them (so workers rarely meet at a lock), unless it is finished (an ok
     record skipped as the sequential runner skips it, or settled by another worker of this
     launch) or another worker holds it; one JSON line per entry it settles, in
-    `folder`/results-<index>.jsonl. Returns 0, or the exit status of an interrupted run (the
-    worker stops there)."""
+    `folder`/results-<index>.jsonl. An entry whose earlier run was interrupted goes on from
+    that run's newest checkpoint (suites.interrupted_checkpoint) unless the plan reruns.
+    Returns 0, or the exit status of an interrupted run (the worker stops there; its entry is
+    not settled). `stop_signals`: see run_entry."""
     results = folder / f"results-{index}.jsonl"
     configs = plan.configs()
     order = list(range(len(configs)))
@@ -170,9 +174,13 @@ def work(plan: Plan, index: int, folder: Path, workers: int = 1) -> int:
                 print(f"[{plan.numbers[i]}/{plan.size}] {' '.join(plan.overrides[i])}",
                       flush=True)
                 try:
-                    status, path = run_entry(config)
+                    status, path = run_entry(config, stop_signals=stop_signals,
+                                             resume=not plan.rerun)
                 except RunFailed as error:  # interrupted: the entry is free again; stop here
                     return error.exit_code
+                except SignalAfterRecord as error:  # its record is whole: settled, then stop
+                    settle(i, "ok", error.path)
+                    return 128 + error.signum
                 settle(i, status, path)
         pending = held_elsewhere
         if pending:
@@ -252,7 +260,7 @@ def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     procs = {slot: start(slot) for slot in range(workers)}
-    replaced, shown, began = 0, None, time.monotonic()
+    replaced, progress = 0, Progress(plan)
     try:
         while procs:
             time.sleep(0.5)
@@ -267,15 +275,13 @@ def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
                     left = len(plan.numbers) - len(settled)
                     if left and replaced < REPLACEMENTS:
                         replaced += 1
-                        print(f"worker {slot} (pid {proc.pid}) ended with status {code}; "
-                              f"replaced ({replaced} of at most {REPLACEMENTS})", flush=True)
+                        progress.say(f"worker {slot} (pid {proc.pid}) ended with status {code}; "
+                                     f"replaced ({replaced} of at most {REPLACEMENTS})")
                         procs[slot] = start(slot)
-            state = (len(settled), len(procs))
-            if state != shown:  # a line when an entry settles or a worker ends
-                print(progress_line(plan, settled, len(procs), time.monotonic() - began),
-                      flush=True)
-                shown = state
+            progress.show(settled, len(procs))
+        progress.close()
     except Stop as stop:
+        progress.close()
         print(f"stopping: {signal.Signals(stop.signum).name}; the workers are told to stop",
               flush=True)
         for proc in procs.values():
@@ -290,8 +296,8 @@ def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             remove_locks_of(out_dirs, proc.pid)
-        print(f"stopped; {progress_line(plan, read_results(folder), 0, time.monotonic() - began)}"
-              "; the same command goes on from there", flush=True)
+        print(f"stopped; {progress.line(read_results(folder), 0)}; the same command goes on "
+              "from there", flush=True)
         return 128 + stop.signum
     finally:
         for signum, handler in previous.items():
@@ -299,12 +305,57 @@ def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
     return finish(plan, read_results(folder))
 
 
-def progress_line(plan: Plan, settled: dict, running: int, elapsed: float) -> str:
-    failed = sum(1 for entry in settled.values() if entry["status"] == "failed")
-    done = len(settled) - failed
-    total = len(plan.numbers)
-    return (f"[{len(settled)}/{total} settled: {done} ok or done already, {failed} failed; "
-            f"{running} worker(s) running; {elapsed / 60:.1f} min]")
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 600 else f"{seconds / 60:.0f} min"
+
+
+class Progress:
+    """The launcher's account of the workers: entries settled (ok or done already, failed),
+    workers running, time so far and an estimate of the time left (from the entries run in this
+    launch). On a terminal one line with a bar, redrawn in place; elsewhere (a log file) a line
+    whenever an entry settles or a worker ends."""
+
+    WIDTH = 24
+
+    def __init__(self, plan: Plan, terminal: bool | None = None):
+        self.plan, self.began, self.shown = plan, time.monotonic(), None
+        self.terminal = sys.stdout.isatty() if terminal is None else terminal
+        self.drawn = False  # a bar is on the terminal's last line
+
+    def line(self, settled: dict, running: int) -> str:
+        elapsed = time.monotonic() - self.began
+        failed = sum(1 for entry in settled.values() if entry["status"] == "failed")
+        ran = sum(1 for entry in settled.values() if entry["status"] != "done already")
+        total, left = len(self.plan.numbers), len(self.plan.numbers) - len(settled)
+        estimate = (f"; about {duration(left * elapsed / ran)} left" if ran and left
+                    and running else "")
+        return (f"[{len(settled)}/{total} settled: {len(settled) - failed} ok or done already, "
+                f"{failed} failed; {running} worker(s) running; {elapsed / 60:.1f} min"
+                f"{estimate}]")
+
+    def show(self, settled: dict, running: int) -> None:
+        if self.terminal:  # redrawn every call: the clock moves
+            done = len(settled) / max(1, len(self.plan.numbers))
+            bar = "#" * round(done * self.WIDTH)
+            sys.stdout.write(f"\r\x1b[K|{bar:<{self.WIDTH}}| {self.line(settled, running)}")
+            sys.stdout.flush()
+            self.drawn = True
+        elif (len(settled), running) != self.shown:
+            print(self.line(settled, running), flush=True)
+        self.shown = (len(settled), running)
+
+    def say(self, message: str) -> None:
+        """A line of its own, above the bar."""
+        self.close()
+        print(message, flush=True)
+
+    def close(self) -> None:
+        if self.drawn:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.drawn = False
 
 
 def finish(plan: Plan, settled: dict) -> int:
@@ -326,15 +377,34 @@ def finish(plan: Plan, settled: dict) -> int:
 
 # --- launcher=slurm ----------------------------------------------------------------------------
 class ArrayTask:
-    """What one task of the job array runs (submitit pickles it): a worker over the plan. On
-    preemption or timeout submitit calls `checkpoint`, which requeues the same task; its entries
-    that finished are skipped, the interrupted one runs again."""
+    """What one task of the job array runs (submitit pickles it): a worker over the plan.
+
+    Preemption and the time limit reach a task as submitit's preemption signal (SIGUSR2 unless
+    SUBMITIT_PREEMPT_SIGNAL says otherwise; `#SBATCH --signal=USR2@90` before the limit). The
+    running entry's run takes it as it takes SIGTERM: it stops at its next step with a failed
+    record that says "interrupted (SIGUSR2)", and its entry stays open. The task then hands the
+    signal to submitit, which calls `checkpoint` (the same task, resubmitted) and requeues it:
+    the requeued task skips what finished and goes on with the interrupted entry from its
+    newest checkpoint (trainer.checkpoint_every; from its start where its trainer writes none).
+    SLURM sends SIGTERM at a preemption too: a run stopped by it waits PREEMPT_WAIT_S for the
+    preemption signal before the task ends (scancel sends SIGTERM alone)."""
+
+    PREEMPT_WAIT_S = 30.0
 
     def __init__(self, plan: Plan, folder: str, tasks: int):
         self.plan, self.folder, self.tasks = plan, folder, tasks
 
     def __call__(self, index: int) -> int:
-        return work(self.plan, index, Path(self.folder), self.tasks)
+        import submitit
+        preempt = getattr(signal, "SIG" + submitit.JobEnvironment.USR_SIG)
+        code = work(self.plan, index, Path(self.folder), self.tasks, stop_signals=(preempt,))
+        if code == 128 + preempt:  # submitit's handler (ours came off with the run) requeues
+            signal.raise_signal(preempt)
+        elif code == 128 + signal.SIGTERM:
+            deadline = time.monotonic() + self.PREEMPT_WAIT_S
+            while time.monotonic() < deadline:  # a preemption signal now requeues the task
+                time.sleep(0.2)
+        return code
 
     def checkpoint(self, index: int):
         import submitit

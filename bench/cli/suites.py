@@ -185,7 +185,7 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
             paths.append(done[i])
             tasks.pop(i, None)
             continue
-        status, path = run_entry(config, tasks.pop(i, None))
+        status, path = run_entry(config, tasks.pop(i, None), resume=not rerun)
         if status == "failed":
             failed.append(number)
         elif path:  # a DDP rank other than 0 has none: rank 0 reports
@@ -199,13 +199,59 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
     return 0
 
 
-def run_entry(config, task=None) -> tuple[str, str]:
+def interrupted_checkpoint(config) -> str:
+    """Where an interrupted earlier run of this entry can go on from: the newest checkpoint in
+    out_dir/checkpoints/ of a run of its task, model and seed that was interrupted (a failed
+    record that says so, or no record at all: killed, or preempted on SLURM) and that
+    check_resume accepts for it (same task, model, seed, trainer settings, environment and
+    code; its digest intact, so a checkpoint cut short by the kill is passed over). "" when
+    there is none, when the entry resumes from a checkpoint of its own (resume=), or when its
+    trainer writes none (trainer.checkpoint_every=0: the run starts again)."""
+    if config.resume or config.trainer.checkpoint_every <= 0:
+        return ""
+    import dataclasses
+
+    from bench.training.checks import check_resume
+    prefix = f"{config.task_name}--{config.model_name}--s{config.seed}--"
+    runs = Path(config.out_dir) / "checkpoints"
+    candidates = []
+    for folder in runs.glob(f"{prefix}*") if runs.is_dir() else []:
+        record, _ = read_record(Path(config.out_dir) / f"{folder.name}.json")
+        if record is not None and not (record.get("status") == "failed" and str(
+                record.get("reason", "")).startswith("interrupted")):
+            continue  # finished, or failed for a reason a resume would meet again
+        candidates += [p for p in folder.glob("*.ckpt") if p.is_file() and not p.is_symlink()]
+    candidates.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    refused = []
+    for path in candidates:
+        try:
+            check_resume(dataclasses.replace(config, resume=str(path)))
+        except ConfigError as error:
+            refused.append(error)
+            continue
+        return str(path)
+    if refused:  # said once: the entry starts again
+        print(f"    starting from step 0: {len(refused)} checkpoint(s) of an interrupted run "
+              f"do not fit this entry ({refused[0]})", flush=True)
+    return ""
+
+
+def run_entry(config, task=None, stop_signals: tuple = (), resume: bool = False
+              ) -> tuple[str, str]:
     """One entry's run, said in a line: ("ok", record path), ("failed", its failed record's path
     or ""); an interrupted run raises its RunFailed, as the whole suite is to stop. One run's
-    failure (its record says why) does not cost the rest of the suite."""
+    failure (its record says why) does not cost the rest of the suite. `resume`: go on from an
+    interrupted earlier run's checkpoint (interrupted_checkpoint) where there is one.
+    `stop_signals`: signals besides SIGINT, SIGTERM and SIGHUP that stop the run at its next
+    step (a SLURM array task's preemption signal)."""
     from bench.training.train import run
+    checkpoint = interrupted_checkpoint(config) if resume else ""
+    if checkpoint:
+        import dataclasses
+        print(f"    resuming the interrupted run from {checkpoint}", flush=True)
+        config = dataclasses.replace(config, resume=checkpoint)
     try:
-        record, path = run(config, task=task)
+        record, path = run(config, task=task, stop_signals=stop_signals)
     except RunFailed as error:
         if error.exit_code > 128:  # interrupted: the user wants the whole suite to stop
             raise
