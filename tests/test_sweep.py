@@ -94,7 +94,7 @@ def test_shards_of_a_sweep_split_its_entries(tmp_path, monkeypatch, capsys):
     the runner's call of a run is recorded instead)."""
     ran = []
 
-    def fake_run(config, task=None):
+    def fake_run(config, task=None, stop_signals=()):
         ran.append((config.model_name, config.task.seq_len, config.seed, config.origin))
         return {"metrics": {"bayes_gap": 0.0, "bayes_gap_ci": [0.0, 0.0]}, "wall_time_s": 0.0}, "x"
 
