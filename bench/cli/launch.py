@@ -400,10 +400,8 @@ class ArrayTask:
         code = work(self.plan, index, Path(self.folder), self.tasks, stop_signals=(preempt,))
         if code == 128 + preempt:  # submitit's handler (ours came off with the run) requeues
             signal.raise_signal(preempt)
-        elif code == 128 + signal.SIGTERM:
-            deadline = time.monotonic() + self.PREEMPT_WAIT_S
-            while time.monotonic() < deadline:  # a preemption signal now requeues the task
-                time.sleep(0.2)
+        elif code == 128 + signal.SIGTERM:  # a preemption signal meanwhile requeues the task
+            time.sleep(self.PREEMPT_WAIT_S)  # (submitit's handler exits from the sleep)
         return code
 
     def checkpoint(self, index: int):

@@ -4,6 +4,7 @@ at the end. `python -m bench suite` and `sweep` (bench/cli/main.py) parse their 
 call run_entries."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -209,9 +210,7 @@ def interrupted_checkpoint(config) -> str:
     trainer writes none (trainer.checkpoint_every=0: the run starts again)."""
     if config.resume or config.trainer.checkpoint_every <= 0:
         return ""
-    import dataclasses
-
-    from bench.training.checks import check_resume
+    from bench.training.checks import check_resume  # torch: not at the CLI's import
     prefix = f"{config.task_name}--{config.model_name}--s{config.seed}--"
     runs = Path(config.out_dir) / "checkpoints"
     candidates = []
@@ -247,7 +246,6 @@ def run_entry(config, task=None, stop_signals: tuple = (), resume: bool = False
     from bench.training.train import run
     checkpoint = interrupted_checkpoint(config) if resume else ""
     if checkpoint:
-        import dataclasses
         print(f"    resuming the interrupted run from {checkpoint}", flush=True)
         config = dataclasses.replace(config, resume=checkpoint)
     try:
