@@ -33,6 +33,11 @@ References (all float64, batched over sequences, a loop over time only):
   a known, or at the prior mean of a when it is not: a fixed filter that uses no latent (one
   with the true a would be part bound, and need not lose to `bayes`).
 - `erm` (baseline): the pooled ridge mean Σ_i x_i / (t + λ), the paper's ERM predictor.
+- `erm_fitted` (baseline): empirical risk minimisation in context over Thm. 2's class G_ERM, the
+  predictors that assume i.i.d. observation noise: at each t the white-noise Kalman filter
+  (z_t = a z_{t-1} + N(0, 1), x_t = z_t + N(0, r)) whose (a, r), on a fixed grid, minimise the
+  squared one-step errors Σ_{i<t} (x_{i+1} - x̂_{i+1|i})² of the context, predicting x_{t+1}. Its
+  excess over Bayes is the best any such predictor can do from the context: the R_ERM of Thm. 2.
 """
 from __future__ import annotations
 
@@ -48,6 +53,11 @@ from tasks.configs import USE_TRAINING_PRIOR, LGSSMColoredConfig
 from tasks.lgssm import kalman_filter, linear_recurrence, pooled_ridge_mean
 
 SLOPE_MIN_CONTEXT = 32  # the paper fits log(MSE) = β log k + c on k >= 32 (B.2)
+# The grid of `erm_fitted`: the white-noise model's signal coefficient a (evenly over [0, 0.99],
+# with the misspecified filter's own a) and observation-noise variance r (log-spaced over
+# 1e-3..1e2, r = 1 among them); r -> 0 is the one-tap predictor a·x_t
+FIT_DECAYS = tuple(0.99 * i / 44 for i in range(45))
+FIT_NOISE_VARIANCES = tuple(10 ** (-3 + 0.25 * i) for i in range(21))
 
 
 def stationary_ar1(decay: Tensor, innovation_std: Tensor, steps: int,
@@ -94,6 +104,39 @@ def white_noise_system(signal_decay: float, like: Tensor) -> tuple[Tensor, ...]:
 
     return (scalar(signal_decay), scalar(1.0), scalar(1.0), scalar(1.0),
             scalar(1 / (1 - signal_decay**2)))
+
+
+def white_noise_next_means(observations: Tensor, decays: Tensor,
+                           noise_variances: Tensor) -> Tensor:
+    """E[x_{t+1} | x_1..x_t] (B, G, T) under white-noise models z_t = a z_{t-1} + N(0, 1),
+    x_t = z_t + N(0, r), z_1 stationary, one per pair of decays a (G,) and noise variances r
+    (G,), for observations (B, T): the scalar Kalman filter, m_{t+1} = a (1 - k_t) m_t + a k_t x_t
+    with gain k_t = P_t / (P_t + r) from the data-free Riccati recursion P_{t+1} = a² P_t r /
+    (P_t + r) + 1. `kalman_filter` on these models is its test oracle."""
+    length = observations.shape[-1]
+    cov, gains = 1 / (1 - decays**2), []
+    for _ in range(length):
+        gains.append(cov / (cov + noise_variances))
+        cov = decays**2 * cov * noise_variances / (cov + noise_variances) + 1
+    gain = torch.stack(gains, -1)  # (G, T)
+    carry, drive = decays[:, None] * (1 - gain), (decays[:, None] * gain) * observations[:, None]
+    mean, means = torch.zeros_like(drive[..., 0]), []
+    for t in range(length):  # elementwise over (B, G): a loop over time only
+        mean = carry[:, t] * mean + drive[..., t]
+        means.append(mean)
+    return torch.stack(means, -1)
+
+
+def fitted_predictions(next_means: Tensor, observations: Tensor) -> Tensor:
+    """In-context least squares over candidate predictors: next_means (B, G, T), candidate g's
+    prediction of x_{t+1} from x_1..x_t at each position t; observations (B, T). At position t,
+    the prediction of the candidate whose squared errors over the context, Σ_{i<t} (x_{i+1} -
+    next_means[g, i])², are smallest (B, T); ties, as at t = 0 before any error, go to the
+    first candidate."""
+    errors = (observations[:, None, 1:] - next_means[..., :-1]).square()
+    context_loss = torch.cat([torch.zeros_like(errors[..., :1]), errors.cumsum(-1)], -1)
+    best = context_loss.argmin(1, keepdim=True)  # first minimum: torch.argmin's documented rule
+    return next_means.gather(1, best)[:, 0]
 
 
 def uniform_prior_rule(lo: float, hi: float, size: int,
@@ -184,6 +227,10 @@ class LGSSMColoredTask(Task):
                                              self.misspecified_kalman),
             "erm": Reference("erm", "baseline", "pooled ridge mean sum(x_i)/(t+lambda): the "
                              "paper's Transformer-as-gradient-descent (ERM) predictor", self.erm),
+            "erm_fitted": Reference("erm_fitted", "baseline", "in-context ERM under i.i.d. "
+                                    "noise: the white-noise Kalman filter whose (a, r) on a grid "
+                                    "minimise the context's squared one-step errors (Thm. 2's "
+                                    "best ERM predictor)", self.erm_fitted),
         }
 
     def rho_grid(self, grid_size: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
@@ -244,6 +291,28 @@ class LGSSMColoredTask(Task):
 
     def erm(self, batch: Batch) -> Tensor:
         return pooled_ridge_mean(batch.inputs.double(), self.config.erm_ridge)
+
+    def fit_grid(self, device: torch.device | str) -> tuple[Tensor, Tensor]:
+        """The (a, r) candidates of `erm_fitted`, flattened (G,) each: first the misspecified
+        filter's own (a, r = 1), the choice before any error is seen, then the grid."""
+        c = self.config
+        own = 0.5 * (c.signal_decay + c.signal_decay_max) if c.signal_decay_unknown \
+            else c.signal_decay
+        decays = torch.tensor([own, *FIT_DECAYS], dtype=torch.float64, device=device)
+        variances = torch.tensor([1.0, *FIT_NOISE_VARIANCES], dtype=torch.float64,
+                                 device=device)
+        a, r = decays[:, None].expand(-1, len(variances)), variances.expand(len(decays), -1)
+        return a.flatten(), r.flatten()  # a-major: (own a, r = 1) comes first
+
+    def erm_fitted(self, batch: Batch) -> Tensor:
+        x = batch.inputs.double()[..., 0]  # (B, T)
+        decays, variances = self.fit_grid(x.device)
+        chunk = max(1, 2**23 // (len(decays) * x.shape[1]))  # (chunk, G, T) intermediates
+        out = []
+        for part in x.split(chunk):
+            means = white_noise_next_means(part, decays, variances)
+            out.append(fitted_predictions(means, part))
+        return torch.cat(out).unsqueeze(-1)
 
     # --- the paper's risk-vs-context-length analysis (B.2) ------------------------------------
     def context_lengths(self) -> list[int]:

@@ -12,8 +12,10 @@ import yaml
 
 from tasks import task_families
 from tasks.base import TEST_STREAM, make_generator
-from tasks.lgssm_colored import (LGSSMColoredConfig, LGSSMColoredTask, loglog_slope,
-                                 stationary_ar1, stationary_ar1_sequential)
+from tasks.lgssm import kalman_filter
+from tasks.lgssm_colored import (LGSSMColoredConfig, LGSSMColoredTask, fitted_predictions,
+                                 loglog_slope, stationary_ar1, stationary_ar1_sequential,
+                                 white_noise_next_means)
 
 Z = 4.0  # tolerance of the statistical checks, in standard errors
 A = 0.9  # the signal's AR coefficient (paper 004 B.2)
@@ -136,6 +138,60 @@ def test_bayes_quadrature_equals_dense_mixture_over_the_grid():
         assert torch.allclose(bayes[b, :, 0], mixture, atol=1e-10)
 
 
+def test_white_noise_means_are_the_kalman_filter_of_each_white_noise_model():
+    batch = LGSSMColoredTask(LGSSMColoredConfig(seq_len=40)).sample(3, make_generator(6))
+    x = batch.inputs.double()[..., 0]
+    decays = torch.tensor([0.0, 0.5, 0.9, 0.99], dtype=torch.float64)
+    variances = torch.tensor([1e-3, 1.0, 7.0, 100.0], dtype=torch.float64)
+    one = torch.ones(4, 1, 1, dtype=torch.float64)
+    a = decays[:, None, None]
+    oracle = kalman_filter(x[:, None, :, None], a, one, one, variances[:, None, None],
+                           one / (1 - a**2)).next_mean[..., 0]
+    assert torch.allclose(white_noise_next_means(x, decays, variances), oracle, atol=1e-12)
+
+
+def test_fitted_predictions_take_the_candidate_with_the_least_squared_context_error():
+    """The definition by loops: at position t, sum each candidate's squared errors on the
+    targets x_2..x_t it predicted, and take the first candidate with the smallest sum."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 9, generator=generator, dtype=torch.float64)
+    means = torch.randn(3, 5, 9, generator=generator, dtype=torch.float64)
+    means[:, 3] = means[:, 1]  # a tie: the first of the two must win
+    got = fitted_predictions(means, x)
+    for b in range(3):
+        for t in range(9):
+            losses = [sum((x[b, i + 1] - means[b, g, i]).item() ** 2 for i in range(t))
+                      for g in range(5)]
+            best = min(range(5), key=lambda g: (losses[g], g))
+            assert got[b, t] == means[b, best, t]
+
+
+def test_erm_fitted_is_least_squares_over_white_noise_models_by_dense_conditioning():
+    """Independent computation of `erm_fitted`: per candidate (a, r) of the task's grid, the
+    white-noise model's predictions by dense Gaussian conditioning, Cov(x_s, x_t) =
+    a^|t-s|/(1-a²) + r δ_st; at each t the candidate with the least squared context error."""
+    T = 6
+    task = LGSSMColoredTask(LGSSMColoredConfig(seq_len=T))
+    batch = task.sample(2, make_generator(8))
+    got = task.erm_fitted(batch)[..., 0]
+    decays, variances = task.fit_grid("cpu")
+    assert (decays[0].item(), variances[0].item()) == (A, 1.0)  # the choice before any error
+    lag = torch.arange(T + 1, dtype=torch.float64)
+    lag = (lag[:, None] - lag[None, :]).abs()
+    x = full_sequences(batch)  # x_1..x_{T+1}: inputs and the last target
+    for b in range(2):
+        candidates = []  # per candidate, its prediction of x_j from x_1..x_{j-1}, j = 1..T+1
+        for a, r in zip(decays.tolist(), variances.tolist()):
+            cov = a**lag / (1 - a**2) + r * (lag == 0).double()
+            candidates.append([0.0] + [(torch.linalg.solve(cov[:j, :j], cov[:j, j])
+                                        @ x[b, :j]).item() for j in range(1, T + 1)])
+        for t in range(T):  # position t predicts x_{t+2} (1-based) from x_1..x_{t+1}
+            losses = [sum((x[b, j].item() - c[j]) ** 2 for j in range(1, t + 1))
+                      for c in candidates]
+            best = min(range(len(candidates)), key=lambda g: (losses[g], g))
+            assert abs(got[b, t].item() - candidates[best][t + 1]) < 1e-9
+
+
 @pytest.mark.parametrize("grid_size", [3, 8])
 def test_quadrature_rule_is_exact_for_polynomials_under_the_uniform_prior(grid_size):
     task = LGSSMColoredTask(LGSSMColoredConfig())
@@ -157,7 +213,7 @@ def test_bayes_is_the_posterior_mean_under_the_training_prior():
     y = batch.targets.double()
     bayes = task.bayes(batch)
     bayes_loss = task.position_loss(bayes, y)
-    for name in ("misspecified_kalman", "erm"):
+    for name in ("misspecified_kalman", "erm", "erm_fitted"):
         other = task.references()[name].predict(batch)
         gap = (task.position_loss(other, y) - bayes_loss).mean(1)
         assert gap.mean() > Z * gap.std() / math.sqrt(len(gap))  # bayes is strictly better
