@@ -143,6 +143,7 @@ class TransformerConfig:
     qkv_conv: int = 0  # width of the causal depthwise conv on Q, K, V (paper 000 E.6); 0 = off
     window: int = 0  # sliding-window attention span including the query position; 0 = full causal
     positions: bool = True  # learned absolute positions `wpe` (max_len × d_model)
+    norm: bool = True  # pre-LayerNorms and the final ln_f; False: none (bare linear self-attention)
 
     def __post_init__(self):  # at compose time, before anything is built
         if self.d_model < 1 or self.n_layers < 1 or self.n_heads < 1:

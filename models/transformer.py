@@ -21,6 +21,10 @@ embedding and the head are the Backbone's adapters. Variants, all off by default
   [of] dimension 128").
 - `positions=False`: no learned positions, as in paper 004's linear transformer ("no positional
   encoding is used ... we rely solely on causal masking").
+- `norm=False`: no LayerNorms (ln_1, ln_2, ln_f are identities): with `attention="linear"`,
+  `mlp=False` and `positions=False` the bare linear self-attention LSA(S) = Q Kᵀ V of paper 002's
+  Eq. 2 and von Oswald et al. (2023), whose output is bilinear in the tokens (a LayerNorm divides
+  each token by its norm, which a GD step on constructed tokens does not).
 """
 from __future__ import annotations
 
@@ -122,15 +126,19 @@ class MLP(nn.Module):
         return self.c_proj(F.gelu(self.c_fc(x)))
 
 
+def layer_norm(config: TransformerConfig) -> nn.Module:
+    return nn.LayerNorm(config.d_model) if config.norm else nn.Identity()
+
+
 class Block(nn.Module):
     """Pre-LayerNorm residual block."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.ln_1 = layer_norm(config)
         self.attn = CausalSelfAttention(config)
         if config.mlp:
-            self.ln_2 = nn.LayerNorm(config.d_model)
+            self.ln_2 = layer_norm(config)
             self.mlp = MLP(config.d_model, config.d_ff)
         else:
             self.ln_2 = self.mlp = None
@@ -154,7 +162,7 @@ class Transformer(Core):
         d = config.d_model
         self.wpe = nn.Embedding(io.max_len, d) if config.positions else None
         self.h = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.ln_f = nn.LayerNorm(d)
+        self.ln_f = layer_norm(config)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -424,9 +424,10 @@ def test_a_probe_that_hangs_is_killed_and_named(tmp_path, monkeypatch):
 
 def test_every_published_record_keeps_its_key_in_the_committed_index():
     """Each ok record of results/ finds its config key under its own code in the committed
-    index (results/identities.json) wherever that code's probe was computed: a trainer field
-    added since the index was keyed must leave every key as it was (identities
-    KEY_OMITS_AT_DEFAULT), or every stored probe of every old commit would run again."""
+    index (results/identities.json) wherever that code's probe was computed: a trainer or model
+    field added since the index was keyed must leave every key as it was (identities
+    KEY_OMITS_AT_DEFAULT, MODEL_KEY_OMITS_AT_DEFAULT), or every stored probe of every old
+    commit would run again."""
     results = Path(__file__).resolve().parents[1] / "results"
     index = identities.load_index(results)
     records = identities.ok_records(results)

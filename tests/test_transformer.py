@@ -356,3 +356,42 @@ def test_position_free_linear_attention_sees_its_prefix_as_a_bag(overrides, blin
         torch.testing.assert_close(last_shuffled, last, **TOL)
     else:
         assert (last_shuffled - last).abs().max() > 1e-6
+
+
+def test_without_norm_there_is_no_layer_norm():
+    core = make_core(norm=False, mlp=True, n_layers=2)
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in core.modules())
+    assert all(isinstance(m, torch.nn.LayerNorm) for m in (make_core().ln_f, make_core().h[0].ln_1))
+
+
+def test_one_layer_of_bare_linear_self_attention_is_one_gd_step_on_constructed_tokens():
+    """von Oswald et al.'s construction, paper 002 Eq. 2, through conf/model/lsa.yaml: the query
+    reads x_t, the key the product slot y_{t-1} x_{t-1}, the value is a constant (its bias), so
+    the output at t is x_tᵀ Σ_{i<t} y_i x_i / d; the head's weight d η_T / T makes it the gd1
+    reference at the final query. With a LayerNorm in the way no weights could do that."""
+    from tasks.linreg import LinearRegression
+    f, examples = 3, 6
+    task = LinearRegression(LinearRegression.Config(n_features=f, seq_len=examples,
+                                                    prompt="tokens", score="last"))
+    config = OmegaConf.to_object(OmegaConf.load(CONF_DIR / "lsa.yaml"))
+    config.pop("family")
+    model = build_model("transformer", TransformerConfig(**config),
+                        IOSpec("vectors", task.input_dim, task.output_dim, examples)).double()
+    d = config["d_model"]
+    gd1 = task.references()["gd1"]
+    step = (task.step_sizes(1)[examples - 1] / (examples - 1)).item()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.encoder.weight[:2 * f, :2 * f] = torch.eye(2 * f)  # the token, padded
+        attn = model.core.h[0].attn
+        attn.c_attn.weight[:f, f:2 * f] = torch.eye(f)  # q = x_t
+        attn.c_attn.weight[d:d + f, :f] = torch.eye(f)  # k = y_{t-1} x_{t-1}
+        attn.c_attn.bias[2 * d + 2 * f] = 1.0  # v = a constant unit, in a free coordinate
+        attn.c_proj.weight[2 * f, 2 * f] = 1.0
+        model.decoder.weight[0, 2 * f] = d * step
+    batch = task.sample(4, torch.Generator().manual_seed(0))
+    got = model(batch.inputs.double())[:, -1]  # tokens are float32, the reference float64
+    assert torch.allclose(got, gd1.predict(batch)[:, -1], rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(model(batch.inputs.double())[:, -2], gd1.predict(batch)[:, -2],
+                              rtol=1e-3)  # a fixed weight matches η_j / j at one context only

@@ -57,21 +57,29 @@ IDENTITY_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "chec
                     "logger", "loader_workers", "save_weights")
 
 
-# Trainer fields added after records were indexed, left out of the key at their default (what
-# those records ran): a new field must not change the key of every config made before it.
+# Trainer and model fields added after records were indexed, left out of the key at their
+# default (what those records ran): a new field must not change the key of every config made
+# before it.
 KEY_OMITS_AT_DEFAULT = {"accumulate_grad_batches": 1, "compile_mode": "default",
                         "fused_adamw": False}
+MODEL_KEY_OMITS_AT_DEFAULT = {"transformer": {"norm": True}}
+
+
+def _without_defaults(config: dict, omits: dict) -> dict:
+    return {k: v for k, v in config.items() if not (k in omits and v == omits[k])}
 
 
 def config_key(record: dict) -> str:
     """What a record's identity is the identity of: its task and model (family and resolved
     config) and its trainer settings but the result-neutral ones; not the seed (the probe runs
     seed 0), not the names (a preset's name changes nothing it runs)."""
-    trainer = {k: v for k, v in resolved_config(record, "trainer").items()
-               if k not in IDENTITY_NEUTRAL
-               and not (k in KEY_OMITS_AT_DEFAULT and v == KEY_OMITS_AT_DEFAULT[k])}
-    described = [record["task"].get("family"), resolved_config(record, "task"),
-                 record["model"].get("family"), resolved_config(record, "model"), trainer]
+    trainer = _without_defaults({k: v for k, v in resolved_config(record, "trainer").items()
+                                 if k not in IDENTITY_NEUTRAL}, KEY_OMITS_AT_DEFAULT)
+    family = record["model"].get("family")
+    model = _without_defaults(resolved_config(record, "model"),
+                              MODEL_KEY_OMITS_AT_DEFAULT.get(family, {}))
+    described = [record["task"].get("family"), resolved_config(record, "task"), family, model,
+                 trainer]
     return hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
