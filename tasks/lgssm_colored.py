@@ -36,8 +36,9 @@ References (all float64, batched over sequences, a loop over time only):
 - `erm_fitted` (baseline): empirical risk minimisation in context over Thm. 2's class G_ERM, the
   predictors that assume i.i.d. observation noise: at each t the white-noise Kalman filter
   (z_t = a z_{t-1} + N(0, 1), x_t = z_t + N(0, r)) whose (a, r), on a fixed grid, minimise the
-  squared one-step errors Σ_{i<t} (x_{i+1} - x̂_{i+1|i})² of the context, predicting x_{t+1}. Its
-  excess over Bayes is the best any such predictor can do from the context: the R_ERM of Thm. 2.
+  squared one-step errors Σ_{i<t} (x_{i+1} - x̂_{i+1|i})² of the context, predicting x_{t+1}.
+  Its excess over Bayes measures Thm. 2's R_ERM (the best predictor of that class, here of the
+  grid's; the one-tap a·x_t, r -> 0, is among them).
 """
 from __future__ import annotations
 
