@@ -21,6 +21,7 @@ from conftest import own_fields, redraw_in_float64
 from models import IOSpec, build_model, model_families
 from models.transformer import (Transformer, TransformerConfig, causal_linear_attention,
                                 causal_linear_attention_recurrent, causal_softmax_attention)
+from tasks.linreg import LinearRegression
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 D_MODEL, MAX_LEN = 8, 16
@@ -361,7 +362,8 @@ def test_position_free_linear_attention_sees_its_prefix_as_a_bag(overrides, blin
 def test_without_norm_there_is_no_layer_norm():
     core = make_core(norm=False, mlp=True, n_layers=2)
     assert not any(isinstance(m, torch.nn.LayerNorm) for m in core.modules())
-    assert all(isinstance(m, torch.nn.LayerNorm) for m in (make_core().ln_f, make_core().h[0].ln_1))
+    default = make_core()
+    assert all(isinstance(m, torch.nn.LayerNorm) for m in (default.ln_f, default.h[0].ln_1))
 
 
 def test_one_layer_of_bare_linear_self_attention_is_one_gd_step_on_constructed_tokens():
@@ -369,7 +371,6 @@ def test_one_layer_of_bare_linear_self_attention_is_one_gd_step_on_constructed_t
     reads x_t, the key the product slot y_{t-1} x_{t-1}, the value is a constant (its bias), so
     the output at t is x_tᵀ Σ_{i<t} y_i x_i / d; the head's weight d η_T / T makes it the gd1
     reference at the final query. With a LayerNorm in the way no weights could do that."""
-    from tasks.linreg import LinearRegression
     f, examples = 3, 6
     task = LinearRegression(LinearRegression.Config(n_features=f, seq_len=examples,
                                                     prompt="tokens", score="last"))
