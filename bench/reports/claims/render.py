@@ -213,7 +213,10 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "states (two one-sided tests: a − b − margin and b − a − margin both below 0). A "
             "claim about each trained model (`per_seed`) is judged seed by seed and says k of "
             "n seeds: it holds when every seed holds, and seeds that disagree leave it "
-            "undecided. Seeds added by the power plan (`python -m bench claims plan`) come from "
+            "undecided. A control marked *on seed s* asks whether the protocol can train the "
+            "control's model at all, which one seed shows: it is judged on the seed whose run "
+            "ended with the lowest training loss (chosen from the training curves, never the "
+            "held-out sequences), while the rule reads every seed. Seeds added by the power plan (`python -m bench claims plan`) come from "
             "`python -m bench suite name=claims_power`.", "",
             "Verdicts — a claim is decided only when the evidence could have gone the other way: "
             "its **control** (a positive control trained under the same protocol, e.g. the "
@@ -336,7 +339,14 @@ def table_row(d: Decision, shared: str | None = None) -> str:
     paper = c.paper_number + (f"<br>*“{c.quote}”*" if c.quote else "")
     if c.control is not None:
         mark = {True: "✓", False: "✗", None: "?"}[d.control] if d.values else ""
-        logic = f"control{(' ' + mark) if mark else ''}: `{c.control.text}`<br>rule: `{c.rule.text}`"
+        on = ""
+        if d.control_on is not None:
+            seed, of = d.control_on
+            on = (f" on seed {seed} (of {of}: the lowest final training loss of "
+                  f"`{c.control_seed}`)" if seed is not None else
+                  f" on the seed that trained best (none of {of} has a training curve)")
+        logic = (f"control{(' ' + mark) if mark else ''}{on}: `{c.control.text}`<br>"
+                 f"rule: `{c.rule.text}`")
     else:
         logic = f"{c.kind}: `{c.rule.text}`" if c.kind != "trained" else f"`{c.rule.text}`"
     if c.separable is not None:

@@ -18,8 +18,13 @@ records), `gpu`, `needs` (a protocol the code lacks), `contradicts_paper` (the e
 plainly), `separable` (what the task must leave room for, as an expression like the rule's:
 e.g. that the most in-context inference can gain on it, Bayes over the clairvoyant bound, is at
 least the margin the rule asks; where it is decidedly false the verdict is "task cannot
-separate", whatever the models did), `extension: true` for a claim the paper does not make (the suite's own, shown apart)
-and `per_seed: true` for a claim about each trained model (judged seed by seed: "k of n seeds").
+separate", whatever the models did), `extension: true` for a claim the paper does not make (the suite's own, shown apart),
+`per_seed: true` for a claim about each trained model (judged seed by seed: "k of n seeds"), and
+`control_seed: <quantity>` to judge the control on one seed: the one whose run of that quantity
+ended with the lowest training loss. A positive control asks whether the protocol can train the
+model at all, which one seed shows where a mean over seeds that sometimes stall would not; the
+seed is chosen from the training curves, never the held-out sequences, so its held-out interval
+keeps its level.
 """
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ PAPERS = ("000", "002", "004")
 METRIC_ROOTS = ("metrics", "per_position", "params", "state_size", "train", "eval")
 CLAIM_KEYS = {"id", "section", "claim", "quote", "paper_number", "measure", "where", "rule",
               "control", "kind", "scale", "paper_scale", "command", "gpu", "needs",
-              "contradicts_paper", "extension", "per_seed", "separable"}
+              "contradicts_paper", "extension", "per_seed", "separable", "control_seed"}
 FILE_KEYS = {"paper", "title", "claims"}  # a rules file's top level
 REQUIRED = ("id", "section", "claim", "paper_number", "measure", "rule", "scale", "command")
 QUANTITY_KEYS = {"where", "metric", "suite", "range"}
@@ -104,6 +109,7 @@ class Claim:
     source: str = ""
     per_seed: bool = False  # a claim about each trained model: judged seed by seed
     separable: Rule | None = None  # the room the task must leave for the rule to decide
+    control_seed: str | None = None  # judge the control on the seed this quantity trained best
 
 
 MODEL_METRICS = ("bayes_gap", "relative_gap", "l1_to_bayes", "probe", "gap_closed")
@@ -330,6 +336,14 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
         if spec.get("separable") is not None else None
     commands = spec["command"] if isinstance(spec["command"], list) else [spec["command"]]
     commands = [check_command(c, where) for c in commands]
+    control_seed = spec.get("control_seed")
+    if control_seed is not None:
+        if control is None or spec.get("per_seed"):
+            raise ConfigError(f"{where}: control_seed needs a control, and a claim judged on "
+                              "every seed (per_seed) has no seed to choose")
+        if control_seed not in control.used or is_reference(quantities[control_seed]):
+            raise ConfigError(f"{where}: control_seed must name a trained model's quantity of "
+                              f"the control ({', '.join(control.used)}), got '{control_seed}'")
     for key in ("gpu", "extension", "per_seed"):
         if key in spec and not isinstance(spec[key], bool):
             raise ConfigError(f"{where}: {key} must be true or false")
@@ -341,6 +355,7 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
                  quote=" ".join(str(spec.get("quote", "")).split()),
                  extension=bool(spec.get("extension", False)), gpu=bool(spec.get("gpu", False)),
                  per_seed=bool(spec.get("per_seed", False)), separable=separable,
+                 control_seed=control_seed,
                  needs=" ".join(spec["needs"].split()) if spec.get("needs") else None,
                  contradicts=(" ".join(spec["contradicts_paper"].split())
                               if spec.get("contradicts_paper") else None))

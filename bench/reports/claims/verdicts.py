@@ -151,6 +151,7 @@ class Measured:
     # seed -> (the headline of the record used, those of older records of the same seed and
     # version that disagree with it: selection.disagree)
     twins: dict[int, tuple[float, list[float]]] = field(default_factory=dict)
+    train_ended: list[float | None] = field(default_factory=list)  # by seed: final_train_loss
 
     def as_interval(self) -> Interval:
         """What an unpaired comparison uses: the 95% interval, or the value where there is
@@ -251,6 +252,32 @@ def wall_time(row: list[dict]) -> float | None:
     return sum(times) / len(times) if times else None
 
 
+TRAIN_TAIL = 0.1  # the last tenth of a run's logged training losses: where it ended
+
+
+def final_train_loss(record: dict) -> float | None:
+    """The mean of the last tenth of a run's logged training losses (at least one point): where
+    its training ended, read from the training batches alone; None where the record has no
+    curve."""
+    curve = (record.get("train") or {}).get("loss_curve")
+    if not isinstance(curve, list):
+        return None
+    losses = [v for point in curve if isinstance(point, list) and len(point) == 2
+              and (v := number(point[1])) is not None and math.isfinite(v)]
+    if not losses:
+        return None
+    tail = losses[-max(1, round(TRAIN_TAIL * len(losses))):]
+    return sum(tail) / len(tail)
+
+
+def best_trained_seed(measured: "Measured", seeds: list[int]) -> int | None:
+    """Of seeds, the one whose run ended with the lowest training loss (ties: the lower seed);
+    None where no record of them has a training curve."""
+    ended = {seed: loss for seed, loss in zip(measured.seeds, measured.train_ended)
+             if seed in seeds and loss is not None}
+    return min(ended, key=lambda seed: (ended[seed], seed)) if ended else None
+
+
 def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
     """The quantity pooled over the seeds of row (one version in one environment)."""
     read = [read_metric(record, quantity) for record in row]  # MetricMissing: decide's
@@ -272,7 +299,8 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
                     [values[i] for i in order], sorted(str(r.get("run_id")) for r in row),
                     sequences, [read[i][1] for i in order], wall_time(row),
                     {r["seed"]: (headline(r), [headline(t) for t in r["_twins"]])
-                     for r in row if r.get("_twins")})
+                     for r in row if r.get("_twins")},
+                    [final_train_loss(row[i]) for i in order])
 
 
 @dataclass
@@ -291,6 +319,8 @@ class Decision:
     # a quantity without records -> CPU seconds per training step of records of the same task
     # and model at other settings (what its runs would cost, roughly; None: no such record)
     step_s: dict[str, float | None] = field(default_factory=dict)
+    # control_seed: (the seed its control was judged on, of how many), or (None, n): no curve
+    control_on: tuple[int | None, int] | None = None
 
 
 def rows_of(selection: Selection) -> list[list[dict]]:
@@ -316,11 +346,13 @@ def _evaluate(rule, samples: dict[str, Sample], tests: list[Test]
         f"the interval of a difference holds 0 ({', '.join(open_)})")
 
 
-def judge(claim: Claim, reduced: bool, samples: dict[str, Sample]
+def judge(claim: Claim, reduced: bool, samples: dict[str, Sample],
+          control_samples: dict[str, Sample] | None = None
           ) -> tuple[str, str, bool | None, list[Test]]:
     """(verdict, note, whether the control held, the tests) of claim on samples: whether the
-    task can separate first, then the control (not reached at reduced scale when it failed,
-    else undecided), then the rule."""
+    task can separate first, then the control (on control_samples where given: one seed's, for
+    control_seed; not reached at reduced scale when it failed, else undecided), then the
+    rule."""
     tests: list[Test] = []
     if claim.separable is not None:
         separable, _ = _evaluate(claim.separable, samples, tests)
@@ -329,7 +361,7 @@ def judge(claim: Claim, reduced: bool, samples: dict[str, Sample]
                     f"(`{claim.separable.text}` is false): neither outcome would be evidence",
                     None, tests)
     if claim.control is not None:
-        control, why = _evaluate(claim.control, samples, tests)
+        control, why = _evaluate(claim.control, control_samples or samples, tests)
         if control is not True:
             held = "did not hold" if control is False else f"is undecided ({why})"
             verdict = "not reached at reduced scale" if reduced and control is False \
@@ -403,13 +435,21 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
                                 for name in missing})
     reduced = scale == "cpu"
     samples = {name: m.as_sample() for name, m in values.items()}
+    control_on, control_samples = None, None
+    if claim.control_seed is not None:
+        names = claim.control.used
+        seeds = sorted(set.intersection(*(set(values[n].seeds) for n in names)))
+        seed = best_trained_seed(values[claim.control_seed], seeds)
+        control_on = (seed, len(seeds))
+        control_samples = {n: values[n].seed_sample(seed) for n in names} if seed is not None \
+            else {n: Sample({}, Interval.point(math.nan)) for n in names}
     if claim.per_seed:
         verdict, note, control, tests = judge_each_seed(claim, reduced, values)
     else:
-        verdict, note, control, tests = judge(claim, reduced, samples)
+        verdict, note, control, tests = judge(claim, reduced, samples, control_samples)
     separable = claim.separable.decide(samples)[0] if claim.separable is not None else None
     return Decision(claim, verdict, scale, values, machine, note=note, control=control,
-                    tests=tests, separable=separable)
+                    tests=tests, separable=separable, control_on=control_on)
 
 
 def seconds_per_step(config, rows: list[list[dict]]) -> float | None:
