@@ -29,6 +29,9 @@ References:
   `bayes_run1` and `bayes_run2` (baselines) are those two runs: their spread measures the Monte
   Carlo error, which `summarize` reports (`bayes_particles = 0` turns all three off).
 - `clairvoyant`, the Kalman filter with the true θ (E[x_{t+1} | x_1..x_t, θ]), a bound;
+- `lemma41` and `lemma41_as_written` (bounds: they know θ), paper 004 Lemma 4.1's selective-SSM
+  recursion with the predictor's gain (the clairvoyant filter again, in the lemma's form) and
+  as the lemma writes it (the filter's gain, its state read as ẑ_{t|t}: not the filter);
 - `erm`, the paper's Transformer-as-GD predictor argmin_y Σ_i ||y - x_i||² + λ||y||²
   = Σ_i x_i / (t + λ) (λ = 0: the pooled mean).
 
@@ -104,6 +107,37 @@ def kalman_filter(observations: Tensor, transition: Tensor, emission: Tensor,
         next_cov.append(emission @ cov @ emission.mT + obs_noise)
     return KalmanOutput(torch.stack(next_mean, -2), torch.stack(next_cov, -3),
                         torch.stack(log_lik, -1))
+
+
+def lemma41_recursion(observations: Tensor, transition: Tensor, emission: Tensor,
+                      state_noise: Tensor, obs_noise: Tensor, init_cov: Tensor,
+                      as_written: bool = False) -> Tensor:
+    """Paper 004 Lemma 4.1's selective-SSM recursion h_t = Ā_t h_{t-1} + B̄_t x_t with
+    Ā_t = A - K_t C, B̄_t = K_t, from h_0 = 0; returns its predictions of x_{t+1} (..., T, m),
+    with kalman_filter's shapes and P_1 = init_cov. K_t comes from the Riccati recursion of
+    P_t = Cov[z_t | x_<t] (S_t = C P_t Cᵀ + R):
+
+    - as_written=False: K_t = A P_t Cᵀ S_t⁻¹, the one-step predictor's gain. Then h_t is
+      ẑ_{t+1|t} and C h_t is the Kalman prediction E[x_{t+1} | x_1..x_t, θ];
+    - as_written=True: K_t = P_t Cᵀ S_t⁻¹, the filter's gain the lemma names, with h_t read as
+      the filtered estimate ẑ_{t|t} it claims, predicting C A h_t. The filtered estimate's own
+      recursion is (I - K_t C) A, not A - K_t C, so this is not the Kalman prediction.
+
+    The gains never touch the data: they run at the parameters' batch shape. Loops over time."""
+    length = observations.shape[-2]
+    state = observations.new_zeros(observations.shape[:-2] + (transition.shape[-1], 1))
+    cov, predictions = init_cov, []
+    for t in range(length):
+        innovation_cov = emission @ cov @ emission.mT + obs_noise
+        filter_gain = torch.linalg.solve(innovation_cov, emission @ cov).mT  # P Cᵀ S⁻¹
+        gain = filter_gain if as_written else transition @ filter_gain
+        state = (transition - gain @ emission) @ state + gain @ observations[..., t, :, None]
+        readout = emission @ transition if as_written else emission
+        predictions.append((readout @ state)[..., 0])
+        cov = transition @ (cov - filter_gain @ innovation_cov @ filter_gain.mT) @ transition.mT \
+            + state_noise
+        cov = 0.5 * (cov + cov.mT)
+    return torch.stack(predictions, -2)
 
 
 def stationary_covariance(transition: Tensor, state_noise: Tensor) -> Tensor:
@@ -364,6 +398,15 @@ class LGSSMTask(Task):
         refs["clairvoyant"] = Reference("clairvoyant", "bound", "Kalman filter with the true "
                                         "(A, C, Q, R) of each sequence (knows the latent)",
                                         self.clairvoyant)
+        refs["lemma41"] = Reference(
+            "lemma41", "bound", "paper 004 Lemma 4.1's selective-SSM recursion (A - K_t C) h + "
+            "K_t x with each sequence's true θ and the one-step predictor's gain K_t = A P_t Cᵀ "
+            "S_t⁻¹, read out as C h: the clairvoyant filter in the lemma's form",
+            self.lemma41)
+        refs["lemma41_as_written"] = Reference(
+            "lemma41_as_written", "bound", "Lemma 4.1's recursion as written: the filter's gain "
+            "K_t = P_t Cᵀ S_t⁻¹, its state read as the filtered estimate ẑ_{t|t} (prediction "
+            "C A h)", partial(self.lemma41, as_written=True))
         refs["erm"] = Reference("erm", "baseline", "pooled ridge mean Σx_i/(t+λ): the paper's "
                                 "Transformer-as-gradient-descent (ERM) predictor", self.erm)
         return refs
@@ -392,6 +435,12 @@ class LGSSMTask(Task):
         init_cov = stationary_covariance(theta["A"], theta["Q"])
         return kalman_filter(batch.inputs.double(), theta["A"], theta["C"], theta["Q"],
                              theta["R"], init_cov).next_mean
+
+    def lemma41(self, batch: Batch, as_written: bool = False) -> Tensor:
+        theta = {k: v.double() for k, v in batch.latent.items()}
+        init_cov = stationary_covariance(theta["A"], theta["Q"])
+        return lemma41_recursion(batch.inputs.double(), theta["A"], theta["C"], theta["Q"],
+                                 theta["R"], init_cov, as_written)
 
     def erm(self, batch: Batch) -> Tensor:
         return pooled_ridge_mean(batch.inputs.double(), self.config.erm_ridge)

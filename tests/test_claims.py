@@ -181,6 +181,28 @@ def test_a_claim_about_trained_models_needs_a_control(tmp_path):
         load_claims(rules)
 
 
+@pytest.mark.parametrize("extra, needle", [
+    ("    control_seed: noconv\n", "control_seed must name a trained model's quantity of the "
+                                 "control \\(mamba\\), got 'noconv'"),
+    ("    control_seed: mamba\n    per_seed: true\n", "a claim judged on every seed"),
+])
+def test_control_seed_names_a_model_of_the_control(tmp_path, extra, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_claims(rules_file(tmp_path, extra=extra))
+    load_claims(rules_file(tmp_path, extra="    control_seed: mamba\n"))  # the valid one loads
+
+
+@pytest.mark.parametrize("curve, ended", [
+    ([[0, 5.0]], 5.0),  # one point: itself
+    ([[i * 10, float(i)] for i in range(20)], 18.5),  # the last tenth: the mean of 18 and 19
+    ([[0, 4.0], [10, "NaN"], [20, 2.0]], 2.0),  # a non-finite loss is no point of the curve
+    ([], None), (None, None)])
+def test_final_training_loss_is_the_mean_of_the_curves_last_tenth(curve, ended):
+    from bench.reports.claims.verdicts import final_train_loss
+    rec = {"train": {"loss_curve": curve}} if curve is not None else {"train": {}}
+    assert final_train_loss(rec) == (pytest.approx(ended) if ended is not None else None)
+
+
 def test_missing_records_are_not_measured_and_say_which(tmp_path):
     put(tmp_path / "r", record(MAMBA, gap=0.001))
     [d] = decide(tmp_path / "r", rules_file(tmp_path))

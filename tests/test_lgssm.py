@@ -194,6 +194,21 @@ def test_clairvoyant_error_equals_its_predicted_variance():
     assert gap.mean() > Z * gap.mean(1).std() / math.sqrt(len(batch))
 
 
+def test_lemma_4_1_references_on_sequences_of_different_systems():
+    """Paper 004 Lemma 4.1 with each sequence's own θ: the recursion (A - K_t C) h + K_t x with
+    the predictor's gain is the clairvoyant Kalman filter to rounding; with the filter's gain and
+    the state read as ẑ_{t|t}, as the lemma writes it, its predictions and loss are off."""
+    task = LGSSMTask(LGSSMConfig(seq_len=24, bayes_particles=0))
+    batch = task.held_out(300)
+    clairvoyant = task.clairvoyant(batch)
+    torch.testing.assert_close(task.lemma41(batch), clairvoyant, rtol=0, atol=1e-12)
+    as_written = task.lemma41(batch, as_written=True)
+    assert (as_written - clairvoyant).abs().amax() > 0.1
+    y = batch.targets.double()
+    excess = (task.position_loss(as_written, y) - task.position_loss(clairvoyant, y)).mean(1)
+    assert excess.mean() > Z * excess.std() / math.sqrt(len(batch))
+
+
 @pytest.mark.parametrize("ridge", [0.0, 0.7])
 def test_erm_is_the_ridge_argmin(ridge):
     x = torch.randn(3, 9, 2, dtype=torch.float64, generator=make_generator(7))
@@ -329,7 +344,8 @@ def test_bayes_is_the_mean_of_its_runs_and_they_are_scored_as_computed():
     refs = task.references()
     assert [(name, ref.role) for name, ref in refs.items()] == [
         ("bayes", "bayes"), ("bayes_run1", "baseline"), ("bayes_run2", "baseline"),
-        ("clairvoyant", "bound"), ("erm", "baseline")]
+        ("clairvoyant", "bound"), ("lemma41", "bound"), ("lemma41_as_written", "bound"),
+        ("erm", "baseline")]
     batch = task.held_out(4)
     bayes = refs["bayes"].predict(batch)
     fresh = [task.smc_run(batch.inputs, run) for run in range(2)]
@@ -337,7 +353,8 @@ def test_bayes_is_the_mean_of_its_runs_and_they_are_scored_as_computed():
     for _ in range(2):  # handed out once after bayes, then computed: the same either way
         assert torch.equal(refs["bayes_run1"].predict(batch), fresh[0])
         assert torch.equal(refs["bayes_run2"].predict(batch), fresh[1])
-    assert list(bayes_task(10, 0).references()) == ["clairvoyant", "erm"]
+    assert list(bayes_task(10, 0).references()) == ["clairvoyant", "lemma41",
+                                                    "lemma41_as_written", "erm"]
 
 
 def test_summary_monte_carlo_error_estimators():

@@ -286,7 +286,7 @@ def test_lemma_4_1_recursion_is_the_predictor_not_the_filtered_estimate():
     inputs = batch.inputs.double()
     predictor, lemma, filtered = (inputs.new_zeros(4, 4) for _ in range(3))
     P = stationary_covariance(A, Q)
-    from_predictor, from_filtered, lemma_gap = [], [], []
+    from_predictor, from_filtered, from_lemma, lemma_gap = [], [], [], []
     for t in range(inputs.shape[1]):
         x = inputs[:, t]
         filter_gain = P @ C.T @ torch.linalg.inv(C @ P @ C.T + R)
@@ -297,9 +297,14 @@ def test_lemma_4_1_recursion_is_the_predictor_not_the_filtered_estimate():
             + x @ filter_gain.T
         from_predictor.append(predictor @ C.T)
         from_filtered.append(filtered @ (C @ A).T)
+        from_lemma.append(lemma @ (C @ A).T)
         lemma_gap.append(float((lemma - filtered).abs().max()))
         P = A @ (P - filter_gain @ C @ P) @ A.T + Q
     clairvoyant = LGSSM.clairvoyant(batch)
     torch.testing.assert_close(torch.stack(from_predictor, 1), clairvoyant, **EXACT)
     torch.testing.assert_close(torch.stack(from_filtered, 1), clairvoyant, **EXACT)
     assert max(lemma_gap) > 1e-2
+    # the task's references (tasks/lgssm.py, batched over sequences) are these two recursions
+    torch.testing.assert_close(LGSSM.lemma41(batch), clairvoyant, **EXACT)
+    torch.testing.assert_close(LGSSM.lemma41(batch, as_written=True),
+                               torch.stack(from_lemma, 1), **EXACT)
