@@ -252,6 +252,9 @@ class GDSSMConfig:
     constructed: bool = False  # the paper's analytical one-GD-step parameters (owns input/output)
     prompt: str = "interleaved"  # token layout the construction reads: tasks/linreg.py `prompt`
     step_size: float = 1.0  # η of the constructed model's gradient step
+    # constructed=true: > 0 trains a feature map of this many outputs (App. A.8's input embedding
+    # and non-linearity) under the constructed, frozen GD step; 0 steps on the raw tokens
+    features: int = 0
     scan: str = "parallel"  # "parallel" (doubling scan) | "sequential" (step-by-step twin)
 
     def __post_init__(self):
@@ -267,6 +270,11 @@ class GDSSMConfig:
             raise ValueError("gd_ssm: constructed=true is the paper's one-layer construction: it "
                              "needs n_layers=1, mlp=false, multiplicative_output=true and window "
                              ">= 3 (interleaved prompt) or >= 1 (tokens prompt)")
+        if self.features < 0 or (self.features and not (self.constructed
+                                                        and self.prompt == "interleaved")):
+            raise ValueError("gd_ssm: features > 0 (a trained feature map under the constructed "
+                             "GD step) needs constructed=true and prompt=interleaved; got "
+                             f"features={self.features}")
 
 
 # --- selective_ssm --------------------------------------------------------------------------------

@@ -27,7 +27,10 @@ gradient-descent step from W = 0 on the examples before the query, for the promp
 tasks/linreg.py (`prompt`). It owns its input/output maps, so it maps raw prompts to predictions:
 ŷ = (η/j) Σ_{k<j} y_k x_kᵀ x_j for the query x_j after j examples (the paper's β = -η/N with N
 the examples seen so far; the paper scores only the last query, where N is the context size).
-Its parameters stay trainable, so it can also start training (App. A.8).
+Its parameters stay trainable, so it can also start training (App. A.8). With `features` > 0 it
+is App. A.8's comparator for non-linear regression: a trained input embedding and weighted
+sigmoid gated unit φ map each x to `features` coordinates, and the constructed layer, frozen, takes
+one GD step on the prompt with x replaced by φ(x): ŷ = (η/j) Σ_{k<j} y_k φ(x_k)ᵀ φ(x_j).
 
 `forward` runs the recurrence with the parallel doubling scan `models.scan.lti_scan`;
 `forward_sequential` is its step-by-step twin and test oracle and returns the state carried
@@ -253,9 +256,19 @@ class GDSSM(Core):
                 raise ValueError("gd_ssm: the constructed-token construction (paper §3.1) is for "
                                  "1-D targets; use prompt=interleaved (§3.2) for n_outputs > 1")
             d_value = io.output_dim if config.prompt == "interleaved" else 1
-            self.layer = GDSSMLayer(io.input_dim, n_features, d_value, config.window, True,
-                                    io.max_len)
+            self.raw_features = n_features
+            if config.features:
+                # App. A.8's comparator: a trained input embedding and non-linearity φ, then the
+                # GD step of the construction, frozen, on the prompt with x replaced by φ(x)
+                self.feature_map = nn.Sequential(nn.Linear(n_features, config.d_model),
+                                                 GatedUnit(config.d_model),
+                                                 nn.Linear(config.d_model, config.features))
+                n_features = config.features
+            self.layer = GDSSMLayer(n_features + io.input_dim - self.raw_features, n_features,
+                                    d_value, config.window, True, io.max_len)
             construct_one_gd_step(self.layer, config.prompt, n_features, io.output_dim)
+            if config.features:
+                self.layer.requires_grad_(False)
         else:
             self.blocks = nn.ModuleList(GDSSMBlock(config, io.max_len)
                                         for _ in range(config.n_layers))
@@ -278,17 +291,27 @@ class GDSSM(Core):
             flags = inputs[:, :, -1]
             ok = bool((flags[:, 0::2] == 1).all() and (flags[:, 1::2] == 0).all())
         else:
-            ok = bool((inputs[:, 0, :-self.layer.k_proj.out_features] == 0).all())
+            ok = bool((inputs[:, 0, :-self.raw_features] == 0).all())
         if not ok:
             raise ValueError(f"gd_ssm: the inputs are not a linreg '{self.config.prompt}' prompt; "
                              f"set model.prompt to the task's prompt")
+
+    def lifted(self, x: Tensor) -> Tensor:
+        """The prompt the constructed layer reads: as given, or with features > 0 each x-token's
+        x replaced by φ(x) (y-tokens keep a zero x-part: the construction pairs x- and y-parts
+        by disjoint coordinates)."""
+        if not self.config.features:
+            return x
+        f = self.raw_features
+        flag = x[..., -1:]
+        return torch.cat([self.feature_map(x[..., :f]) * flag, x[..., f:]], dim=-1)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.config.scan == "sequential":
             return self.forward_sequential(x)[0]
         if self.config.constructed:
             self.check_prompt(x)
-            return self.gradient_step_scale(x.shape[1], x) * self.layer(x)
+            return self.gradient_step_scale(x.shape[1], x) * self.layer(self.lifted(x))
         for block in self.blocks:
             x = block(x)
         return x
@@ -301,7 +324,7 @@ class GDSSM(Core):
             if states is not None:
                 raise ValueError("gd_ssm: the constructed model restarts at position 0")
             self.check_prompt(x)
-            o, state = self.layer.forward_sequential(x)
+            o, state = self.layer.forward_sequential(self.lifted(x))
             return self.gradient_step_scale(x.shape[1], x) * o, [state]
         finals = []
         for i, block in enumerate(self.blocks):

@@ -230,7 +230,31 @@ def test_constructed_parameters_keep_training():
     assert model.core.layer.A.grad.abs().sum() > 0
 
 
+def test_feature_map_under_the_frozen_construction_is_one_gd_step_on_its_features():
+    """App. A.8's comparator (features > 0): ŷ_j = (η/j) Σ_{k<j} y_k φ(x_k)ᵀ φ(x_j) with φ the
+    trained embedding and gated unit, computed here from φ directly; only φ trains, the
+    constructed layer stays frozen, and the sequential twin agrees."""
+    x, y = regression_data(7, 1, 1)
+    prompt = interleaved_prompt(x, y)
+    config = GDSSMConfig(constructed=True, prompt="interleaved", step_size=0.6, features=5)
+    model = build_model("gd_ssm", config,
+                        IOSpec("vectors", prompt.shape[-1], 1, prompt.shape[1])).double()
+    phi = model.core.feature_map(x)
+    assert phi.shape == (4, 7, 5)
+    expected = one_gd_step(phi, y, 0.6)
+    for output in (model(prompt), model.core.forward_sequential(prompt)[0]):
+        torch.testing.assert_close(output[:, 0::2], expected, **EXACT)
+    (model(prompt)[:, 0::2] - y).pow(2).mean().backward()
+    assert all(p.grad is None for p in model.core.layer.parameters())
+    assert all(p.grad.abs().sum() > 0 for p in model.core.feature_map.parameters())
+    assert not any(p.requires_grad for p in model.core.layer.parameters())
+
+
 def test_config_validation():
+    for bad in (dict(features=4), dict(constructed=True, prompt="tokens", features=4),
+                dict(constructed=True, prompt="interleaved", features=-1)):
+        with pytest.raises(ValueError, match="features"):
+            GDSSMConfig(**bad)
     with pytest.raises(ValueError, match="constructed"):
         GDSSMConfig(constructed=True, n_layers=2)
     with pytest.raises(ValueError, match="constructed"):

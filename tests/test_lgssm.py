@@ -439,7 +439,7 @@ def test_the_evaluation_gives_summarize_the_signed_errors_at_k_32():
     predictions["model"] = (predictions["clairvoyant"] + 0.5).float()
     found = score(task, batch, predictions, resamples=10)["metrics"]["task"]["error_distribution"]
     direct = predictions["clairvoyant"][:, 31] - batch.targets[:, 31].double()
-    assert set(found["std"]) == {"clairvoyant", "erm", "model"}
+    assert set(found["std"]) == {"clairvoyant", "lemma41", "lemma41_as_written", "erm", "model"}
     assert found["mean"]["clairvoyant"] == pytest.approx(float(direct.mean()), abs=1e-6)
     assert found["std"]["clairvoyant"] == pytest.approx(float(direct.flatten().std()), rel=1e-6)
     assert found["mean"]["model"] - found["mean"]["clairvoyant"] == pytest.approx(0.5, abs=1e-5)

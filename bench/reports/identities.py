@@ -62,7 +62,7 @@ IDENTITY_NEUTRAL = ("progress", "threads", "eval_batch_size", "log_every", "chec
 # before it.
 KEY_OMITS_AT_DEFAULT = {"accumulate_grad_batches": 1, "compile_mode": "default",
                         "fused_adamw": False}
-MODEL_KEY_OMITS_AT_DEFAULT = {"transformer": {"norm": True}}
+MODEL_KEY_OMITS_AT_DEFAULT = {"transformer": {"norm": True}, "gd_ssm": {"features": 0}}
 
 
 def _without_defaults(config: dict, omits: dict) -> dict:
