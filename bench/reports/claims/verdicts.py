@@ -383,22 +383,33 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
                     ) -> tuple[str, str, bool | None, list[Test]]:
     """A claim about each trained model (`per_seed: true`), judged seed by seed on that seed's
     record (its own interval, or a paired bootstrap over its sequences): it holds when it holds
-    on every seed, fails (or is not reached) when it does on every seed, and is undecided when
-    the seeds disagree — the row then says k of n."""
+    on every seed whose model trained, fails (or is not reached) when it does on every such
+    seed, and is undecided when they disagree — the row then says k of n. A seed whose control
+    failed trained no model the claim is about: it is no evidence either way (not reached), and
+    the claim is judged on the others; where no seed trained, it is not reached."""
     seeds = sorted(set.intersection(*(set(m.seeds) for m in values.values())))
-    verdicts, controls = {}, set()
+    verdicts, controls = {}, {}
     for seed in seeds:
         one = {name: m.seed_sample(seed) for name, m in values.items()}
-        verdict, _, control, _ = judge(claim, reduced, one)
+        verdict, _, controls[seed], _ = judge(claim, reduced, one)
         verdicts[seed] = verdict
-        controls.add(control)
-    control = controls.pop() if len(controls) == 1 else None  # held on every seed, or on none
+    held = set(controls.values())
+    control = held.pop() if len(held) == 1 else None  # held on every seed, or on none
     kinds = set(verdicts.values())
     counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS if v in kinds}
     each = ", ".join(f"{n} of {len(seeds)} seeds {v}" for v, n in counts.items())
     marks = " / ".join(f"{seed} {_MARK[v]}" for seed, v in verdicts.items())
     note = f"per seed: {each} ({marks})"
-    return (kinds.pop() if len(kinds) == 1 else "undecided"), note, control, []
+    trained = {verdicts[seed] for seed in seeds if controls[seed] is not False}
+    if len(trained) == 1 and len(trained) < len(kinds):
+        untrained = sum(controls[seed] is False for seed in seeds)
+        note += (f"; judged on the {len(seeds) - untrained} seeds that trained (the control "
+                 f"failed on {untrained}: no evidence either way)")
+    if not seeds:
+        return "undecided", "per seed: the quantities share no seed", control, []
+    if not trained:
+        return "not reached at reduced scale" if reduced else "undecided", note, control, []
+    return (trained.pop() if len(trained) == 1 else "undecided"), note, control, []
 
 
 _MARK = {"holds": "✓", "holds at reduced scale": "✓", "fails": "✗", "fails at reduced scale": "✗",
