@@ -181,15 +181,21 @@ def test_a_claim_about_trained_models_needs_a_control(tmp_path):
         load_claims(rules)
 
 
-@pytest.mark.parametrize("extra, needle", [
-    ("    control_seed: noconv\n", "control_seed must name a trained model's quantity of the "
-                                 "control \\(mamba\\), got 'noconv'"),
-    ("    control_seed: mamba\n    per_seed: true\n", "a claim judged on every seed"),
+@pytest.mark.parametrize("extra, rule, needle", [
+    ("    control_seed: noconv\n", "noconv >= 0.05", "control_seed must name a trained model's "
+     "quantity of the control \\(mamba\\) that the rule does not read, got 'noconv'"),
+    ("    control_seed: [mamba]\n", "mamba <= 0.01 and noconv >= 5 * mamba",
+     "that the rule does not read, got 'mamba'"),  # a rule on stalled seeds would be trivial
+    ("    control_seed: mamba\n    per_seed: true\n", "noconv >= 0.05",
+     "a claim judged on every seed"),
 ])
-def test_control_seed_names_a_model_of_the_control(tmp_path, extra, needle):
+def test_control_seed_names_a_model_of_the_control(tmp_path, extra, rule, needle):
     with pytest.raises(ConfigError, match=needle):
-        load_claims(rules_file(tmp_path, extra=extra))
-    load_claims(rules_file(tmp_path, extra="    control_seed: mamba\n"))  # the valid one loads
+        load_claims(rules_file(tmp_path, rule=rule, extra=extra))
+    for valid in ("mamba", "[mamba]"):
+        [claim] = load_claims(rules_file(tmp_path, rule="noconv >= 0.05",
+                                         extra=f"    control_seed: {valid}\n"))
+        assert claim.control_seed == ("mamba",)
 
 
 @pytest.mark.parametrize("curve, ended", [

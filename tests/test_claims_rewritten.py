@@ -313,7 +313,7 @@ def test_mamba_and_griffin_rows_ask_no_learning_the_paper_never_shows(shipped, t
     if model == "griffin1":
         values["griffin2"] = jitter(level)
     d = plant(tmp_path, "r", shipped[claim], values, {"gdssm": [1.9, 1.8, 2.0]})
-    assert d.control is True and d.verdict == expected and d.control_on == (1, 3)
+    assert d.control is True and d.verdict == expected and d.control_on == {"gdssm": (1, 3)}
 
 
 def test_mlp_control_is_eight_tenths_of_the_tasks_trivial_loss(shipped, tmp_path):
@@ -457,7 +457,7 @@ def test_gd_ssm_control_is_judged_on_the_seed_that_trained_best(shipped, tmp_pat
     seed shows that the protocol trains a GD-SSM to GD. The control reads the seed whose training
     loss ended lowest — never the held-out losses — so it goes either way with the curves."""
     spec = shipped[claim]
-    assert spec.control_seed == "gdssm"
+    assert spec.control_seed == ("gdssm",)
     values = {name: jitter(3.3) for name in spec.quantities
               if name not in ("gd1", "zero", "gdssm", "gd1_gdssm")}
     values.update({"gd1": [1.754] * 3, "gd1_gdssm": [1.754] * 3, "gdssm": [3.30, 1.76, 3.29]})
@@ -465,7 +465,7 @@ def test_gd_ssm_control_is_judged_on_the_seed_that_trained_best(shipped, tmp_pat
         values["zero"] = [3.303] * 3
     d = plant(tmp_path, "r", spec, values, {"gdssm": ended} if ended else None)
     assert d.verdict == expected
-    assert d.control_on == ((None if ended is None else ended.index(min(ended))), 3)
+    assert d.control_on == {"gdssm": (None if ended is None else ended.index(min(ended)), 3)}
 
 
 @pytest.mark.parametrize("mambazero, decay, expected", [

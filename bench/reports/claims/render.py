@@ -339,12 +339,12 @@ def table_row(d: Decision, shared: str | None = None) -> str:
     paper = c.paper_number + (f"<br>*“{c.quote}”*" if c.quote else "")
     if c.control is not None:
         mark = {True: "✓", False: "✗", None: "?"}[d.control] if d.values else ""
-        on = ""
-        if d.control_on is not None:
-            seed, of = d.control_on
-            on = (f" on seed {seed} (of {of}: the lowest final training loss of "
-                  f"`{c.control_seed}`)" if seed is not None else
-                  f" on the seed that trained best (none of {of} has a training curve)")
+        on = "; ".join(
+            f"`{name}` on its seed {seed} of {of}" if seed is not None else
+            f"`{name}` on no seed (none of {of} has a training curve)"
+            for name, (seed, of) in d.control_on.items())
+        if on:
+            on = f" ({on}: the lowest final training loss)"
         logic = (f"control{(' ' + mark) if mark else ''}{on}: `{c.control.text}`<br>"
                  f"rule: `{c.rule.text}`")
     else:

@@ -20,11 +20,12 @@ e.g. that the most in-context inference can gain on it, Bayes over the clairvoya
 least the margin the rule asks; where it is decidedly false the verdict is "task cannot
 separate", whatever the models did), `extension: true` for a claim the paper does not make (the suite's own, shown apart),
 `per_seed: true` for a claim about each trained model (judged seed by seed: "k of n seeds"), and
-`control_seed: <quantity>` to judge the control on one seed: the one whose run of that quantity
-ended with the lowest training loss. A positive control asks whether the protocol can train the
-model at all, which one seed shows where a mean over seeds that sometimes stall would not; the
-seed is chosen from the training curves, never the held-out sequences, so its held-out interval
-keeps its level.
+`control_seed: <quantity>` (or a list of them) to judge the control on one seed of each: the one
+whose run of that quantity ended with the lowest training loss. A positive control asks whether
+the protocol can train the model at all, which one seed shows where a mean over seeds that
+sometimes stall would not; the seed is chosen from the training curves, never the held-out
+sequences, so its held-out interval keeps its level. Such a quantity may not appear in the rule,
+which reads every seed (a comparison with a model whose seeds stall would be trivial).
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ class Claim:
     source: str = ""
     per_seed: bool = False  # a claim about each trained model: judged seed by seed
     separable: Rule | None = None  # the room the task must leave for the rule to decide
-    control_seed: str | None = None  # judge the control on the seed this quantity trained best
+    control_seed: tuple[str, ...] = ()  # judge the control on the seed each of these trained best
 
 
 MODEL_METRICS = ("bayes_gap", "relative_gap", "l1_to_bayes", "probe", "gap_closed")
@@ -242,6 +243,10 @@ def check_command(command, where: str) -> str:
     return command
 
 
+def claim_rule_names(text, quantities, where: str) -> list[str]:
+    return Rule(text, quantities, where).used
+
+
 def read_rules_text(file: Path) -> str:
     """A rules file's text, or one line naming it when it is not UTF-8."""
     try:
@@ -336,14 +341,18 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
         if spec.get("separable") is not None else None
     commands = spec["command"] if isinstance(spec["command"], list) else [spec["command"]]
     commands = [check_command(c, where) for c in commands]
-    control_seed = spec.get("control_seed")
-    if control_seed is not None:
+    control_seed = spec.get("control_seed", [])
+    control_seed = control_seed if isinstance(control_seed, list) else [control_seed]
+    if control_seed:
         if control is None or spec.get("per_seed"):
             raise ConfigError(f"{where}: control_seed needs a control, and a claim judged on "
                               "every seed (per_seed) has no seed to choose")
-        if control_seed not in control.used or is_reference(quantities[control_seed]):
-            raise ConfigError(f"{where}: control_seed must name a trained model's quantity of "
-                              f"the control ({', '.join(control.used)}), got '{control_seed}'")
+        for name in control_seed:
+            if name not in control.used or is_reference(quantities[name]) \
+                    or name in claim_rule_names(spec["rule"], quantities, where):
+                raise ConfigError(f"{where}: control_seed must name a trained model's quantity "
+                                  f"of the control ({', '.join(control.used)}) that the rule "
+                                  f"does not read, got '{name}'")
     for key in ("gpu", "extension", "per_seed"):
         if key in spec and not isinstance(spec[key], bool):
             raise ConfigError(f"{where}: {key} must be true or false")
@@ -355,7 +364,7 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
                  quote=" ".join(str(spec.get("quote", "")).split()),
                  extension=bool(spec.get("extension", False)), gpu=bool(spec.get("gpu", False)),
                  per_seed=bool(spec.get("per_seed", False)), separable=separable,
-                 control_seed=control_seed,
+                 control_seed=tuple(control_seed),
                  needs=" ".join(spec["needs"].split()) if spec.get("needs") else None,
                  contradicts=(" ".join(spec["contradicts_paper"].split())
                               if spec.get("contradicts_paper") else None))

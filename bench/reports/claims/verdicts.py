@@ -319,8 +319,8 @@ class Decision:
     # a quantity without records -> CPU seconds per training step of records of the same task
     # and model at other settings (what its runs would cost, roughly; None: no such record)
     step_s: dict[str, float | None] = field(default_factory=dict)
-    # control_seed: (the seed its control was judged on, of how many), or (None, n): no curve
-    control_on: tuple[int | None, int] | None = None
+    # control_seed: quantity -> (the seed the control read it on, of how many; None: no curve)
+    control_on: dict[str, tuple[int | None, int]] = field(default_factory=dict)
 
 
 def rows_of(selection: Selection) -> list[list[dict]]:
@@ -446,14 +446,14 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
                                 for name in missing})
     reduced = scale == "cpu"
     samples = {name: m.as_sample() for name, m in values.items()}
-    control_on, control_samples = None, None
-    if claim.control_seed is not None:
-        names = claim.control.used
-        seeds = sorted(set.intersection(*(set(values[n].seeds) for n in names)))
-        seed = best_trained_seed(values[claim.control_seed], seeds)
-        control_on = (seed, len(seeds))
-        control_samples = {n: values[n].seed_sample(seed) for n in names} if seed is not None \
-            else {n: Sample({}, Interval.point(math.nan)) for n in names}
+    control_on, control_samples = {}, None
+    if claim.control_seed:
+        control_samples = dict(samples)
+        for name in claim.control_seed:
+            seed = best_trained_seed(values[name], values[name].seeds)
+            control_on[name] = (seed, len(values[name].seeds))
+            control_samples[name] = values[name].seed_sample(seed) if seed is not None \
+                else Sample({}, Interval.point(math.nan))
     if claim.per_seed:
         verdict, note, control, tests = judge_each_seed(claim, reduced, values)
     else:
