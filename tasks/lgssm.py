@@ -126,13 +126,13 @@ def lemma41_recursion(observations: Tensor, transition: Tensor, emission: Tensor
     The gains never touch the data: they run at the parameters' batch shape. Loops over time."""
     length = observations.shape[-2]
     state = observations.new_zeros(observations.shape[:-2] + (transition.shape[-1], 1))
+    readout = emission @ transition if as_written else emission
     cov, predictions = init_cov, []
     for t in range(length):
         innovation_cov = emission @ cov @ emission.mT + obs_noise
         filter_gain = torch.linalg.solve(innovation_cov, emission @ cov).mT  # P Cᵀ S⁻¹
         gain = filter_gain if as_written else transition @ filter_gain
         state = (transition - gain @ emission) @ state + gain @ observations[..., t, :, None]
-        readout = emission @ transition if as_written else emission
         predictions.append((readout @ state)[..., 0])
         cov = transition @ (cov - filter_gain @ innovation_cov @ filter_gain.mT) @ transition.mT \
             + state_noise
@@ -430,17 +430,18 @@ class LGSSMTask(Task):
         kept = self.__dict__.get("_unread_runs", {}).pop((_content_key(batch.inputs), run), None)
         return kept if kept is not None else self.smc_run(batch.inputs, run)
 
-    def clairvoyant(self, batch: Batch) -> Tensor:
+    @staticmethod
+    def true_system(batch: Batch) -> tuple[Tensor, ...]:
+        """(A, C, Q, R, P_1) of each sequence, float64, with the stationary start P_1 = P∞."""
         theta = {k: v.double() for k, v in batch.latent.items()}
-        init_cov = stationary_covariance(theta["A"], theta["Q"])
-        return kalman_filter(batch.inputs.double(), theta["A"], theta["C"], theta["Q"],
-                             theta["R"], init_cov).next_mean
+        return (theta["A"], theta["C"], theta["Q"], theta["R"],
+                stationary_covariance(theta["A"], theta["Q"]))
+
+    def clairvoyant(self, batch: Batch) -> Tensor:
+        return kalman_filter(batch.inputs.double(), *self.true_system(batch)).next_mean
 
     def lemma41(self, batch: Batch, as_written: bool = False) -> Tensor:
-        theta = {k: v.double() for k, v in batch.latent.items()}
-        init_cov = stationary_covariance(theta["A"], theta["Q"])
-        return lemma41_recursion(batch.inputs.double(), theta["A"], theta["C"], theta["Q"],
-                                 theta["R"], init_cov, as_written)
+        return lemma41_recursion(batch.inputs.double(), *self.true_system(batch), as_written)
 
     def erm(self, batch: Batch) -> Tensor:
         return pooled_ridge_mean(batch.inputs.double(), self.config.erm_ridge)

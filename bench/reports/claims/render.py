@@ -216,8 +216,9 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "undecided. A control marked *on seed s* asks whether the protocol can train the "
             "control's model at all, which one seed shows: it is judged on the seed whose run "
             "ended with the lowest training loss (chosen from the training curves, never the "
-            "held-out sequences), while the rule reads every seed. Seeds added by the power plan (`python -m bench claims plan`) come from "
-            "`python -m bench suite name=claims_power`.", "",
+            "held-out sequences), while the rule reads every seed. Seeds added by the power plan "
+            "(`python -m bench claims plan`) come from `python -m bench suite name=claims_power`.",
+            "",
             "Verdicts — a claim is decided only when the evidence could have gone the other way: "
             "its **control** (a positive control trained under the same protocol, e.g. the "
             "2-layer transformer learns when the 1-layer one is said to fail, or the model beats "

@@ -243,10 +243,6 @@ def check_command(command, where: str) -> str:
     return command
 
 
-def claim_rule_names(text, quantities, where: str) -> list[str]:
-    return Rule(text, quantities, where).used
-
-
 def read_rules_text(file: Path) -> str:
     """A rules file's text, or one line naming it when it is not UTF-8."""
     try:
@@ -348,8 +344,7 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
             raise ConfigError(f"{where}: control_seed needs a control, and a claim judged on "
                               "every seed (per_seed) has no seed to choose")
         for name in control_seed:
-            if name not in control.used or is_reference(quantities[name]) \
-                    or name in claim_rule_names(spec["rule"], quantities, where):
+            if name not in control.used or is_reference(quantities[name]) or name in rule.used:
                 raise ConfigError(f"{where}: control_seed must name a trained model's quantity "
                                   f"of the control ({', '.join(control.used)}) that the rule "
                                   f"does not read, got '{name}'")

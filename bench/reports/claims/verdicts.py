@@ -270,11 +270,11 @@ def final_train_loss(record: dict) -> float | None:
     return sum(tail) / len(tail)
 
 
-def best_trained_seed(measured: "Measured", seeds: list[int]) -> int | None:
-    """Of seeds, the one whose run ended with the lowest training loss (ties: the lower seed);
-    None where no record of them has a training curve."""
+def best_trained_seed(measured: "Measured") -> int | None:
+    """The seed whose run ended with the lowest training loss (ties: the lower seed); None where
+    no record has a training curve."""
     ended = {seed: loss for seed, loss in zip(measured.seeds, measured.train_ended)
-             if seed in seeds and loss is not None}
+             if loss is not None}
     return min(ended, key=lambda seed: (ended[seed], seed)) if ended else None
 
 
@@ -388,6 +388,8 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     failed trained no model the claim is about: it is no evidence either way (not reached), and
     the claim is judged on the others; where no seed trained, it is not reached."""
     seeds = sorted(set.intersection(*(set(m.seeds) for m in values.values())))
+    if not seeds:
+        return "undecided", "per seed: the quantities share no seed", None, []
     verdicts, controls = {}, {}
     for seed in seeds:
         one = {name: m.seed_sample(seed) for name, m in values.items()}
@@ -405,8 +407,6 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
         untrained = sum(controls[seed] is False for seed in seeds)
         note += (f"; judged on the {len(seeds) - untrained} seeds that trained (the control "
                  f"failed on {untrained}: no evidence either way)")
-    if not seeds:
-        return "undecided", "per seed: the quantities share no seed", control, []
     if not trained:
         return "not reached at reduced scale" if reduced else "undecided", note, control, []
     return (trained.pop() if len(trained) == 1 else "undecided"), note, control, []
@@ -450,7 +450,7 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
     if claim.control_seed:
         control_samples = dict(samples)
         for name in claim.control_seed:
-            seed = best_trained_seed(values[name], values[name].seeds)
+            seed = best_trained_seed(values[name])
             control_on[name] = (seed, len(values[name].seeds))
             control_samples[name] = values[name].seed_sample(seed) if seed is not None \
                 else Sample({}, Interval.point(math.nan))
