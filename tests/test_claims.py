@@ -198,6 +198,21 @@ def test_control_seed_names_a_model_of_the_control(tmp_path, extra, rule, needle
         assert claim.control_seed == ("mamba",)
 
 
+@pytest.mark.parametrize("extra, rule, needle", [
+    ("    judge_seed: mamba\n", "mamba <= 0.01", "judge_seed is for an attainment"),  # trained
+    ("    kind: attainment\n    judge_seed: mamba\n    per_seed: true\n", "mamba <= 0.01",
+     "not with per_seed or control_seed"),
+    ("    kind: attainment\n    judge_seed: noconv\n", "mamba <= 0.01",
+     "judge_seed must name a trained model's quantity of the rule \\(mamba\\), got 'noconv'"),
+])
+def test_judge_seed_names_a_model_of_an_attainment(tmp_path, extra, rule, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_claims(rules_file(tmp_path, rule=rule, extra=extra))
+    [claim] = load_claims(rules_file(tmp_path, rule="mamba <= 0.01",
+                                     extra="    kind: attainment\n    judge_seed: mamba\n"))
+    assert claim.judge_seed == "mamba" and not claim.per_seed
+
+
 @pytest.mark.parametrize("curve, ended", [
     ([[0, 5.0]], 5.0),  # one point: itself
     ([[i * 10, float(i)] for i in range(20)], 18.5),  # the last tenth: the mean of 18 and 19

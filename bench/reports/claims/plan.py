@@ -88,6 +88,10 @@ def _undecided(decision: Decision, need: Need) -> Need:
         need.why = ("a claim about each run, judged on each seed's own record: more seeds "
                     "cannot make seeds that disagree agree, nor narrow one seed's interval")
         return need
+    if claim.judge_seed:
+        need.why = ("judged on the seed that trained best: more seeds do not narrow its "
+                    "interval; more held-out sequences (trainer.eval_sequences) do")
+        return need
     if not open_tests:
         need.why = decision.note or "nothing to estimate"
         return need

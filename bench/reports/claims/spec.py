@@ -26,6 +26,11 @@ the protocol can train the model at all, which one seed shows where a mean over 
 sometimes stall would not; the seed is chosen from the training curves, never the held-out
 sequences, so its held-out interval keeps its level. Such a quantity may not appear in the rule,
 which reads every seed (a comparison with a model whose seeds stall would be trivial).
+`judge_seed: <quantity>` does the same for an `attainment` whose seeds split (some stall, some
+learn: a mean describes neither group): the whole claim is judged on the seed whose run of that
+quantity ended with the lowest training loss, every quantity read on that seed. An attainment
+asks whether the protocol trains the model to a level, which one seed shows; at reduced scale a
+seed that did not get there is no evidence against it. The row still gives every seed's verdict.
 """
 from __future__ import annotations
 
@@ -51,7 +56,8 @@ PAPERS = ("000", "002", "004")
 METRIC_ROOTS = ("metrics", "per_position", "params", "state_size", "train", "eval")
 CLAIM_KEYS = {"id", "section", "claim", "quote", "paper_number", "measure", "where", "rule",
               "control", "kind", "scale", "paper_scale", "command", "gpu", "needs",
-              "contradicts_paper", "extension", "per_seed", "separable", "control_seed"}
+              "contradicts_paper", "extension", "per_seed", "separable", "control_seed",
+              "judge_seed"}
 FILE_KEYS = {"paper", "title", "claims"}  # a rules file's top level
 REQUIRED = ("id", "section", "claim", "paper_number", "measure", "rule", "scale", "command")
 QUANTITY_KEYS = {"where", "metric", "suite", "range"}
@@ -111,6 +117,7 @@ class Claim:
     per_seed: bool = False  # a claim about each trained model: judged seed by seed
     separable: Rule | None = None  # the room the task must leave for the rule to decide
     control_seed: tuple[str, ...] = ()  # judge the control on the seed each of these trained best
+    judge_seed: str | None = None  # an attainment judged on the seed this quantity trained best
 
 
 MODEL_METRICS = ("bayes_gap", "relative_gap", "l1_to_bayes", "probe", "gap_closed")
@@ -348,6 +355,14 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
                 raise ConfigError(f"{where}: control_seed must name a trained model's quantity "
                                   f"of the control ({', '.join(control.used)}) that the rule "
                                   f"does not read, got '{name}'")
+    judge_seed = spec.get("judge_seed")
+    if judge_seed is not None:
+        if kind != "attainment" or spec.get("per_seed") or control_seed:
+            raise ConfigError(f"{where}: judge_seed is for an attainment (a model reaches a "
+                              "level), judged on one seed: not with per_seed or control_seed")
+        if judge_seed not in rule.used or is_reference(quantities[judge_seed]):
+            raise ConfigError(f"{where}: judge_seed must name a trained model's quantity of the "
+                              f"rule ({', '.join(rule.used)}), got '{judge_seed}'")
     for key in ("gpu", "extension", "per_seed"):
         if key in spec and not isinstance(spec[key], bool):
             raise ConfigError(f"{where}: {key} must be true or false")
@@ -359,7 +374,7 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
                  quote=" ".join(str(spec.get("quote", "")).split()),
                  extension=bool(spec.get("extension", False)), gpu=bool(spec.get("gpu", False)),
                  per_seed=bool(spec.get("per_seed", False)), separable=separable,
-                 control_seed=tuple(control_seed),
+                 control_seed=tuple(control_seed), judge_seed=judge_seed,
                  needs=" ".join(spec["needs"].split()) if spec.get("needs") else None,
                  contradicts=(" ".join(spec["contradicts_paper"].split())
                               if spec.get("contradicts_paper") else None))

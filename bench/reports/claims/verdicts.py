@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -270,11 +270,11 @@ def final_train_loss(record: dict) -> float | None:
     return sum(tail) / len(tail)
 
 
-def best_trained_seed(measured: "Measured") -> int | None:
-    """The seed whose run ended with the lowest training loss (ties: the lower seed); None where
-    no record has a training curve."""
+def best_trained_seed(measured: "Measured", among: set[int] | None = None) -> int | None:
+    """The seed (of `among`, where given) whose run ended with the lowest training loss (ties:
+    the lower seed); None where no such record has a training curve."""
     ended = {seed: loss for seed, loss in zip(measured.seeds, measured.train_ended)
-             if loss is not None}
+             if loss is not None and (among is None or seed in among)}
     return min(ended, key=lambda seed: (ended[seed], seed)) if ended else None
 
 
@@ -321,6 +321,8 @@ class Decision:
     step_s: dict[str, float | None] = field(default_factory=dict)
     # control_seed: quantity -> (the seed the control read it on, of how many; None: no curve)
     control_on: dict[str, tuple[int | None, int]] = field(default_factory=dict)
+    # judge_seed: (the seed the claim was judged on, of how many; None: no curve)
+    judged_on: tuple[int | None, int] | None = None
 
 
 def rows_of(selection: Selection) -> list[list[dict]]:
@@ -405,11 +407,32 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     trained = {verdicts[seed] for seed in seeds if controls[seed] is not False}
     if len(trained) == 1 and len(trained) < len(kinds):
         untrained = sum(controls[seed] is False for seed in seeds)
-        note += (f"; judged on the {len(seeds) - untrained} seeds that trained (the control "
+        judged = len(seeds) - untrained
+        note += (f"; judged on the {judged} seed{'s' * (judged != 1)} that trained (the control "
                  f"failed on {untrained}: no evidence either way)")
     if not trained:
         return "not reached at reduced scale" if reduced else "undecided", note, control, []
     return (trained.pop() if len(trained) == 1 else "undecided"), note, control, []
+
+
+def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured]):
+    """An attainment judged on one seed (`judge_seed`): the one, among the seeds every quantity
+    has, whose run of claim.judge_seed ended with the lowest training loss — chosen from the
+    training curves, never the held-out sequences, so the seed's held-out interval keeps its
+    level. Returns judge's (verdict, note, control, tests) with every seed's verdict added to the
+    note, and (the seed, of how many)."""
+    common = set.intersection(*(set(m.seeds) for m in values.values()))
+    seed = best_trained_seed(values[claim.judge_seed], common)
+    if seed is None:
+        return ("undecided", "no seed to judge on: none of the records has a training curve",
+                None, [], (None, len(common)))
+    verdict, note, control, tests = judge(claim, reduced,
+                                          {n: m.seed_sample(seed) for n, m in values.items()})
+    if len(common) > 1:
+        each = judge_each_seed(replace(claim, judge_seed=None, per_seed=True),
+                               reduced, values)[1]
+        note = "; ".join(part for part in (note, each) if part)
+    return verdict, note, control, tests, (seed, len(common))
 
 
 _MARK = {"holds": "✓", "holds at reduced scale": "✓", "fails": "✗", "fails at reduced scale": "✗",
@@ -454,13 +477,17 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
             control_on[name] = (seed, len(values[name].seeds))
             control_samples[name] = values[name].seed_sample(seed) if seed is not None \
                 else Sample({}, Interval.point(math.nan))
+    judged_on = None
     if claim.per_seed:
         verdict, note, control, tests = judge_each_seed(claim, reduced, values)
+    elif claim.judge_seed:
+        verdict, note, control, tests, judged_on = judge_best_seed(claim, reduced, values)
     else:
         verdict, note, control, tests = judge(claim, reduced, samples, control_samples)
     separable = claim.separable.decide(samples)[0] if claim.separable is not None else None
     return Decision(claim, verdict, scale, values, machine, note=note, control=control,
-                    tests=tests, separable=separable, control_on=control_on)
+                    tests=tests, separable=separable, control_on=control_on,
+                    judged_on=judged_on)
 
 
 def seconds_per_step(config, rows: list[list[dict]]) -> float | None:
