@@ -154,3 +154,22 @@ def test_the_suite_lists_a_run_once_however_its_selectors_spell_it(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(suite_yaml(needs, "test"))
     assert len(load_suite(str(path))) == 1
+
+
+def test_an_attainment_judged_on_the_run_that_trained_best_asks_for_held_out_sequences(
+        tmp_path, capsys):
+    """judge_seed: the seed whose training loss ended lowest (seed 1, gap 0.0095 with its own
+    interval [0.0076, 0.0114] about the 0.01 bar) decides; more seeds would not narrow that
+    interval, more held-out sequences would: the plan says so and adds no runs."""
+    out = tmp_path / "r"
+    records = [record(MAMBA, seed=s, gap=g) for s, g in enumerate([0.08, 0.0095, 0.09])]
+    for rec, ended in zip(records, [0.7, 0.4, 0.71]):
+        rec["train"]["loss_curve"] = [[0, 5.0], [10, ended + 1.0], [20, ended]]
+    put(out, *records)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES_REFERENCE.replace('rule: "mamba <= 0.1 * unigram"',
+                                             'rule: "mamba <= 0.01"\n    judge_seed: mamba'))
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| t-ref"))
+    assert "| undecided |" in row and "more held-out sequences" in row and "| — |" in row
