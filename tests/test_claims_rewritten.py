@@ -525,3 +525,17 @@ def test_mamba_beats_the_transformer_on_the_seeds_where_both_trained(shipped, tm
               "u1": [U1] * 3, "u2": [0.1244] * 3, "u3": [0.1402] * 3}
     d = plant(tmp_path, "r", claim, values)
     assert d.verdict == expected
+
+
+@pytest.mark.parametrize("decay, expected", [
+    ([0.95, 0.95, 0.95], "holds at reduced scale"),  # seed 2 agrees whether it trained or not
+    ([0.95, 0.95, 0.5], "undecided")])  # had it trained, it would disagree
+def test_a_seed_whose_control_is_open_counts_only_where_it_could_change_the_verdict(
+        shipped, tmp_path, decay, expected):
+    """Seed 2's MambaZero sits on the control's cut (0.5 × the unigram gap, within its own
+    interval): it may or may not have trained. Where its rule agrees with the seeds that trained,
+    the verdict is the same either way; where it does not, the claim stays undecided."""
+    d = plant(tmp_path, "r", shipped["000-fig4-mambazero-decay-near-one"],
+              {"a": decay, "mambazero": [0.002, 0.002, 0.5 * U1], "unigram": [U1] * 3})
+    assert d.verdict == expected
+    assert ("the control is open on seed 2" in d.note) == (expected != "undecided")

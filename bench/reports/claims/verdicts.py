@@ -388,15 +388,19 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     on every seed whose model trained, fails (or is not reached) when it does on every such
     seed, and is undecided when they disagree — the row then says k of n. A seed whose control
     failed trained no model the claim is about: it is no evidence either way (not reached), and
-    the claim is judged on the others; where no seed trained, it is not reached."""
+    the claim is judged on the others; where no seed trained, it is not reached. A seed whose
+    control is open may or may not have trained: where its rule says what the trained seeds say,
+    it changes nothing either way; elsewhere the claim is undecided."""
     seeds = sorted(set.intersection(*(set(m.seeds) for m in values.values())))
     if not seeds:
         return "undecided", "per seed: the quantities share no seed", None, []
-    verdicts, controls = {}, {}
+    verdicts, controls, open_control = {}, {}, {}
     for seed in seeds:
         one = {name: m.seed_sample(seed) for name, m in values.items()}
         verdict, _, controls[seed], _ = judge(claim, reduced, one)
         verdicts[seed] = verdict
+        if controls[seed] is None:  # what the rule says of it, were its model trained
+            open_control[seed] = judge(replace(claim, control=None), reduced, one)[0]
     held = set(controls.values())
     control = held.pop() if len(held) == 1 else None  # held on every seed, or on none
     kinds = set(verdicts.values())
@@ -404,9 +408,15 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     each = ", ".join(f"{n} of {len(seeds)} seeds {v}" for v, n in counts.items())
     marks = " / ".join(f"{seed} {_MARK[v]}" for seed, v in verdicts.items())
     note = f"per seed: {each} ({marks})"
-    trained = {verdicts[seed] for seed in seeds if controls[seed] is not False}
-    if len(trained) == 1 and len(trained) < len(kinds):
-        untrained = sum(controls[seed] is False for seed in seeds)
+    trained = {verdicts[seed] for seed in seeds if controls[seed] is True}
+    if len(trained) == 1 and open_control and set(open_control.values()) <= trained:
+        note += (f"; the control is open on seed{'s' * (len(open_control) != 1)} "
+                 f"{', '.join(map(str, open_control))}, whose rule agrees with the seeds that "
+                 "trained: the same either way")
+    elif open_control:
+        trained.add("undecided")
+    untrained = sum(controls[seed] is False for seed in seeds)
+    if len(trained) == 1 and untrained:
         judged = len(seeds) - untrained
         note += (f"; judged on the {judged} seed{'s' * (judged != 1)} that trained (the control "
                  f"failed on {untrained}: no evidence either way)")
