@@ -532,10 +532,24 @@ def test_mamba_beats_the_transformer_on_the_seeds_where_both_trained(shipped, tm
     ([0.95, 0.95, 0.5], "undecided")])  # had it trained, it would disagree
 def test_a_seed_whose_control_is_open_counts_only_where_it_could_change_the_verdict(
         shipped, tmp_path, decay, expected):
-    """Seed 2's MambaZero sits on the control's cut (0.5 × the unigram gap, within its own
-    interval): it may or may not have trained. Where its rule agrees with the seeds that trained,
-    the verdict is the same either way; where it does not, the claim stays undecided."""
+    """Seed 2's MambaZero sits on the control's cut (a gap of 0.01, within its own interval): it
+    may or may not have converged. Where its rule agrees with the seeds that did, the verdict is
+    the same either way; where it does not, the claim stays undecided."""
     d = plant(tmp_path, "r", shipped["000-fig4-mambazero-decay-near-one"],
-              {"a": decay, "mambazero": [0.002, 0.002, 0.5 * U1], "unigram": [U1] * 3})
+              {"a": decay, "mambazero": [0.002, 0.002, 0.01], "unigram": [U1] * 3})
     assert d.verdict == expected
     assert ("the control is open on seed 2" in d.note) == (expected != "undecided")
+
+
+@pytest.mark.parametrize("ratio, mambazero, expected", [
+    ([0.05, 0.08, 0.03], [0.004, 0.006, 0.005], "holds at reduced scale"),
+    ([0.4, 0.3, 0.5], [0.004, 0.006, 0.005], "fails at reduced scale"),  # converged, not orthogonal
+    ([0.4, 0.05, 0.5], [0.004, 0.006, 0.03], "undecided"),  # the converged seeds disagree
+    ([0.05, 0.05, 0.05], [0.03, 0.02, 0.04], "not reached at reduced scale")])  # none converged
+def test_orthogonal_counts_are_judged_on_the_seeds_that_converged(shipped, tmp_path, ratio,
+                                                                   mambazero, expected):
+    """Fig. 5a's inner products vanish 'at convergence': a seed whose MambaZero did not reach a gap
+    of 0.01 is no evidence; one that did and keeps the wrong counts is evidence against."""
+    d = plant(tmp_path, "r", shipped["000-fig5-orthogonal-counts"],
+              {"ratio": ratio, "mambazero": mambazero, "unigram": [U1] * 3})
+    assert d.verdict == expected
