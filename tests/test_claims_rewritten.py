@@ -507,6 +507,9 @@ def test_a_claim_about_each_trained_model_leaves_out_seeds_that_did_not_train(
     assert d.verdict == expected
     if mambazero[2] != mambazero[0]:
         assert ("judged on the 2 seeds that trained" in d.note) == (expected != "undecided")
+    # a verdict decided on the seeds that trained rests on controls that held (claims check)
+    from bench.reports.claims.check import problems
+    assert (d.control is True) == expected.startswith("holds") and problems([d]) == []
 
 
 @pytest.mark.parametrize("t3, expected", [

@@ -402,7 +402,7 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
         if controls[seed] is None:  # what the rule says of it, were its model trained
             open_control[seed] = judge(replace(claim, control=None), reduced, one)[0]
     held = set(controls.values())
-    control = held.pop() if len(held) == 1 else None  # held on every seed, or on none
+    control = held.pop() if len(held) == 1 else None  # the same on every seed, or open
     kinds = set(verdicts.values())
     counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS if v in kinds}
     each = ", ".join(f"{n} of {len(seeds)} seeds {v}" for v, n in counts.items())
@@ -417,12 +417,14 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
         trained.add("undecided")
     untrained = sum(controls[seed] is False for seed in seeds)
     if len(trained) == 1 and untrained:
-        judged = len(seeds) - untrained
+        judged = sum(controls[seed] is True for seed in seeds)
         note += (f"; judged on the {judged} seed{'s' * (judged != 1)} that trained (the control "
                  f"failed on {untrained}: no evidence either way)")
     if not trained:
         return "not reached at reduced scale" if reduced else "undecided", note, control, []
-    return (trained.pop() if len(trained) == 1 else "undecided"), note, control, []
+    if len(trained) > 1:
+        return "undecided", note, control, []
+    return trained.pop(), note, True, []  # decided on the seeds whose control held
 
 
 def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured]):
