@@ -434,6 +434,8 @@ def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured]):
     level. Returns judge's (verdict, note, control, tests) with every seed's verdict added to the
     note, and (the seed, of how many)."""
     common = set.intersection(*(set(m.seeds) for m in values.values()))
+    if not common:
+        return "undecided", "the quantities share no seed", None, [], (None, 0)
     seed = best_trained_seed(values[claim.judge_seed], common)
     if seed is None:
         return ("undecided", "no seed to judge on: none of the records has a training curve",
