@@ -412,8 +412,8 @@ def test_constructed_token_transformers_go_either_way(shipped, tmp_path, tf1, ex
 def test_layernorm_linear_transformer_row_goes_either_way(shipped, tmp_path, ln, lsa2, expected):
     d = plant(tmp_path, "r", shipped["002-x-layernorm-linear-transformer-tokens"],
               {"ln1": jitter(ln), "ln2": jitter(ln), "lsa2": jitter(lsa2, spread=0.002),
-               "gd1": [1.754] * 3, "zero": [3.303] * 3})
-    assert d.verdict == expected
+               "gd1": [1.754] * 3, "zero": [3.303] * 3}, {"lsa2": [0.9, 1.0, 1.1]})
+    assert d.verdict == expected and d.control_on == {"lsa2": (0, 3)}
 
 
 @pytest.mark.parametrize("claim, models", [
