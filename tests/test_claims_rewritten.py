@@ -5,6 +5,7 @@ and its metric path receives the seed's value (records of one selector and seed 
 import pytest
 
 from bench.reports.claims import load_claims
+from bench.reports.claims.check import problems
 from test_claims import decide, put, record
 
 
@@ -508,7 +509,6 @@ def test_a_claim_about_each_trained_model_leaves_out_seeds_that_did_not_train(
     if mambazero[2] != mambazero[0]:
         assert ("judged on the 2 seeds that trained" in d.note) == (expected != "undecided")
     # a verdict decided on the seeds that trained rests on controls that held (claims check)
-    from bench.reports.claims.check import problems
     assert (d.control is True) == expected.startswith("holds") and problems([d]) == []
 
 
