@@ -353,7 +353,7 @@ def table_row(d: Decision, shared: str | None = None) -> str:
                  f"rule: `{c.rule.text}`")
     else:
         logic = f"{c.kind}: `{c.rule.text}`" if c.kind != "trained" else f"`{c.rule.text}`"
-    if d.judged_on is not None and d.judged_on[1]:
+    if d.judged_on is not None:
         seed, of = d.judged_on
         logic = (f"on seed {seed} of {of} (the lowest final training loss of "
                  f"`{c.judge_seed}`)" if seed is not None else

@@ -432,10 +432,10 @@ def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured]):
     has, whose run of claim.judge_seed ended with the lowest training loss — chosen from the
     training curves, never the held-out sequences, so the seed's held-out interval keeps its
     level. Returns judge's (verdict, note, control, tests) with every seed's verdict added to the
-    note, and (the seed, of how many)."""
+    note, and (the seed, of how many; None where the quantities share no seed)."""
     common = set.intersection(*(set(m.seeds) for m in values.values()))
     if not common:
-        return "undecided", "the quantities share no seed", None, [], (None, 0)
+        return "undecided", "the quantities share no seed", None, [], None
     seed = best_trained_seed(values[claim.judge_seed], common)
     if seed is None:
         return ("undecided", "no seed to judge on: none of the records has a training curve",
@@ -443,8 +443,7 @@ def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured]):
     verdict, note, control, tests = judge(claim, reduced,
                                           {n: m.seed_sample(seed) for n, m in values.items()})
     if len(common) > 1:
-        each = judge_each_seed(replace(claim, judge_seed=None, per_seed=True),
-                               reduced, values)[1]
+        each = judge_each_seed(claim, reduced, values)[1]
         note = "; ".join(part for part in (note, each) if part)
     return verdict, note, control, tests, (seed, len(common))
 
