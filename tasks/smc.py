@@ -25,8 +25,11 @@ invariant under rotations of the latent state can be written so) and the observa
 its eigenbasis, so that an observation is absorbed one scalar coordinate at a time without a
 matrix inverse.
 
-Everything is batched over sequences and particles (float64); loops run over time, over the
-scalar coordinates of an observation, and over chunks of sequences that bound the memory.
+Everything is batched over sequences and particles (float64); loops run over time and over the
+scalar coordinates of an observation. A chunk of sequences draws its random numbers from a
+generator of its own, and chunks (of one run or of several) advance through time side by side,
+as many as a bound on the memory allows: fewer and larger tensor operations, each chunk's
+numbers what they would be alone (up to rounding).
 """
 from __future__ import annotations
 
@@ -42,7 +45,9 @@ from torch import Tensor
 from tasks.base import make_generator
 
 SMC_STREAM = 6  # seed tag of the SMC reference's random numbers (tasks/base.py uses 1-5)
-SYSTEMS_PER_CHUNK = 1 << 16  # particles × sequences filtered together
+SYSTEMS_PER_CHUNK = 1 << 16  # particles × sequences of one random stream (a chunk)
+SYSTEMS_TOGETHER = 1 << 18  # particles × sequences advanced together: bounds the memory
+SYSTEMS_IN_CACHE = 1 << 13  # particles × sequences of one block of the filter of all particles
 
 
 @dataclass
@@ -200,44 +205,100 @@ def smc_predictive(observations: Tensor, prior: ParameterPrior, particles: int, 
     (S, T, m), `particles` per sequence. The random numbers of a chunk of sequences come from
     the generator of (SMC_STREAM, seed, chunk index): the result is a function of the
     observations and the seed."""
+    return smc_runs(observations, prior, particles, moves, [seed], ess_fraction)[0]
+
+
+def smc_runs(observations: Tensor, prior: ParameterPrior, particles: int, moves: int,
+             seeds: list[int], ess_fraction: float = 0.5) -> list[SMCResult]:
+    """smc_predictive of each seed, computed together: every run's chunks of sequences advance
+    through time side by side, as many at once as SYSTEMS_TOGETHER allows. Each chunk keeps
+    its own generator and draws from it what it drew alone (`Streams`), and every operation
+    acts on each sequence's particles alone, so each run is what its chunks give one at a time
+    up to rounding: LAPACK and BLAS may take another path for a batch of one matrix, which a
+    chunk alone meets and side by side may not (tests/test_smc.py). Fewer, larger tensor
+    operations do the same work faster."""
     x = observations.double()
     per_chunk = max(1, SYSTEMS_PER_CHUNK // particles)
-    results = [_smc_chunk(part, prior, particles, moves, ess_fraction,
-                          make_generator(SMC_STREAM, seed, index, device=x.device))
-               for index, part in enumerate(x.split(per_chunk))]
-    proposals = sum(r[2] for r in results)
-    acceptance = sum(r[3] for r in results) / proposals if proposals else math.nan
-    return SMCResult(torch.cat([r[0] for r in results]), torch.cat([r[1] for r in results]),
-                     acceptance)
+    chunks = [(run, index, part) for run, seed in enumerate(seeds)
+              for index, part in enumerate(x.split(per_chunk))]
+    together = max(1, SYSTEMS_TOGETHER // (per_chunk * particles))
+    done = []
+    for start in range(0, len(chunks), together):
+        group = chunks[start:start + together]
+        streams = Streams([make_generator(SMC_STREAM, seeds[run], index, device=x.device)
+                           for run, index, _ in group], [len(part) for *_, part in group])
+        done += _smc_together(torch.cat([part for *_, part in group]), prior, particles, moves,
+                              ess_fraction, streams)
+    results = []
+    for run in range(len(seeds)):
+        mine = [result for (owner, *_), result in zip(chunks, done) if owner == run]
+        proposals = sum(r[2] for r in mine)
+        acceptance = sum(r[3] for r in mine) / proposals if proposals else math.nan
+        results.append(SMCResult(torch.cat([r[0] for r in mine]),
+                                 torch.cat([r[1] for r in mine]), acceptance))
+    return results
 
 
-def _smc_chunk(x: Tensor, prior: ParameterPrior, count: int, moves: int, ess_fraction: float,
-               generator: torch.Generator) -> tuple[Tensor, Tensor, int, float]:
-    """The prediction (S, T, m) and resampling counts (S,) of one chunk of sequences, and its
-    number of Metropolis proposals and of acceptances."""
+class Streams:
+    """The random streams of chunks of sequences that advance together, one generator each:
+    a draw for some of the sequences is made chunk by chunk, each chunk's rows from its own
+    generator, so that every generator gives the numbers, in the order, that it gave when its
+    chunk ran alone. counts: the rows of each chunk that take part (chunks in order)."""
+
+    def __init__(self, generators: list[torch.Generator], counts: list[int]):
+        self.generators, self.counts = generators, counts
+
+    def part(self, rows: Tensor) -> "Streams":
+        """The streams of the sequences at rows (sorted) of these."""
+        owner = torch.repeat_interleave(torch.arange(len(self.counts)),
+                                        torch.tensor(self.counts))
+        counts = torch.bincount(owner[rows.cpu()], minlength=len(self.counts)).tolist()
+        return Streams(self.generators, counts)
+
+    def draw(self, take: Callable[[int, torch.Generator], Tensor], axis: int = 0) -> Tensor:
+        """take(rows, generator) of each chunk that takes part, joined along axis."""
+        return torch.cat([take(n, g) for n, g in zip(self.counts, self.generators) if n], axis)
+
+    def rand(self, *shape: int, like: Tensor, normal: bool = False) -> Tensor:
+        """Uniform (or standard normal) numbers (rows, *shape), of like's dtype and device."""
+        sample = torch.randn if normal else torch.rand
+        return self.draw(lambda n, g: sample(n, *shape, generator=g, device=like.device,
+                                             dtype=like.dtype))
+
+
+def _smc_together(x: Tensor, prior: ParameterPrior, count: int, moves: int,
+                  ess_fraction: float, streams: Streams) -> list[tuple[Tensor, Tensor, int, float]]:
+    """The prediction (S, T, m) and resampling counts (S,) of each chunk of the sequences x
+    (its rows, in streams' order), and its number of Metropolis proposals and of
+    acceptances."""
     sequences, length, _ = x.shape
-    coords = prior.sample((sequences, count), generator)
+    coords = streams.draw(lambda n, g: prior.sample((n, count), g), axis=1)
     log_prior, system = prior.evaluate(coords)
     particles = Particles(coords, log_prior, x.new_zeros(sequences, count), system,
                           kalman_start(system))
     log_weight = x.new_zeros(sequences, count)
     resamplings = torch.zeros(sequences, dtype=torch.long)
-    proposals, accepted = 0, 0.0
+    proposals, accepted = [0] * len(streams.counts), [0.0] * len(streams.counts)
     prediction = []
     for t, x_t in enumerate(x.permute(1, 2, 0)[..., None]):  # x_t as (m, S, 1)
-        step_log_lik, particles.state = kalman_step(particles.system, x_t, particles.state)
+        step_log_lik, particles.state = _kalman_step_in_blocks(particles.system, x_t,
+                                                               particles.state)
         particles.log_lik = particles.log_lik + step_log_lik
         log_weight = log_weight + step_log_lik
         weights = torch.softmax(log_weight, -1)
         low = (1 / weights.square().sum(-1) < ess_fraction * count).nonzero()[:, 0]
         if len(low):
-            ancestors = systematic_resampling(weights[low], generator)
+            taking_part = streams.part(low)
+            ancestors = systematic_resampling(weights[low], taking_part.rand(1, like=weights))
             moved = map_fields(lambda v: v[..., low[:, None], ancestors], particles)
             for _ in range(moves):
                 moved, rate = _independent_metropolis_move(prior, moved, x[low, :t + 1],
-                                                           generator)
-                proposals += len(low) * count
-                accepted += float(rate.sum()) * count
+                                                           taking_part)
+                for chunk, (rows, part) in enumerate(zip(taking_part.counts,
+                                                         rate.split(taking_part.counts))):
+                    if rows:
+                        proposals[chunk] += rows * count
+                        accepted[chunk] += float(part.sum()) * count
             particles = assign(particles, (low, slice(None)), moved)
             log_weight[low] = 0.0
             weights[low] = 1.0 / count
@@ -245,21 +306,39 @@ def _smc_chunk(x: Tensor, prior: ParameterPrior, count: int, moves: int, ess_fra
         # E[x_{t+1} | x_≤t, θ] = C E[z_{t+1} | x_≤t, θ], averaged over the posterior's particles
         predicted = (particles.system.emission * particles.state.mean).sum(1)  # (m, S, N)
         prediction.append((weights * predicted).sum(-1).T)
-    return torch.stack(prediction, 1), resamplings, proposals, accepted
+    prediction = torch.stack(prediction, 1).split(streams.counts)
+    return list(zip(prediction, resamplings.split(streams.counts), proposals, accepted))
 
 
-def systematic_resampling(weights: Tensor, generator: torch.Generator) -> Tensor:
-    """Ancestor indices (S, N) for normalised weights (S, N): one uniform per sequence, the
-    points (u + i) / N read off the weights' cumulative sum."""
-    sequences, particles = weights.shape
-    u = torch.rand(sequences, 1, generator=generator, device=weights.device, dtype=weights.dtype)
-    points = (u + torch.arange(particles, device=weights.device, dtype=weights.dtype)) / particles
+def _kalman_step_in_blocks(system: DiagonalSystem, x: Tensor, state: KalmanState
+                           ) -> tuple[Tensor, KalmanState]:
+    """kalman_step of systems (S, N), a block of sequences of at most SYSTEMS_IN_CACHE systems
+    at a time: the same arithmetic, on tensors that stay in the CPU's cache through a step's
+    twenty-odd passes (chunks side by side do not)."""
+    count = system.transition.shape[-1]
+    per_block = max(1, SYSTEMS_IN_CACHE // count)
+    steps = []
+    for start in range(0, x.shape[-2], per_block):
+        def block(v: Tensor) -> Tensor:
+            return v[..., start:start + per_block, :]
+
+        steps.append(kalman_step(map_fields(block, system), block(x), map_fields(block, state)))
+    return torch.cat([log_lik for log_lik, _ in steps], -2), map_fields(
+        lambda *blocks: torch.cat(blocks, -2), *[block for _, block in steps])
+
+
+def systematic_resampling(weights: Tensor, uniforms: Tensor) -> Tensor:
+    """Ancestor indices (S, N) for normalised weights (S, N) and one uniform a sequence
+    (S, 1): the points (u + i) / N read off the weights' cumulative sum."""
+    particles = weights.shape[1]
+    points = (uniforms + torch.arange(particles, device=weights.device,
+                                      dtype=weights.dtype)) / particles
     ancestors = torch.searchsorted(weights.cumsum(-1), points)
     return ancestors.clamp_max(particles - 1)
 
 
 def _independent_metropolis_move(prior: ParameterPrior, particles: Particles, prefix: Tensor,
-                                 generator: torch.Generator) -> tuple[Particles, Tensor]:
+                                 streams: Streams) -> tuple[Particles, Tensor]:
     """One independent Metropolis-Hastings step of every particle, targeting p(θ | prefix): the
     proposal q is the Gaussian with a population's mean and covariance (per sequence), drawn
     afresh for each particle and accepted with probability
@@ -275,26 +354,24 @@ def _independent_metropolis_move(prior: ParameterPrior, particles: Particles, pr
     for moving in (1, 0):
         fitted = particles.coords[..., 1 - moving::2]
         part = map_fields(lambda v: v[..., moving::2], particles)
-        part, rate = _independent_metropolis_step(prior, part, prefix, fitted, generator)
+        part, rate = _independent_metropolis_step(prior, part, prefix, fitted, streams)
         particles = assign(particles, (slice(moving, None, 2),), part)
         rates.append(rate)
     return particles, torch.stack(rates).mean(0)
 
 
 def _independent_metropolis_step(prior: ParameterPrior, particles: Particles, prefix: Tensor,
-                                 fitted: Tensor, generator: torch.Generator
-                                 ) -> tuple[Particles, Tensor]:
+                                 fitted: Tensor, streams: Streams) -> tuple[Particles, Tensor]:
     """The independent Metropolis-Hastings step of `particles` with the Gaussian proposal fitted
     to the coordinates `fitted` (dim, S, n) (see _independent_metropolis_move)."""
     coords = particles.coords
-    dim, sequences, count = coords.shape
+    dim, _, count = coords.shape
     mean = fitted.mean(-1, keepdim=True)
     centred = fitted - mean
     cov = torch.einsum("isn,jsn->sij", centred, centred) / max(1, fitted.shape[-1] - 1)
     jitter = 1e-12 * cov.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300)
     chol = torch.linalg.cholesky(cov + jitter[:, None, None] * torch.eye(dim, dtype=cov.dtype))
-    white = torch.randn(sequences, dim, count, generator=generator, device=coords.device,
-                        dtype=coords.dtype)
+    white = streams.rand(dim, count, like=coords, normal=True)
     proposal = (mean + (chol @ white).transpose(0, 1)).contiguous()
     current_white = torch.linalg.solve_triangular(chol, (coords - mean).transpose(0, 1),
                                                   upper=False)
@@ -308,7 +385,7 @@ def _independent_metropolis_step(prior: ParameterPrior, particles: Particles, pr
     # log q(θ) - log q(θ') = (|white'|² - |white|²)/2
     log_ratio = (log_lik + log_prior - particles.log_lik - particles.log_prior
                  + 0.5 * (white.square().sum(1) - current_white.square().sum(1)))
-    u = torch.rand(sequences, count, generator=generator, device=coords.device, dtype=coords.dtype)
+    u = streams.rand(count, like=coords)
     accept = inside & (torch.log(u) < log_ratio)
     candidate = Particles(proposal, log_prior, log_lik, system, state)
     return select(accept, candidate, particles), accept.double().mean(1)

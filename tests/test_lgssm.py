@@ -18,7 +18,7 @@ from tasks.lgssm import (ERROR_BIN_EDGES, LGSSMConfig, LGSSMPrior, LGSSMTask, er
                          kalman_filter, linear_recurrence, pooled_ridge_mean, random_orthogonal,
                          simulate, simulate_sequential, stationary_covariance,
                          symmetric_from_upper)
-from tasks.smc import Particles, _independent_metropolis_move, kalman_start
+from tasks.smc import Particles, Streams, _independent_metropolis_move, kalman_start
 
 Z = 4.0  # tolerance of the statistical checks, in standard errors
 EPS = torch.finfo(torch.float64).eps
@@ -277,7 +277,7 @@ def test_moves_leave_the_prior_invariant():
     no_observations = torch.zeros(16, 0, 2, dtype=torch.float64)
     for _ in range(30):
         particles, rate = _independent_metropolis_move(prior, particles, no_observations,
-                                                       generator)
+                                                       Streams([generator], [16]))
     moved = (particles.coords != start).any(0).double().mean()
     assert moved > 0.3, moved  # the prior is far from a Gaussian here: ~2.5% accepted a step
     fractions, emission, state_upper, obs_upper = particles.coords.split(prior.sizes)
@@ -348,7 +348,7 @@ def test_bayes_is_the_mean_of_its_runs_and_they_are_scored_as_computed():
         ("erm", "baseline")]
     batch = task.held_out(4)
     bayes = refs["bayes"].predict(batch)
-    fresh = [task.smc_run(batch.inputs, run) for run in range(2)]
+    fresh = task.smc_runs(batch.inputs)
     assert torch.equal(bayes, (fresh[0] + fresh[1]) / 2)
     for _ in range(2):  # handed out once after bayes, then computed: the same either way
         assert torch.equal(refs["bayes_run1"].predict(batch), fresh[0])

@@ -10,8 +10,10 @@ import torch
 from tasks.base import make_generator
 from tasks.lgssm import LGSSMConfig, LGSSMPrior, kalman_filter
 from tasks.lgssm_colored import LGSSMColoredConfig, LGSSMColoredTask, colored_noise_system
+import tasks.smc
+from tasks.lgssm import eigh_where, upper_of_symmetric
 from tasks.smc import (SMC_STREAM, DiagonalSystem, ParameterPrior, Particles, _filter_where,
-                       kalman_prefix, kalman_start, kalman_step, smc_predictive,
+                       kalman_prefix, kalman_start, kalman_step, smc_predictive, smc_runs,
                        systematic_resampling)
 
 
@@ -96,7 +98,8 @@ def test_kalman_recursion_takes_noise_free_observations():
 def test_systematic_resampling_gives_each_particle_floor_or_ceil_of_n_w_copies():
     weights = torch.softmax(3 * torch.randn(50, 40, generator=make_generator(4),
                                             dtype=torch.float64), -1)
-    ancestors = systematic_resampling(weights, make_generator(5))
+    uniforms = torch.rand(50, 1, generator=make_generator(5), dtype=torch.float64)
+    ancestors = systematic_resampling(weights, uniforms)
     copies = torch.zeros_like(weights).scatter_add_(1, ancestors, torch.ones_like(weights))
     expected = weights.shape[1] * weights
     assert (copies >= expected.floor() - 1e-9).all() and (copies <= expected.ceil() + 1e-9).all()
@@ -169,3 +172,36 @@ def test_filtering_only_the_proposals_inside_the_support_is_filtering_all_of_the
     for field in ("mean", "cov"):
         kept, full, own = (getattr(s, field) for s in (state, full_state, own_state))
         assert torch.equal(kept, torch.where(mask, full, own))
+
+
+def test_eigh_where_decomposes_the_chosen_matrices_as_eigh_of_all():
+    """Spectra and bases where the mask holds, bitwise those of one eigh of every matrix (and
+    in its layout); zero spectra and identity bases elsewhere."""
+    matrices = torch.randn(3, 7, 4, 4, generator=make_generator(16), dtype=torch.float64)
+    matrices = matrices + matrices.mT
+    mask = torch.rand(3, 7, generator=make_generator(17)) < 0.6
+    spectrum, basis = eigh_where(mask, upper_of_symmetric(matrices).movedim(-1, 0), 4)
+    all_spectrum, all_basis = torch.linalg.eigh(matrices)
+    assert torch.equal(spectrum[mask], all_spectrum[mask])
+    assert torch.equal(basis[mask], all_basis[mask]) and basis.stride()[-2:] == (1, 4)
+    assert (spectrum[~mask] == 0).all() and torch.equal(basis[~mask],
+                                                       torch.eye(4).expand(int((~mask).sum()),
+                                                                           4, 4).double())
+
+
+def test_runs_computed_together_are_the_runs_computed_alone(monkeypatch):
+    """smc_runs advances several runs' chunks of sequences side by side, each chunk with its
+    own generator: every run is the one its chunks give alone, resampled at the same times,
+    accepting the same proposals. The values agree up to rounding, not bitwise: LAPACK and
+    BLAS take another path for a batch of one matrix, which a chunk alone meets where
+    side by side it does not."""
+    monkeypatch.setattr(tasks.smc, "SYSTEMS_PER_CHUNK", 64)  # 4 sequences of 16 particles
+    prior = LGSSMPrior(LGSSMConfig())
+    x = torch.randn(10, 24, 2, generator=make_generator(18), dtype=torch.float64)
+    together = smc_runs(x, prior, 16, 2, [3, 4])  # 2 runs x 3 chunks, all side by side
+    monkeypatch.setattr(tasks.smc, "SYSTEMS_TOGETHER", 1)  # every chunk alone
+    for seed, run in zip([3, 4], together):
+        alone = smc_predictive(x, prior, 16, 2, seed)
+        assert torch.equal(run.resamplings, alone.resamplings) and run.resamplings.sum() > 10
+        torch.testing.assert_close(run.prediction, alone.prediction, rtol=0, atol=1e-10)
+        assert run.acceptance == pytest.approx(alone.acceptance, rel=1e-12)
