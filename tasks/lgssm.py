@@ -261,9 +261,9 @@ def eigh_where(mask: Tensor, upper: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     """The spectra (..., dim) and eigenbases (..., dim, dim) of the symmetric matrices whose
     upper triangles are upper (dim (dim + 1) / 2, ...), decomposed only where mask (...); zero
     spectra and identity bases elsewhere. eigh decomposes every matrix alone, so the chosen
-    ones come out bitwise as in a decomposition of all of them. It is most of the prior's cost
-    in the SMC reference, and about 40% of a move's proposals fail the support's cheaper
-    conditions (tests/test_lgssm.py)."""
+    ones come out bitwise as in a decomposition of all of them (tests/test_lgssm.py). eigh is
+    most of the prior's cost in the SMC reference, and 39% of a move's proposals fail the
+    support's cheaper conditions (the default task, docs/profile-cpu-step.md)."""
     chosen = mask.flatten().nonzero()[:, 0]
     matrices = symmetric_from_upper(upper.reshape(len(upper), -1).T[chosen], dim)
     spectrum = upper.new_zeros(mask.numel(), dim)

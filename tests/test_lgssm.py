@@ -14,10 +14,10 @@ import yaml
 from bench.training.evaluate import score
 from tasks import task_families
 from tasks.base import Batch, make_generator
-from tasks.lgssm import (ERROR_BIN_EDGES, LGSSMConfig, LGSSMPrior, LGSSMTask, error_distribution,
-                         kalman_filter, linear_recurrence, pooled_ridge_mean, random_orthogonal,
-                         simulate, simulate_sequential, stationary_covariance,
-                         symmetric_from_upper)
+from tasks.lgssm import (ERROR_BIN_EDGES, LGSSMConfig, LGSSMPrior, LGSSMTask, eigh_where,
+                         error_distribution, kalman_filter, linear_recurrence, pooled_ridge_mean,
+                         random_orthogonal, simulate, simulate_sequential, stationary_covariance,
+                         symmetric_from_upper, upper_of_symmetric)
 from tasks.smc import Particles, Streams, _independent_metropolis_move, kalman_start
 
 Z = 4.0  # tolerance of the statistical checks, in standard errors
@@ -449,3 +449,18 @@ def test_the_evaluation_gives_summarize_the_signed_errors_at_k_32():
     batch = short.held_out(4)
     predictions = {name: ref.predict(batch) for name, ref in short.references().items()}
     assert "error_distribution" not in score(short, batch, predictions, 10)["metrics"]["task"]
+
+
+def test_eigh_where_decomposes_the_chosen_matrices_as_eigh_of_all():
+    """Spectra and bases where the mask holds, bitwise those of one eigh of every matrix (and
+    in its layout); zero spectra and identity bases elsewhere."""
+    matrices = torch.randn(3, 7, 4, 4, generator=make_generator(16), dtype=torch.float64)
+    matrices = matrices + matrices.mT
+    mask = torch.rand(3, 7, generator=make_generator(17)) < 0.6
+    spectrum, basis = eigh_where(mask, upper_of_symmetric(matrices).movedim(-1, 0), 4)
+    all_spectrum, all_basis = torch.linalg.eigh(matrices)
+    assert torch.equal(spectrum[mask], all_spectrum[mask])
+    assert torch.equal(basis[mask], all_basis[mask]) and basis.stride()[-2:] == (1, 4)
+    assert (spectrum[~mask] == 0).all() and torch.equal(basis[~mask],
+                                                       torch.eye(4).expand(int((~mask).sum()),
+                                                                           4, 4).double())

@@ -11,7 +11,6 @@ from tasks.base import make_generator
 from tasks.lgssm import LGSSMConfig, LGSSMPrior, kalman_filter
 from tasks.lgssm_colored import LGSSMColoredConfig, LGSSMColoredTask, colored_noise_system
 import tasks.smc
-from tasks.lgssm import eigh_where, upper_of_symmetric
 from tasks.smc import (SMC_STREAM, DiagonalSystem, ParameterPrior, Particles, _filter_where,
                        kalman_prefix, kalman_start, kalman_step, smc_predictive, smc_runs,
                        systematic_resampling)
@@ -172,21 +171,6 @@ def test_filtering_only_the_proposals_inside_the_support_is_filtering_all_of_the
     for field in ("mean", "cov"):
         kept, full, own = (getattr(s, field) for s in (state, full_state, own_state))
         assert torch.equal(kept, torch.where(mask, full, own))
-
-
-def test_eigh_where_decomposes_the_chosen_matrices_as_eigh_of_all():
-    """Spectra and bases where the mask holds, bitwise those of one eigh of every matrix (and
-    in its layout); zero spectra and identity bases elsewhere."""
-    matrices = torch.randn(3, 7, 4, 4, generator=make_generator(16), dtype=torch.float64)
-    matrices = matrices + matrices.mT
-    mask = torch.rand(3, 7, generator=make_generator(17)) < 0.6
-    spectrum, basis = eigh_where(mask, upper_of_symmetric(matrices).movedim(-1, 0), 4)
-    all_spectrum, all_basis = torch.linalg.eigh(matrices)
-    assert torch.equal(spectrum[mask], all_spectrum[mask])
-    assert torch.equal(basis[mask], all_basis[mask]) and basis.stride()[-2:] == (1, 4)
-    assert (spectrum[~mask] == 0).all() and torch.equal(basis[~mask],
-                                                       torch.eye(4).expand(int((~mask).sum()),
-                                                                           4, 4).double())
 
 
 def test_runs_computed_together_are_the_runs_computed_alone(monkeypatch):
