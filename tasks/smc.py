@@ -266,8 +266,8 @@ class Streams:
                                              dtype=like.dtype))
 
 
-def _smc_together(x: Tensor, prior: ParameterPrior, count: int, moves: int,
-                  ess_fraction: float, streams: Streams) -> list[tuple[Tensor, Tensor, int, float]]:
+def _smc_together(x: Tensor, prior: ParameterPrior, count: int, moves: int, ess_fraction: float,
+                  streams: Streams) -> list[tuple[Tensor, Tensor, int, float]]:
     """The prediction (S, T, m) and resampling counts (S,) of each chunk of the sequences x
     (its rows, in streams' order), and its number of Metropolis proposals and of
     acceptances."""
