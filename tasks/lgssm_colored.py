@@ -119,13 +119,14 @@ def white_noise_next_means(observations: Tensor, decays: Tensor,
     for _ in range(length):
         gains.append(cov / (cov + noise_variances))
         cov = decays**2 * cov * noise_variances / (cov + noise_variances) + 1
-    gain = torch.stack(gains, -1)  # (G, T)
-    carry, drive = decays[:, None] * (1 - gain), (decays[:, None] * gain) * observations[:, None]
-    mean, means = torch.zeros_like(drive[..., 0]), []
+    gain = torch.stack(gains)  # (T, G)
+    # time-major (T, B, G), so that each step reads and writes contiguous rows
+    carry = decays * (1 - gain)
+    drive = (decays * gain)[:, None, :] * observations.T[:, :, None]
+    mean, means = torch.zeros_like(drive[0]), torch.empty_like(drive)
     for t in range(length):  # elementwise over (B, G): a loop over time only
-        mean = carry[:, t] * mean + drive[..., t]
-        means.append(mean)
-    return torch.stack(means, -1)
+        mean = torch.add(carry[t] * mean, drive[t], out=means[t])
+    return means.permute(1, 2, 0)
 
 
 def fitted_predictions(next_means: Tensor, observations: Tensor) -> Tensor:
@@ -134,8 +135,11 @@ def fitted_predictions(next_means: Tensor, observations: Tensor) -> Tensor:
     the prediction of the candidate whose squared errors over the context, Σ_{i<t} (x_{i+1} -
     next_means[g, i])², are smallest (B, T); ties, as at t = 0 before any error, go to the
     first candidate."""
-    errors = (observations[:, None, 1:] - next_means[..., :-1]).square()
-    context_loss = torch.cat([torch.zeros_like(errors[..., :1]), errors.cumsum(-1)], -1)
+    # in place, in next_means' layout (whichever axis is innermost): these are its size
+    context_loss = torch.empty_like(next_means)
+    context_loss[..., 0] = 0
+    torch.sub(observations[:, None, 1:], next_means[..., :-1], out=context_loss[..., 1:])
+    context_loss.square_().cumsum_(-1)
     best = context_loss.argmin(1, keepdim=True)  # first minimum: torch.argmin's documented rule
     return next_means.gather(1, best)[:, 0]
 
