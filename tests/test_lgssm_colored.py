@@ -13,8 +13,9 @@ import yaml
 from tasks import task_families
 from tasks.base import TEST_STREAM, make_generator
 from tasks.lgssm import kalman_filter
-from tasks.lgssm_colored import (LGSSMColoredConfig, LGSSMColoredTask, fitted_predictions,
-                                 loglog_slope, stationary_ar1, stationary_ar1_sequential,
+from tasks.lgssm_colored import (LGSSMColoredConfig, LGSSMColoredTask, colored_noise_filter,
+                                 colored_noise_system, fitted_predictions, loglog_slope,
+                                 stationary_ar1, stationary_ar1_sequential,
                                  white_noise_next_means)
 
 Z = 4.0  # tolerance of the statistical checks, in standard errors
@@ -302,3 +303,18 @@ def test_a_summary_with_no_context_bin_warns_nothing():
         warnings.simplefilter("error")
         summary = task.summarize(None, losses)
     assert summary["context_lengths"] == [] and summary["mse_stderr"]["model"] == []
+
+
+@pytest.mark.parametrize("known_decay", [True, False])
+def test_colored_noise_filter_is_the_kalman_filter_of_each_node(known_decay):
+    """The Bayes quadrature's filter, written out for the two diagonal states, against
+    kalman_filter on colored_noise_system: every prediction and log-likelihood term, at nodes
+    with a known signal coefficient and with one a node."""
+    rho = torch.linspace(0.9, 0.99, 5, dtype=torch.float64)
+    decay = 0.9 if known_decay else torch.linspace(0.0, 0.95, 5, dtype=torch.float64)
+    x = torch.randn(3, 40, generator=make_generator(30), dtype=torch.float64)
+    next_mean, log_lik = colored_noise_filter(x, rho, decay)
+    dense = kalman_filter(x[:, None, :, None], *colored_noise_system(rho, decay))
+    torch.testing.assert_close(next_mean, dense.next_mean[..., 0].permute(2, 0, 1),
+                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(log_lik, dense.log_lik.permute(2, 0, 1), rtol=1e-12, atol=1e-12)
