@@ -148,14 +148,14 @@ def white_noise_next_means(observations: Tensor, decays: Tensor,
     x_t = z_t + N(0, r), z_1 stationary, one per pair of decays a (G,) and noise variances r
     (G,), for observations (B, T): the scalar Kalman filter, m_{t+1} = a (1 - k_t) m_t + a k_t x_t
     with gain k_t = P_t / (P_t + r) from the data-free Riccati recursion P_{t+1} = a² P_t r /
-    (P_t + r) + 1. `kalman_filter` on these models is its test oracle."""
+    (P_t + r) + 1. `kalman_filter` on these models is its test oracle. The result is a view of
+    a time-major (T, B, G) tensor: each step writes contiguous rows."""
     length = observations.shape[-1]
     cov, gains = 1 / (1 - decays**2), []
     for _ in range(length):
         gains.append(cov / (cov + noise_variances))
         cov = decays**2 * cov * noise_variances / (cov + noise_variances) + 1
     gain = torch.stack(gains)  # (T, G)
-    # time-major (T, B, G), so that each step reads and writes contiguous rows
     carry = decays * (1 - gain)
     drive = (decays * gain)[:, None, :] * observations.T[:, :, None]
     mean, means = torch.zeros_like(drive[0]), torch.empty_like(drive)
@@ -170,7 +170,8 @@ def fitted_predictions(next_means: Tensor, observations: Tensor) -> Tensor:
     the prediction of the candidate whose squared errors over the context, Σ_{i<t} (x_{i+1} -
     next_means[g, i])², are smallest (B, T); ties, as at t = 0 before any error, go to the
     first candidate."""
-    # in place, in next_means' layout (whichever axis is innermost): these are its size
+    # computed in place and in next_means' own layout (white_noise_next_means: time outermost),
+    # since each temporary here is as large as next_means
     context_loss = torch.empty_like(next_means)
     context_loss[..., 0] = 0
     torch.sub(observations[:, None, 1:], next_means[..., :-1], out=context_loss[..., 1:])
