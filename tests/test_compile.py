@@ -59,6 +59,21 @@ def test_the_mamba_forward_compiles_as_one_graph():
     torch.testing.assert_close(compiled(inputs), model(inputs))
 
 
+@pytest.mark.parametrize("overrides", [["task=linreg", "model=gd_ssm"], ["model=griffin"],
+                                       ["task=lgssm", "model=selective_ssm"],
+                                       ["task=lgssm", "model=nonselective_ssm"],
+                                       ["task=lgssm", "model=lru"]])
+def test_the_recurrent_models_compile_forward_and_backward_as_one_graph(overrides):
+    """Their parallel scans are autograd Functions with their own backward pass
+    (models/scan.py), which Dynamo traces whole: no graph break, and the same predictions."""
+    task, model = build(compose_checked([*overrides, *TINY]))
+    inputs = task.training_batch(0).inputs
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    predictions = compiled(inputs)
+    predictions.float().sum().backward()
+    torch.testing.assert_close(predictions, model(inputs))
+
+
 def test_a_compiled_mamba_trains_along_the_eager_loss_curve():
     """The default Mamba compiled (trainer.compile=true: inductor fuses the forward and the
     backward and sums in its own order) and eager, from one initialisation on the same batches,

@@ -2,7 +2,8 @@
 h_t = Σ_{s≤t} (Π_{s<r≤t} a_r) b_s, then both parallel scans (`linear_scan`, `lti_scan`) against
 `sequential_scan` — values and gradients — in float64, for lengths that are and are not powers of
 two, decays of both signs and above one in magnitude, exact 0 (a reset), exact ±1, complex
-decays for `lti_scan`, and two trailing state dimensions.
+decays for `lti_scan`, and two trailing state dimensions; the gradients of broadcast decays; and
+the form Dynamo traces, bitwise the eager one.
 
 Tolerances are first-order rounding bounds, not guesses. Every computation here is a sum of
 products; a computed sum differs from the exact one by at most n·δ·Σ|terms|, with n the number of
@@ -184,3 +185,51 @@ def test_gradients_equal_sequential_scan_gradients(length, kind):
                           weights.abs())
     for p, s, e in zip(parallel, sequential, envelopes):
         assert_within(p, s, (10 * length + 4) * OP_ERROR * e)
+
+
+@pytest.mark.parametrize("kind", ["time-varying", "broadcast", "real", "complex"])
+def test_gradients_through_broadcast_decays_equal_sequential_scan_gradients(kind):
+    """A decay expanded along the batch and time (the non-selective SSM's) or broadcast along
+    a state dimension (lti_scan's (3,) against (4, 3)) gets the gradient of the decay it
+    broadcasts, summed over where it was repeated."""
+    generator = torch.Generator().manual_seed(40)
+    drive = random_drive(23, kind == "complex", generator)
+    weights = random_drive(23, kind == "complex", generator)
+    if kind in ("time-varying", "broadcast"):
+        base = time_varying_decay(1, generator)[:1, :1]
+        scan, decay = linear_scan, base if kind == "broadcast" else time_varying_decay(23, generator)
+        expand = (lambda a: a.expand_as(drive)) if kind == "broadcast" else (lambda a: a)
+    else:
+        scan, decay, expand = lti_scan, constant_decay(kind, generator)[2], lambda a: a
+    parallel = gradients(lambda a, b: scan(expand(a), b), decay, drive, weights)
+    sequential = gradients(lambda a, b: sequential_scan(expand(a), b)[0], decay, drive, weights)
+    envelopes = gradients(lambda a, b: sequential_scan(expand(a), b)[0], decay.abs(),
+                          drive.abs(), weights.abs())
+    for p, s, e in zip(parallel, sequential, envelopes):
+        assert p.shape == s.shape
+        assert_within(p, s, (10 * 23 + 4) * OP_ERROR * e)
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 64])
+@pytest.mark.parametrize("scan", ["linear", "lti"])
+def test_the_traced_form_is_bitwise_the_eager_one(length, scan, monkeypatch):
+    """Under torch.compile the doubling steps are written with cat (Dynamo refuses writes into
+    a view through out=): the same two roundings a step, so the states and gradients are
+    bitwise those of the eager steps, which write into reused buffers."""
+    generator = torch.Generator().manual_seed(50 + length)
+    drive = torch.randn(3, length, 4, 5, generator=generator)
+    decay = (torch.rand(3, length, 4, 5, generator=generator) if scan == "linear"
+             else torch.rand(4, 5, generator=generator))
+    weights = torch.randn(drive.shape, generator=generator)
+    function = linear_scan if scan == "linear" else lti_scan
+
+    def states_and_gradients():
+        leaves = decay.clone().requires_grad_(), drive.clone().requires_grad_()
+        states = function(*leaves)
+        return (states.detach(), *torch.autograd.grad((states * weights).sum(), leaves))
+
+    eager = states_and_gradients()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced = states_and_gradients()
+    for a, b in zip(eager, traced):
+        assert torch.equal(a, b)
