@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec, mark_recurrent
 from models.configs import GriffinConfig
+from models.causal_conv import causal_conv1d
 from models.scan import linear_scan
 
 GATE_EXPONENT = 8.0  # the paper's constant c in a_t = a^{c r_t}
@@ -128,7 +129,7 @@ class RecurrentBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate = F.gelu(self.in_proj_gate(x))
-        u = self.conv1d(self.in_proj_x(x).transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
+        u = causal_conv1d(self.in_proj_x(x), self.conv1d)
         return self.out_proj(self.rg_lru(u) * gate)
 
     def initial_cache(self, batch: int, like: Tensor) -> dict[str, Tensor]:

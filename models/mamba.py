@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec, mark_recurrent
+from models.causal_conv import causal_conv1d
 from models.configs import L1_FLOOR, MambaConfig, MambaZeroConfig, check_mixer_shape
 from models.ssd import resolve_kernel, ssd_scan
 
@@ -156,10 +157,9 @@ class Mamba2Mixer(nn.Module):
         """(z, x, B, C, dt) per token: x, B, C after the convolution and activation (B and C
         (B, T, ngroups * d_state)), z and in_proj's raw dt; the one path of `forward` and of the
         mechanism probes (MambaZero.probe's b_t and c_t)."""
-        length = u.shape[1]
         z, xBC, dt = torch.split(self.in_proj(u), self.split_sizes, dim=-1)
         if self.conv1d is not None:
-            xBC = self.conv1d(xBC.transpose(1, 2))[..., :length].transpose(1, 2)
+            xBC = causal_conv1d(xBC, self.conv1d)
         xBC = self.act(xBC)
         x, B, C = torch.split(xBC, [self.d_inner, self.ngroups * self.d_state,
                                     self.ngroups * self.d_state], dim=-1)

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.backbone import Core, IOSpec
+from models.causal_conv import causal_conv1d
 from models.configs import TransformerConfig
 
 
@@ -101,7 +102,7 @@ class CausalSelfAttention(nn.Module):
         batch, seq_len, d = x.shape
         qkv = self.c_attn(x)
         if self.conv1d is not None:
-            qkv = self.conv1d(qkv.transpose(1, 2))[..., :seq_len].transpose(1, 2)
+            qkv = causal_conv1d(qkv, self.conv1d)
         split = qkv.view(batch, seq_len, 3, self.n_heads, d // self.n_heads)
         q, k, v = split.permute(2, 0, 3, 1, 4).unbind(0)
         return q, k, v
