@@ -32,7 +32,7 @@ def linear_scan(decay: Tensor, drive: Tensor) -> Tensor:
     the step with offset k, position t holds the composition of its last min(t+1, k) pairs: the
     sum of those drives, each weighted by the product of the decays after it, and the product of
     those decays. Composing with the pair k steps back doubles both spans."""
-    return _LinearScan.apply(decay, drive)
+    return _Scan.apply(decay, drive, False)
 
 
 def lti_scan(decay: Tensor, drive: Tensor) -> Tensor:
@@ -43,7 +43,7 @@ def lti_scan(decay: Tensor, drive: Tensor) -> Tensor:
     (one squaring per step) instead of a (B, T, ...) tensor of running products: before the step
     with offset k, h_t sums its last min(t+1, k) drives, and adding decay^k times the value k
     steps back doubles that span."""
-    return _LTIScan.apply(decay, drive)
+    return _Scan.apply(decay, drive, True)
 
 
 def _doubling_scan(decay: Tensor, drive: Tensor, reverse: bool = False) -> Tensor:
@@ -138,41 +138,31 @@ def _decay_gradient(adjoint: Tensor, states: Tensor, decay: Tensor) -> Tensor:
     return gradient if decay.is_complex() or not gradient.is_complex() else gradient.real
 
 
-class _LinearScan(torch.autograd.Function):
+class _Scan(torch.autograd.Function):
+    """linear_scan, or lti_scan when `constant`, with the backward pass of the module's docstring."""
+
     @staticmethod
-    def forward(ctx, decay: Tensor, drive: Tensor) -> Tensor:
-        states = _doubling_scan(decay, drive)
+    def forward(ctx, decay: Tensor, drive: Tensor, constant: bool) -> Tensor:
+        states = (_doubling_lti_scan if constant else _doubling_scan)(decay, drive)
         ctx.save_for_backward(decay, states)
+        ctx.constant = constant
         return states
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor, None]:
         decay, states = ctx.saved_tensors
-        # the factor of g_{t+1} in g_t is conj(a_{t+1}): the decays moved one step back
-        adjoint = _doubling_scan(decay.conj().roll(-1, dims=1), grad, reverse=True)
+        if ctx.constant:
+            adjoint = _doubling_lti_scan(decay.conj(), grad, reverse=True)
+        else:  # the factor of g_{t+1} in g_t is conj(a_{t+1}): the decays moved one step back
+            adjoint = _doubling_scan(decay.conj().roll(-1, dims=1), grad, reverse=True)
         decay_grad = None
         if ctx.needs_input_grad[0]:
-            decay_grad = _decay_gradient(adjoint, states, decay).sum_to_size(decay.shape)
-        return decay_grad, adjoint
-
-
-class _LTIScan(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, decay: Tensor, drive: Tensor) -> Tensor:
-        states = _doubling_lti_scan(decay, drive)
-        ctx.save_for_backward(decay, states)
-        return states
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor]:
-        decay, states = ctx.saved_tensors
-        adjoint = _doubling_lti_scan(decay.conj(), grad, reverse=True)
-        decay_grad = None
-        if ctx.needs_input_grad[0]:
-            decay_grad = _decay_gradient(adjoint, states, decay).sum((0, 1)).sum_to_size(decay.shape)
-        return decay_grad, adjoint
+            decay_grad = _decay_gradient(adjoint, states, decay)
+            if ctx.constant:  # one decay for every sequence and step
+                decay_grad = decay_grad.sum((0, 1))
+            decay_grad = decay_grad.sum_to_size(decay.shape)
+        return decay_grad, adjoint, None
 
 
 def sequential_scan(decay: Tensor, drive: Tensor, state: Tensor | None = None
