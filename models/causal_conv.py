@@ -48,9 +48,12 @@ class _CausalConv(torch.autograd.Function):
             grad_x = F.conv1d(F.pad(grad.transpose(1, 2), (0, width - 1)), reversed_filter,
                               groups=grad.shape[-1]).transpose(1, 2).to(x.dtype)
         if ctx.needs_input_grad[1]:
+            # in the filter's dtype: under bf16 autocast x and grad are bf16, and each tap sums
+            # B·T products
             grad_weight = weight.new_zeros(weight.shape)
+            grad_in, x_in = grad.to(weight.dtype), x.to(weight.dtype)
             for k, shift in shifts:
-                grad_weight[:, 0, k] = (grad[:, shift:] * x[:, :length - shift]).sum((0, 1))
+                grad_weight[:, 0, k] = (grad_in[:, shift:] * x_in[:, :length - shift]).sum((0, 1))
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad.sum((0, 1)).to(weight.dtype)
+            grad_bias = grad.to(weight.dtype).sum((0, 1))
         return grad_x, grad_weight, grad_bias
