@@ -69,6 +69,30 @@ def test_chunked_gradients_equal_sequential():
         torch.testing.assert_close(g_chunk, g_seq, rtol=0, atol=TOL, msg=name)
 
 
+@pytest.mark.parametrize("length", [1, 2, 9, 64])
+def test_segment_sum_and_its_gradient_are_the_definitions(length):
+    """segment_sum[i, j] = Σ_{j<k<=i} a_k below the diagonal and -inf above, written out entry
+    by entry; its own backward pass gives the gradient of exp() of that, to rounding."""
+    generator = torch.Generator().manual_seed(length)
+    log_decay = -torch.rand(3, length, generator=generator, dtype=torch.float64)
+    weights = torch.randn(3, length, length, generator=generator, dtype=torch.float64)
+
+    def defined(a):
+        rows = [torch.stack([a[:, j + 1:i + 1].sum(-1) if j <= i
+                             else torch.full_like(a[:, 0], float("-inf"))
+                             for j in range(length)], -1) for i in range(length)]
+        return torch.stack(rows, -2)
+
+    leaf = log_decay.clone().requires_grad_()
+    ours = ssd.segment_sum(leaf)
+    (grad,) = torch.autograd.grad((ours.exp() * weights).sum(), leaf)
+    leaf = log_decay.clone().requires_grad_()
+    expected = defined(leaf)
+    (expected_grad,) = torch.autograd.grad((expected.exp() * weights).sum(), leaf)
+    torch.testing.assert_close(ours.detach(), expected.detach(), rtol=0, atol=1e-13)
+    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-12)
+
+
 def test_without_initial_state_or_skip_and_one_group():
     inputs = random_scan_inputs(length=19, groups=1)
     del inputs["initial_state"], inputs["D"]
