@@ -7,4 +7,5 @@
     perf/      speed benchmarks and the GPU checks
     cli/       the command line (python -m bench) and the suite runner
 
-Importing it changes nothing (the CLI's OMP_WAIT_POLICY is set in bench.cli.main.main)."""
+Importing it changes nothing (how the CLI's OpenMP threads wait is set in bench.cli.main.main,
+bench/cli/openmp.py)."""

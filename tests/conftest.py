@@ -1,11 +1,15 @@
 """Suite-wide settings. One intra-op thread: the tensors here are small, and with more threads
-than idle cores torch's thread pool spins and is several times slower, not faster."""
+than idle cores torch's thread pool spins and is several times slower, not faster. The commands
+the tests start as processes share the cores with the other test worker (pytest -n 2): their
+threads sleep at once rather than spin briefly (bench/cli/openmp.py), as on any shared machine."""
+import os
 import signal
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Started under nohup, the tests inherit an ignored SIGHUP, and a run rightly leaves an ignored
 # signal ignored (bench/training/signals.py SignalGuard): the tests of what a run does on SIGHUP need the

@@ -9,6 +9,7 @@ import sys
 
 # (Ctrl-C while these import is answered by bench/__main__.py, which imports this module)
 from bench.cli import report_commands, run_commands
+from bench.cli.openmp import set_thread_wait
 from bench.cli.options import fail
 from bench.cli.usage import HELP, USAGE
 from bench.config import ConfigError, first_line
@@ -25,13 +26,7 @@ HANDLERS = {"run": run_commands.cmd_run, "references": run_commands.cmd_referenc
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Idle OpenMP threads sleep instead of spinning. Torch's CPU threads spin-wait between the
-    # many small ops of these models; when another process shares the cores, spinning threads
-    # steal each other's time and a run is ~5x slower (README "Threads"). The OpenMP runtime
-    # reads it once, when torch loads it: `python -m bench` has loaded only bench,
-    # bench.config.commands and bench.config (no torch) when main starts, so it is set first thing
-    # here, not at import (importing bench changes no environment). A value in the environment wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    set_thread_wait()  # before torch loads: how its threads wait between ops (bench/cli/openmp.py)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(HELP.strip())

@@ -4,14 +4,15 @@ results-<slot>.jsonl there. Its exit status: 0, or 128 + the signal that stopped
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
+
+from bench.cli.openmp import set_thread_wait
 
 
 def main(argv: list[str]) -> int:
     folder, slot, workers = Path(argv[0]), int(argv[1]), int(argv[2])
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the command line's own process
+    set_thread_wait()  # as the command line's own process, before torch loads
     from bench.cli.launch import Plan, pin_cores, work
     pin_cores()
     plan = Plan(**json.loads((folder / "plan.json").read_text()))
