@@ -1,7 +1,8 @@
 """The pre-run memory estimate (bench/training/memory.py; bench/training/checks.py compares it with what is free):
-passes measured on models without storage in the precision and with the SSD kernel that will
-run, the training loss of a large vocabulary, the GPU and the host each compared with their own
-free memory, text evaluation sized by the windows it scores, and the GPU a DDP rank asks about."""
+passes measured in the precision and with the SSD kernel that will run (a small CPU run's on
+real tensors, any other on models without storage, the two agreeing), the training loss of a
+large vocabulary, the GPU and the host each compared with their own free memory, text evaluation
+sized by the windows it scores, and the GPU a DDP rank asks about."""
 import pytest
 import torch
 
@@ -30,7 +31,7 @@ def test_a_measured_step_is_the_real_steps_allocation_peak():
     config = compose(["model=transformer", "model.d_model=16", "task.vocab_size=3000",
                       "task.seq_len=16", "trainer.batch_size=4"])
     task = task_of(config)
-    measured = model_footprint(config, task, None, eval_rows=4)
+    measured = model_footprint(config, task, None, eval_rows=4, device="cuda")
     model = build_model(config.model_family, config.model,
                         IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len))
     tokens = torch.randint(3000, (4, 17))
@@ -48,10 +49,62 @@ def test_the_loss_of_a_large_vocabulary_is_counted():
     def activations(vocab):
         config = compose(["model=transformer", "model.d_model=16", f"task.vocab_size={vocab}",
                           "task.seq_len=64", "trainer.batch_size=8"])
-        return model_footprint(config, task_of(config), None, eval_rows=8).backward
+        return model_footprint(config, task_of(config), None, eval_rows=8, device="cuda").backward
 
     logits = 8 * 64 * 50257
     assert 11.9 * logits <= activations(50257) - activations(2) <= 13 * logits
+
+
+def measured_on(monkeypatch):
+    """Which tensors each measurement of the passes ran on ("real" or "fake"), as it happens."""
+    seen, measure = [], memory._measure_passes
+
+    def spy(*args, real):
+        found = measure(*args, real=real)
+        seen.append(("real" if real else "fake", found))
+        return found
+
+    monkeypatch.setattr(memory, "_measure_passes", spy)
+    monkeypatch.setattr(memory, "_measured", {})
+    return seen
+
+
+@pytest.mark.parametrize("argv", [[], ["model=transformer"], ["task=linreg", "model=gd_ssm"],
+                                  ["task=lgssm", "model=selective_ssm"],
+                                  ["model=mamba", "trainer.precision=64-true"]])
+def test_a_small_cpu_run_is_measured_on_real_tensors_as_on_fake_ones(monkeypatch, argv):
+    """A CPU run's small model runs its passes for real, in milliseconds and without Dynamo's
+    import; they allocate what the same passes on fake tensors (a GPU run's measurement) do, and
+    the global generator is left as it was (the run draws its weights from it)."""
+    config = compose(argv)
+    task = task_of(config)
+    seen = measured_on(monkeypatch)
+    state = torch.get_rng_state()
+    on_cpu = model_footprint(config, task, "torch", eval_rows=64, device="cpu")
+    assert torch.equal(torch.get_rng_state(), state)
+    on_gpu = model_footprint(config, task, "torch", eval_rows=64, device="cuda")
+    assert [kind for kind, _ in seen] == ["real", "fake"]
+    assert on_cpu == on_gpu and on_cpu.backward > on_cpu.forward > 0
+
+
+def test_past_its_limits_the_real_measurement_gives_way_to_fake_tensors(monkeypatch):
+    """Weights or a pass's live tensors over REAL_BYTES stop the real measurement at the op that
+    went past it; parameters times positions over REAL_WORK skip it: fake tensors measure."""
+    config = compose(["model=mamba", "model.d_model=32"])
+    task = task_of(config)
+    expected = model_footprint(config, task, "torch", eval_rows=8, device="cuda")
+    with pytest.raises(memory.OverLimit), Allocations(limit=1000):
+        torch.ones(1000)
+    # over REAL_BYTES the real measurement raises (the spy records nothing); over REAL_WORK it
+    # answers None before any pass
+    for limit, work, kinds in ((1 << 20, memory.REAL_WORK, ["fake"]),
+                               (memory.REAL_BYTES, 1000, ["real", "fake"])):
+        seen = measured_on(monkeypatch)
+        monkeypatch.setattr(memory, "REAL_BYTES", limit)
+        monkeypatch.setattr(memory, "REAL_WORK", work)
+        assert model_footprint(config, task, "torch", eval_rows=8, device="cpu") == expected
+        assert [kind for kind, _ in seen] == kinds
+        assert seen[-1] == ("fake", (expected, False))
 
 
 def mamba_estimate(kernel, precision="bf16-mixed"):

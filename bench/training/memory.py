@@ -1,11 +1,13 @@
 """The memory a run needs, estimated before anything runs (bench/training/checks.py compares it with
 what each side has free).
 
-The model is built under FakeTensorMode (shapes and dtypes without storage), so a model that would
-need 100 GB is measured in a fraction of a second, and its passes are measured as they will run
-(precision, SSD kernel): a training step's forward pass, loss and backward pass and an evaluation
-call, following every allocation to its peak. With the buffers it counts, the estimate is per
-side, the training device of this rank and the host."""
+The model's passes are measured as they will run (precision, SSD kernel): a training step's
+forward pass, loss and backward pass and an evaluation call, following every allocation to its
+peak. A small model (the default one, most synthetic tasks) is measured on real tensors on the
+host, in milliseconds; any other is built under FakeTensorMode (shapes and dtypes without
+storage), so a model that would need 100 GB is measured in a fraction of a second, at the price
+of Dynamo's import and about 0.5 ms an op. With the buffers it counts, the estimate is per side,
+the training device of this rank and the host."""
 from __future__ import annotations
 
 import contextlib
@@ -94,17 +96,23 @@ def precision_context(precision: str):
         yield
 
 
+class OverLimit(Exception):
+    """Allocations went past its limit: the measurement on real tensors stops there."""
+
+
 class Allocations(TorchDispatchMode):
-    """Bytes of the tensors that ops allocate while it is active: `live` now, `peak` so far.
+    """Bytes of the tensors that ops allocate while it is active: `live` now, `peak` so far;
+    past `limit` live bytes (if given) the op that went past it raises OverLimit.
 
     A storage counts from the op that creates it until it is freed (a weak reference's
     callback), so what autograd saves counts until the backward pass releases it; results that
-    alias an input (views, in-place ops: the op's schema says so) allocate nothing. Runs on fake
-    tensors, so a model's peak is measured without its memory."""
+    alias an input (views, in-place ops: the op's schema says so) allocate nothing. On fake
+    tensors it measures a model's peak without its memory."""
 
-    def __init__(self):
+    def __init__(self, limit: int | None = None):
         super().__init__()
         self.live = self.peak = 0
+        self.limit = limit
 
     def _free(self, size: int) -> None:
         self.live -= size
@@ -121,6 +129,8 @@ class Allocations(TorchDispatchMode):
                         self.live += size
                         weakref.finalize(storage, self._free, size)
         self.peak = max(self.peak, self.live)
+        if self.limit is not None and self.live > self.limit:
+            raise OverLimit
         return out
 
 
@@ -151,16 +161,17 @@ def scan_kernel(config, device: str, mamba_ssm: bool | None = None) -> str | Non
     return "mamba_ssm" if mamba_ssm else "torch"
 
 
-def model_footprint(config, task, kernel: str | None, eval_rows: int,
+def model_footprint(config, task, kernel: str | None, eval_rows: int, device: str,
                     budget: int | None = None) -> Footprint:
-    """The Footprint of the run's model at one rank's batch, with the SSD scan `kernel`. A deep
+    """The Footprint of the run's model at one rank's batch, with the SSD scan `kernel`, for
+    training on `device` ("cpu": a small model's passes run as they will, _measure). A deep
     model is measured at depths 1 and 2 and extrapolated linearly (its layers are identical), so
     10^5 layers cost no more to check than 2."""
     depth = getattr(config.model, "n_layers", None)
     if not isinstance(depth, int) or depth <= 2:
-        return _footprint(config, config.model, task, kernel, eval_rows, budget)
+        return _footprint(config, config.model, task, kernel, eval_rows, device, budget)
     one, two = (_footprint(config, dataclasses.replace(config.model, n_layers=layers), task, kernel,
-                           eval_rows, None) for layers in (1, 2))
+                           eval_rows, device, None) for layers in (1, 2))
     return Footprint(*(a + (depth - 1) * (b - a)
                        for a, b in zip(dataclasses.astuple(one), dataclasses.astuple(two))))
 
@@ -170,90 +181,134 @@ def model_footprint(config, task, kernel: str | None, eval_rows: int,
 _measured: dict[str, Footprint] = {}
 
 
-def _footprint_key(config, model_config, task, kernel: str | None, eval_rows: int) -> str:
+def _footprint_key(config, model_config, task, kernel: str | None, eval_rows: int,
+                   device: str) -> str:
     """Everything a footprint can depend on: the whole config but the seed and names (the seed
-    draws the data, never a shape), the model config measured, the task as built and the pass."""
+    draws the data, never a shape), the model config measured, the task as built, the pass and
+    the device."""
     described = {k: v for k, v in config.describe().items()
                  if k in ("task", "model", "trainer")}
     return json.dumps([described, dataclasses.asdict(model_config), type(task).__qualname__,
                        task.kind, task.input_dim, task.output_dim, task.seq_len,
-                       task.micro_batch_size, task.scoring, kernel, eval_rows],
+                       task.micro_batch_size, task.scoring, kernel, eval_rows, device],
                       sort_keys=True, default=repr)
 
 
-def _footprint(config, model_config, task, kernel: str | None, eval_rows: int,
+def _footprint(config, model_config, task, kernel: str | None, eval_rows: int, device: str,
                budget: int | None) -> Footprint:
-    """Builds the model without storage and measures its passes (Allocations); a model
+    """Builds the model and measures its passes (Allocations, _measure); a model
     constructor's ValueError (a model that does not fit the task) becomes CheckFailed. The passes
     are skipped when the weights, gradients and AdamW state alone exceed `budget` bytes, and
     measure nothing for a model whose forward pass depends on the data (no estimate). A footprint
     measured in full is kept for the next config that differs only in seed or names."""
-    key = _footprint_key(config, model_config, task, kernel, eval_rows)
+    key = _footprint_key(config, model_config, task, kernel, eval_rows, device)
     if key in _measured:
         return _measured[key]
-    found, cut_short = _measure(config, model_config, task, kernel, eval_rows, budget)
+    found, cut_short = _measure(config, model_config, task, kernel, eval_rows, device, budget)
     if not cut_short:  # a budget's early answer is not what a larger budget would measure
         _measured[key] = found
     return found
 
 
-def _measure(config, model_config, task, kernel: str | None, eval_rows: int,
+# A CPU run's model is measured on real tensors, running the kernels the run will run, when its
+# weights and each pass's live tensors stay under REAL_BYTES and its parameters times the
+# positions of the passes under REAL_WORK: the default model's passes then take ~40 ms, where
+# fake tensors cost Dynamo's import (1 s, unless Lightning made it) and ~0.5 ms an op (1.2 s).
+# Anything larger, a GPU run's model, or anything the host cannot run is measured on fake
+# tensors. The two agree where the CPU's kernels allocate what their meta functions say
+# (tests/test_memory.py); where not, the real one is the run's (nn.LSTM's CPU kernel keeps a
+# workspace its meta function leaves out: 37 against 5.5 MB for the default task).
+REAL_BYTES = 256 * MIB
+REAL_WORK = 2 * 10**9
+
+
+def _measure(config, model_config, task, kernel: str | None, eval_rows: int, device: str,
              budget: int | None) -> tuple[Footprint, bool]:
-    """_footprint's measurement, and whether `budget` cut it short."""
+    """_footprint's measurement, and whether `budget` cut it short: on real tensors for a small
+    model of a CPU run (REAL_BYTES, REAL_WORK), else on fake ones."""
+    if device == "cpu":
+        try:
+            # the global generator as it was: building a model draws its initial weights
+            with torch.random.fork_rng(devices=[]):
+                found = _measure_passes(config, model_config, task, kernel, eval_rows, budget,
+                                        real=True)
+            if found is not None:
+                return found
+        except Exception:  # past the limits, or anything else: fake tensors measure and decide
+            pass
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        return _measure_passes(config, model_config, task, kernel, eval_rows, budget, real=False)
+
+
+def _measure_passes(config, model_config, task, kernel: str | None, eval_rows: int,
+                    budget: int | None, real: bool) -> tuple[Footprint, bool] | None:
+    """Builds the model and measures its passes (on fake tensors when called under
+    FakeTensorMode). `real`: tensors with storage, bounded by REAL_BYTES (OverLimit) and
+    REAL_WORK (None: measure it on fake tensors)."""
     precision = config.trainer.precision
     io = IOSpec(task.kind, task.input_dim, task.output_dim, task.seq_len)
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        try:
-            # a float64 run's model is built in float64: module.double() cannot swap the
-            # parameters of a model without storage
-            with default_dtype(torch.float64 if parameter_bytes(precision) == 8 else None):
-                model = build_model(config.model_family, model_config, io)
-        except ValueError as error:
-            raise CheckFailed(f"model {config.model_name} cannot be built for task "
-                              f"{config.task_name}: {first_line(error) or type(error).__name__}") from None
-        params = sum(p.numel() for p in model.parameters())
-        if budget is not None and 4 * parameter_bytes(precision) * params > budget:
-            return Footprint(params), True
+    limit = REAL_BYTES if real else None
+    try:
+        # a float64 run's model is built in float64: module.double() cannot swap the
+        # parameters of a model without storage
+        with default_dtype(torch.float64 if parameter_bytes(precision) == 8 else None), \
+                Allocations(limit):
+            model = build_model(config.model_family, model_config, io)
+    except ValueError as error:
+        if real:  # fake tensors decide what is the config's fault
+            raise
+        raise CheckFailed(f"model {config.model_name} cannot be built for task "
+                          f"{config.task_name}: {first_line(error) or type(error).__name__}") from None
+    params = sum(p.numel() for p in model.parameters())
+    if budget is not None and 4 * parameter_bytes(precision) * params > budget:
+        return Footprint(params), True
+    if real and params * (task.micro_batch_size + eval_rows) * task.seq_len > REAL_WORK:
+        return None
 
-        def batch(rows: int) -> Batch:
-            shape = (rows, task.seq_len)
-            inputs = (torch.zeros(shape, dtype=torch.long) if task.kind == "tokens"
-                      else torch.zeros(*shape, task.input_dim))
-            targets = (torch.zeros(shape, dtype=torch.long) if task.kind == "tokens"
-                       else torch.zeros(*shape, task.output_dim))
-            return Batch(inputs, targets, torch.ones(shape, dtype=torch.bool))
+    def batch(rows: int) -> Batch:
+        shape = (rows, task.seq_len)
+        inputs = (torch.zeros(shape, dtype=torch.long) if task.kind == "tokens"
+                  else torch.zeros(*shape, task.input_dim))
+        targets = (torch.zeros(shape, dtype=torch.long) if task.kind == "tokens"
+                   else torch.zeros(*shape, task.output_dim))
+        return Batch(inputs, targets, torch.ones(shape, dtype=torch.bool))
 
-        # an op that cannot run on fake tensors logs a traceback before raising: not for users
-        fake_log = logging.getLogger("torch._subclasses.fake_tensor")
-        level, fake_log.level = fake_log.level, logging.CRITICAL
-        scan = scan_override(kernel_footprint) if kernel == "mamba_ssm" else contextlib.nullcontext()
-        try:
-            with scan, precision_context(precision):
-                train = batch(task.micro_batch_size)
-                with Allocations() as allocated:
-                    output = model(train.inputs)
-                    loss = masked_loss(task, output, train)  # the run's loss, no data-sized op
-                    del output
-                    forward = allocated.peak
-                    loss.backward()
-                    backward = allocated.peak
-                held_out = batch(eval_rows)
-                model.eval()
-                with torch.no_grad(), Allocations() as allocated:
-                    if task.scoring == "perplexity":
-                        token_scores(model, held_out, task.output_dim)
-                    else:
-                        model.predict(held_out.inputs).float()
-                return Footprint(params, forward, backward, allocated.peak), False
-        except ValueError as error:
-            raise CheckFailed(f"model {config.model_name} does not fit task {config.task_name}: "
-                              f"{first_line(error) or type(error).__name__}") from None
-        except Exception:  # a data-dependent forward pass cannot run without data: no estimate
-            return Footprint(params), False
-        finally:
-            fake_log.setLevel(level)
+    # an op that cannot run on fake tensors logs a traceback before raising: not for users
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level, fake_log.level = fake_log.level, logging.CRITICAL
+    scan = scan_override(kernel_footprint) if kernel == "mamba_ssm" else contextlib.nullcontext()
+    try:
+        with scan, precision_context(precision):
+            train = batch(task.micro_batch_size)
+            with Allocations(limit) as allocated:
+                output = model(train.inputs)
+                loss = masked_loss(task, output, train)  # the run's loss, no data-sized op
+                del output
+                forward = allocated.peak
+                loss.backward()
+                backward = allocated.peak
+            held_out = batch(eval_rows)
+            model.eval()
+            with torch.no_grad(), Allocations(limit) as allocated:
+                if task.scoring == "perplexity":
+                    token_scores(model, held_out, task.output_dim)
+                else:
+                    model.predict(held_out.inputs).float()
+            return Footprint(params, forward, backward, allocated.peak), False
+    except ValueError as error:
+        if real:
+            raise
+        raise CheckFailed(f"model {config.model_name} does not fit task {config.task_name}: "
+                          f"{first_line(error) or type(error).__name__}") from None
+    except Exception:
+        if real:
+            raise
+        # a data-dependent forward pass cannot run without data: no estimate
+        return Footprint(params), False
+    finally:
+        fake_log.setLevel(level)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,7 +403,7 @@ def memory_estimate(config, task, device: str, kernel: str | None = None,
     ranks = world // t.num_nodes
     held_out = task.held_out_size(t.eval_sequences)
     eval_rows = max(1, min(t.eval_batch_size, -(-held_out // world)))
-    model = model_footprint(config, task, kernel, eval_rows, budget)
+    model = model_footprint(config, task, kernel, eval_rows, device, budget)
     weights = parameter_bytes(t.precision) * model.params  # one parameter-sized buffer
     per_sequence = task.memory_per_sequence()
     size = task.eval_size_option
