@@ -3,10 +3,10 @@ what each side has free).
 
 The model's passes are measured as they will run (precision, SSD kernel): a training step's
 forward pass, loss and backward pass and an evaluation call, following every allocation to its
-peak. A small model (the default one, most synthetic tasks) is measured on real tensors on the
-host, in milliseconds; any other is built under FakeTensorMode (shapes and dtypes without
-storage), so a model that would need 100 GB is measured in a fraction of a second, at the price
-of Dynamo's import and about 0.5 ms an op. With the buffers it counts, the estimate is per side,
+peak. A CPU run's small model (the default one, most synthetic tasks) is measured on real
+tensors, in milliseconds; any other is built under FakeTensorMode (shapes and dtypes without
+storage), so a model that would need 100 GB is measured in a fraction of a second, at about
+0.5 ms an op. With the buffers it counts, the estimate is per side,
 the training device of this rank and the host."""
 from __future__ import annotations
 
@@ -213,7 +213,8 @@ def _footprint(config, model_config, task, kernel: str | None, eval_rows: int, d
 # A CPU run's model is measured on real tensors, running the kernels the run will run, when its
 # weights and each pass's live tensors stay under REAL_BYTES and its parameters times the
 # positions of the passes under REAL_WORK: the default model's passes then take ~40 ms, where
-# fake tensors cost Dynamo's import (1 s, unless Lightning made it) and ~0.5 ms an op (1.2 s).
+# fake tensors cost ~0.5 ms an op (0.5 s for the default model; Dynamo's 1 s import, which any
+# TorchDispatchMode makes, is paid either way).
 # Anything larger, a GPU run's model, or anything the host cannot run is measured on fake
 # tensors. The two agree where the CPU's kernels allocate what their meta functions say
 # (tests/test_memory.py); where not, the real one is the run's (nn.LSTM's CPU kernel keeps a
