@@ -80,6 +80,9 @@ def test_two_workers_make_the_sequential_runs_records(tmp_path):
     assert parallel == sequential
     assert {json.loads(p.read_text())["train"]["threads"]  # the record says what ran
             for p in (tmp_path / "two").glob("*.json")} == {1}
+    # and how the threads waited: the tests' PASSIVE (tests/conftest.py), which workers keep
+    assert [json.loads(p.read_text())["train"]["thread_wait"]
+            for p in (tmp_path / "two").glob("*.json")] == [{"OMP_WAIT_POLICY": "PASSIVE"}] * 4
     assert not list((tmp_path / "two" / locks.LOCKS).glob("*.lock"))
 
 

@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import os
 
+from bench.records.store import THREAD_WAIT_KEYS
+
 SPIN_COUNT = "1000"
 
 
 def set_thread_wait() -> None:
-    """Sets the short spin unless the environment already says how threads wait."""
-    if any(key in os.environ for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")):
+    """Sets the short spin unless the environment already says how threads wait (a run's record
+    keeps what it was: train.thread_wait)."""
+    if any(key in os.environ for key in THREAD_WAIT_KEYS):
         return
     os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
     os.environ["KMP_BLOCKTIME"] = "0"

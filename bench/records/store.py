@@ -139,6 +139,17 @@ def provenance() -> dict:
             "version": version, "torch": torch.__version__}
 
 
+# How torch's OpenMP threads wait between ops (bench/cli/openmp.py sets them; a user may): they
+# move a CPU run's wall times by a third and none of its numbers
+THREAD_WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def thread_wait() -> dict[str, str]:
+    """The thread-wait settings this process's environment holds (the OpenMP runtime read them
+    when torch loaded)."""
+    return {key: os.environ[key] for key in THREAD_WAIT_KEYS if key in os.environ}
+
+
 @functools.cache
 def code_of_this_process() -> dict:
     """provenance() as it was at this process's first run: the code a suite's later runs execute

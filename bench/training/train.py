@@ -24,7 +24,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from bench.config import RunConfig, first_line
-from bench.records.store import SCHEMA, RunFailed, code_of_this_process, new_run_id, write_record
+from bench.records.store import (SCHEMA, RunFailed, code_of_this_process, new_run_id, thread_wait,
+                                 write_record)
 from bench.training import reference_cache
 from bench.training.checks import check_resume, planned_environment
 from bench.training.datamodule import TaskData
@@ -475,6 +476,7 @@ def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone
             # (OMP_NUM_THREADS: a launcher's worker has its share of the cores); they move a
             # run's numbers at the level of float rounding
             "threads": torch.get_num_threads(),
+            "thread_wait": thread_wait(),  # how those threads waited: the wall times depend on it
             "world_size": trainer.world_size if trainer is not None else None,
             "precision": str(trainer.precision) if trainer is not None else None,
             "tf32": module.config.tf32,
