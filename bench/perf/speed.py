@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.config import RunConfig
+from bench.records.store import thread_wait
 from bench.training import reference_cache
 from bench.training.datamodule import TaskData
 from bench.training.devices import loader_workers
@@ -441,8 +442,8 @@ def measure(config: RunConfig, steps: int = 20, kernels: str = "all", precisions
     result = {"task": config.task_name, "model": config.model_name, "device": str(device),
               "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                               else "cpu"),
-              "threads": torch.get_num_threads(), "tf32": config.trainer.tf32,
-              "batch_size": config.trainer.batch_size,
+              "threads": torch.get_num_threads(), "thread_wait": thread_wait(),
+              "tf32": config.trainer.tf32, "batch_size": config.trainer.batch_size,
               "seq_len": task.seq_len, "params": model.num_parameters(),
               "torch": torch.__version__, "steps": steps, "training": []}
     for setting in settings(config, device, kernels, precisions, compiles):
@@ -495,7 +496,8 @@ def setting_label(setting: dict) -> str:
 
 
 def print_speed(r: dict) -> None:
-    print(f"{r['model']} on {r['task']} ({r['device_name']}, {r['threads']} threads, torch "
+    wait = "".join(f" {key}={value}" for key, value in r.get("thread_wait", {}).items())
+    print(f"{r['model']} on {r['task']} ({r['device_name']}, {r['threads']} threads{wait}, torch "
           f"{r['torch']}): batch {r['batch_size']} x {r['seq_len']} positions, {r['params']:,} "
           f"parameters; {r['steps']} timed steps (forward + backward + AdamW)")
     print(f"  {'kernel':<10} {'precision':<11} {'compile':<8} {'ms/step':>9} {'tokens/s':>12} "
