@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli.main import main
-from bench.records.store import SCHEMA
+from bench.records.store import SCHEMA, THREAD_WAIT_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["task.seq_len=24", "trainer.max_steps=4", "trainer.warmup_steps=2",
@@ -165,9 +165,6 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
     assert b["metrics"]["loss"]["model"] == pytest.approx(a["metrics"]["loss"]["model"], rel=1e-6)
 
 
-WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-
-
 @pytest.mark.parametrize("given,expected", [
     ({}, {"GOMP_SPINCOUNT": "1000", "KMP_BLOCKTIME": "0"}),
     ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "PASSIVE"}),
@@ -178,7 +175,7 @@ def test_threads_spin_briefly_unless_the_user_says_otherwise(given, expected):
     a wait the user set is kept as it is. Importing bench (and bench.cli.main, as `python -m
     bench` does before main) changes no environment and loads no torch: the runtime reads the
     setting when torch loads, which a run's main does after setting it."""
-    env = {k: v for k, v in os.environ.items() if k not in WAIT_KEYS}
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_WAIT_KEYS}
     env.update(given)
     env["PYTHONPATH"] = str(REPO)
     probe = textwrap.dedent(f"""
@@ -192,7 +189,7 @@ def test_threads_spin_briefly_unless_the_user_says_otherwise(given, expected):
         class Spy:  # the wait as the first import of torch finds it
             def find_spec(self, name, path=None, target=None):
                 if name == "torch" and not seen:
-                    seen.append({{k: os.environ[k] for k in {WAIT_KEYS!r} if k in os.environ}})
+                    seen.append({{k: os.environ[k] for k in {THREAD_WAIT_KEYS!r} if k in os.environ}})
 
         sys.meta_path.insert(0, Spy())
         code = bench.cli.main.main(["run", "print_config=true", "trainer.max_steps=1"])

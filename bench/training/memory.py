@@ -6,8 +6,8 @@ forward pass, loss and backward pass and an evaluation call, following every all
 peak. A CPU run's small model (the default one, most synthetic tasks) is measured on real
 tensors, in milliseconds; any other is built under FakeTensorMode (shapes and dtypes without
 storage), so a model that would need 100 GB is measured in a fraction of a second, at about
-0.5 ms an op. With the buffers it counts, the estimate is per side,
-the training device of this rank and the host."""
+0.5 ms an op. With the buffers it counts, the estimate is per side, the training device of this
+rank and the host."""
 from __future__ import annotations
 
 import contextlib
@@ -255,7 +255,7 @@ def _measure_passes(config, model_config, task, kernel: str | None, eval_rows: i
         # a float64 run's model is built in float64: module.double() cannot swap the
         # parameters of a model without storage
         with default_dtype(torch.float64 if parameter_bytes(precision) == 8 else None), \
-                Allocations(limit):
+                (Allocations(limit) if real else contextlib.nullcontext()):  # weights' bound
             model = build_model(config.model_family, model_config, io)
     except ValueError as error:
         if real:  # fake tensors decide what is the config's fault
@@ -298,14 +298,12 @@ def _measure_passes(config, model_config, task, kernel: str | None, eval_rows: i
                 else:
                     model.predict(held_out.inputs).float()
             return Footprint(params, forward, backward, allocated.peak), False
-    except ValueError as error:
-        if real:
+    except Exception as error:
+        if real:  # fake tensors decide what is the config's fault
             raise
-        raise CheckFailed(f"model {config.model_name} does not fit task {config.task_name}: "
-                          f"{first_line(error) or type(error).__name__}") from None
-    except Exception:
-        if real:
-            raise
+        if isinstance(error, ValueError):
+            raise CheckFailed(f"model {config.model_name} does not fit task {config.task_name}: "
+                              f"{first_line(error) or type(error).__name__}") from None
         # a data-dependent forward pass cannot run without data: no estimate
         return Footprint(params), False
     finally:
