@@ -231,6 +231,22 @@ def test_a_mistyped_command_line_is_answered_without_torch(argv):
     assert last in ("loaded: 2 []", "loaded: 0 []"), (last, done.stderr[-1000:])
 
 
+def test_print_config_estimates_memory_without_lightning_or_dynamo():
+    """`run print_config=true` composes, checks and measures the model's passes with torch
+    alone: Lightning's import (4 s) and Dynamo's (1.1 s, which entering a dispatch mode whose own
+    __torch_dispatch__ TorchDispatchMode wrapped would cost) are for runs that train."""
+    probe = textwrap.dedent("""
+        import sys
+        import bench.cli.main
+        code = bench.cli.main.main(["run", "print_config=true"])
+        print("loaded:", code, sorted(m for m in ("lightning", "torch._dynamo", "torch")
+                                      if m in sys.modules))""")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=120)
+    assert "memory_estimate:" in done.stdout, done.stderr[-1000:]
+    assert done.stdout.strip().splitlines()[-1] == "loaded: 0 ['torch']", done.stderr[-1000:]
+
+
 def test_the_reports_read_records_without_lightning(tmp_path):
     """plot and compare load torch only for what needs it (compare's bootstrap), never
     Lightning or the task families: their imports are the CLI's, matplotlib's and torch's."""
