@@ -142,10 +142,10 @@ class Allocations(_CountAllocations, TorchDispatchMode):
 
 @dataclasses.dataclass(frozen=True)
 class Footprint:
-    """A model's parameters, and the peak bytes its passes allocate on one rank (measured on a
-    model without storage): the training forward pass with its loss, that and the backward pass
-    (the new gradients included), and one evaluation call (an evaluation batch; for text, the
-    first chunk of it, bench/training/evaluate.py token_scores)."""
+    """A model's parameters, and the peak bytes its passes allocate on one rank (_measure): the
+    training forward pass with its loss, that and the backward pass (the new gradients
+    included), and one evaluation call (an evaluation batch; for text, the first chunk of it,
+    bench/training/evaluate.py token_scores)."""
 
     params: int
     forward: int = 0
@@ -219,8 +219,8 @@ def _footprint(config, model_config, task, kernel: str | None, eval_rows: int, d
 # A CPU run's model is measured on real tensors, running the kernels the run will run, when its
 # weights and each pass's live tensors stay under REAL_BYTES and its parameters times the
 # positions of the passes under REAL_WORK: the default model's passes then take ~40 ms, where
-# fake tensors cost ~0.5 ms an op (0.5 s for the default model; Dynamo's 1 s import, which any
-# TorchDispatchMode makes, is paid either way).
+# fake tensors cost ~0.5 ms an op (0.5 s for the default model) and FakeTensorMode imports
+# Dynamo (1 s).
 # Anything larger, a GPU run's model, or anything the host cannot run is measured on fake
 # tensors. The two agree where the CPU's kernels allocate what their meta functions say
 # (tests/test_memory.py); where not, the real one is the run's (nn.LSTM's CPU kernel keeps a
