@@ -96,6 +96,25 @@ def test_the_lm_loss_measurement_compares_both_losses_in_both_precisions(capsys)
         lm_loss.main(["steps=3"])
 
 
+def test_the_perf_tools_refuse_an_out_file_they_cannot_write_before_measuring(tmp_path,
+                                                                            monkeypatch, capsys):
+    """profile_step and lm_loss write their JSON at the end: a folder that does not exist is one
+    line and exit code 2 at the start (it was a traceback after minutes of measuring)."""
+    from bench.perf import lm_loss, profile_step
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before its out= was checked")
+
+    monkeypatch.setattr(profile_step, "profile", measured)
+    monkeypatch.setattr(lm_loss, "measure", measured)
+    missing = str(tmp_path / "no-such-folder" / "out.json")
+    assert profile_step.main([f"out={missing}"]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and err.count("\n") == 1
+    with pytest.raises(ConfigError, match="does not exist"):
+        lm_loss.main([f"out={missing}"])
+
+
 def test_the_profilers_own_lines_are_kept_out_of_stderr(capfd):
     """torch's profiler library prints "USDT:... profiler_start" on file descriptor 2 at every
     profile (speed printed four); other lines written there come through."""

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.config import ConfigError, compose
-from bench.records.store import write_json
+from bench.records.store import output_path, write_json
 from bench.training.cross_entropy import chunked_cross_entropy
 from bench.training.memory import Allocations
 from models import IOSpec, build_model
@@ -95,6 +95,8 @@ def main(argv: list[str]) -> int:
         sizes = {key: int(options[key]) for key in ("batch", "seq_len", "vocab", "reps")}
     except ValueError:
         raise ConfigError("lm_loss: batch, seq_len, vocab and reps are integers") from None
+    if options["out"]:
+        output_path(options["out"])  # refused now, not after the minutes of measuring
     result = measure(options["model"], **sizes)
     print(f"{result['model']} ({result['parameters']:,} parameters), batch {result['batch']} x "
           f"{result['seq_len']} tokens, vocabulary {result['vocab']:,}, {result['device']}, "

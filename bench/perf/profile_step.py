@@ -27,7 +27,7 @@ import torch
 import models.ssd
 from bench.config import ConfigError
 from bench.perf.speed import lightning_step_time, without_profiler_chatter
-from bench.records.store import write_json
+from bench.records.store import output_path, write_json
 from bench.training.checks import compose_checked
 from bench.training.evaluate import masked_loss
 from bench.training.module import ICLModule
@@ -222,6 +222,8 @@ def main(argv: list[str]) -> int:
         print("error: steps must be an integer >= 5 and threads >= 0", file=sys.stderr)
         return 2
     try:
+        if options["out"]:
+            output_path(options["out"])  # refused now, not after the minutes of measuring
         result = profile(rest, steps, threads)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
