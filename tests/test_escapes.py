@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import json
 import tempfile
-from pathlib import Path
 
 import pytest
 
