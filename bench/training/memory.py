@@ -176,8 +176,9 @@ def model_footprint(config, task, kernel: str | None, eval_rows: int, device: st
     depth = getattr(config.model, "n_layers", None)
     if not isinstance(depth, int) or depth <= 2:
         return _footprint(config, config.model, task, kernel, eval_rows, device, budget)
+    # the budget's checks hold at depths 1 and 2 a fortiori: fewer weights, the same output
     one, two = (_footprint(config, dataclasses.replace(config.model, n_layers=layers), task, kernel,
-                           eval_rows, device, None) for layers in (1, 2))
+                           eval_rows, device, budget) for layers in (1, 2))
     return Footprint(*(a + (depth - 1) * (b - a)
                        for a, b in zip(dataclasses.astuple(one), dataclasses.astuple(two))))
 
@@ -204,7 +205,8 @@ def _footprint(config, model_config, task, kernel: str | None, eval_rows: int, d
                budget: int | None) -> Footprint:
     """Builds the model and measures its passes (Allocations, _measure); a model
     constructor's ValueError (a model that does not fit the task) becomes CheckFailed. The passes
-    are skipped when the weights, gradients and AdamW state alone exceed `budget` bytes, and
+    are skipped when the weights, gradients and AdamW state alone, or the training pass's output
+    alone, exceed `budget` bytes (a lower bound that refuses the run all the same), and
     measure nothing for a model whose forward pass depends on the data (no estimate). A footprint
     measured in full is kept for the next config that differs only in seed or names."""
     key = _footprint_key(config, model_config, task, kernel, eval_rows, device)
@@ -271,6 +273,14 @@ def _measure_passes(config, model_config, task, kernel: str | None, eval_rows: i
     params = sum(p.numel() for p in model.parameters())
     if budget is not None and 4 * parameter_bytes(precision) * params > budget:
         return Footprint(params), True
+    # Every training forward pass ends in the model's output (rows, T, output_dim), its
+    # gradient beside it: past the budget the run cannot fit, whatever else it holds, and
+    # measuring it would walk a loss chunked over ~10^5 chunks op by op (trainer.batch_size=10^9
+    # took 6 minutes to be refused).
+    output = (task.micro_batch_size * task.seq_len * task.output_dim
+              * (2 if precision in ("bf16-mixed", "16-mixed") else parameter_bytes(precision)))
+    if budget is not None and output > budget:
+        return Footprint(params, output, 2 * output), True
     if real and params * (task.micro_batch_size + eval_rows) * task.seq_len > REAL_WORK:
         return None
 
