@@ -62,6 +62,10 @@ CUDA_HOST_RUNTIME = GIB
 CUDA_RUNTIME = 512 * MIB
 
 
+# the *-mixed precisions' autocast dtypes: activations in 2 bytes, weights in float32
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
 def parameter_bytes(precision: str) -> int:
     """Bytes of a parameter, a gradient or an AdamW moment: float64 under 64-true, else float32
     (*-mixed keeps float32 weights and computes under autocast)."""
@@ -85,7 +89,7 @@ def precision_context(precision: str):
     """The forward context Lightning's precision plugin gives a step: autocast for *-mixed (on the
     CPU device type, where the fake tensors live; as on CUDA, matmuls run in half precision and
     losses and reductions in float32), float64 as the default dtype for 64-true."""
-    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    half = AUTOCAST_DTYPES.get(precision)
     if half is not None:
         with torch.autocast("cpu", dtype=half):
             yield
@@ -280,7 +284,7 @@ def _measure_passes(config, model_config, task, kernel: str | None, eval_rows: i
     # measuring it would walk a loss chunked over ~10^5 chunks op by op (trainer.batch_size=10^9
     # took 6 minutes to be refused).
     output = (task.micro_batch_size * task.seq_len * task.output_dim
-              * (2 if precision in ("bf16-mixed", "16-mixed") else parameter_bytes(precision)))
+              * (2 if precision in AUTOCAST_DTYPES else parameter_bytes(precision)))
     if budget is not None and output > budget:
         return Footprint(params, output, 2 * output), True
     if real and params * (task.micro_batch_size + eval_rows) * task.seq_len > REAL_WORK:
