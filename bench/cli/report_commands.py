@@ -234,6 +234,6 @@ def cmd_export(argv: list[str]) -> int:
     selection = select_runs(out_dir, include)
     for line in selection.warnings():
         print(line, file=sys.stderr)
-    rows = write_table(selection, out_path)
+    write_table(selection, out_path)
     print(f"{out_path}: a row per record of {selection.summary()}")
     return 0

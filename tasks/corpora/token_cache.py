@@ -128,7 +128,7 @@ def _build_cache(corpus: Corpus, split: str, tokenizer: TextTokenizer, bin_path:
                desc=f"tokenizing {corpus.name} {split} ({tokenizer.name})")
 
     def write_tokens(temporary: str) -> None:
-        nonlocal n_tokens, n_bytes, n_texts, rows_done
+        nonlocal rows_done  # the counts flush() adds to are the enclosing function's
         with open(temporary, "wb") as out:
             pending: list[str] = []
             pending_size = 0
