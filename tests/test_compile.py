@@ -31,7 +31,24 @@ def test_a_compiled_run_predicts_what_the_eager_model_predicts(tmp_path):
     assert record["status"] == "ok"
     # one pass of evaluation runs eager: a recompile for its batches would cost more than it saves
     assert record["train"]["compile"] is True and record["eval"]["compile"] is False
+    assert record["train"]["deterministic"] is True  # make_trainer's, on the CPU
     assert record["train"]["kernel"] is None  # no SSD scan in an LSTM
+
+
+def test_a_compiled_cpu_run_trains_with_deterministic_algorithms_and_the_next_run_without():
+    """Inductor's CPU code adds an embedding's gradient with atomic adds across threads: two
+    compiled runs of one seed ended ~1e-9 apart (docs/profile-cpu-step.md). Deterministic
+    algorithms make it fall back to aten's index_put; the flag is process-wide, so an eager run
+    after it in the same process (a suite) must find it off again."""
+    from bench.training.train import make_trainer
+    try:
+        make_trainer(compose_checked([*TINY, "trainer.compile=true", "trainer.accelerator=cpu"]),
+                     "compiled")
+        assert torch.are_deterministic_algorithms_enabled()
+        make_trainer(compose_checked(TINY), "eager")
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.parametrize("kernel, used", [("auto", "torch"), ("torch", "torch"),

@@ -184,6 +184,11 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
         callbacks.append(run_log)
     if t.val_every > 0:  # before RunLog, whose on_train_end closes the log
         callbacks.insert(len(callbacks) - (run_log is not None), LiveValidation(t, run_log))
+    # Inductor's CPU code adds the embedding's gradient with atomic adds across threads, so two
+    # compiled runs of one seed differed by ~1e-9; deterministic algorithms make it fall back to
+    # aten's index_put (no cost measured, docs/profile-cpu-step.md). Not on CUDA, where eager
+    # ops such as cumsum have no deterministic kernel. Lightning resets the flag per Trainer.
+    deterministic = t.compile and training_device(config) == "cpu"
     strategy = t.strategy
     if t.process_group_backend != "auto" and t.strategy.startswith("ddp"):
         strategy = L.pytorch.strategies.DDPStrategy(
@@ -196,7 +201,7 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
                      enable_checkpointing=t.checkpoint_every > 0, callbacks=callbacks,
                      enable_progress_bar=t.progress, enable_model_summary=False,
                      num_sanity_val_steps=0, limit_val_batches=0, log_every_n_steps=t.log_every,
-                     use_distributed_sampler=False, deterministic=False,
+                     use_distributed_sampler=False, deterministic=deterministic,
                      plugins=[DigestCheckpointIO()])
 
 
@@ -481,6 +486,7 @@ def _train_summary(trainer: L.Trainer | None, module: ICLModule, model: Backbone
             "precision": str(trainer.precision) if trainer is not None else None,
             "tf32": module.config.tf32,
             "compile": module.config.compile,
+            "deterministic": torch.are_deterministic_algorithms_enabled(),  # make_trainer's
             "kernel": scan_kernels(model, trained_on or "cpu"),
             "kernel_fallback": kernel_fallback(trained_on or "cpu"),
             "loss_curve": [list(point) for point in module.loss_curve],
