@@ -187,7 +187,7 @@ def make_trainer(config: RunConfig, run_id: str, log_dir: str | None = None,
     # Inductor's CPU code adds the embedding's gradient with atomic adds across threads, so two
     # compiled runs of one seed differed by ~1e-9; deterministic algorithms make it fall back to
     # aten's index_put (no cost measured, docs/profile-cpu-step.md). Not on CUDA, where eager
-    # ops such as cumsum have no deterministic kernel. Lightning resets the flag per Trainer.
+    # ops such as cumsum have no deterministic kernel. run() puts the flag back when it ends.
     deterministic = t.compile and training_device(config) == "cpu"
     strategy = t.strategy
     if t.process_group_backend != "auto" and t.strategy.startswith("ddp"):
@@ -296,7 +296,7 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
     _RUNS_STARTED.append(run_id)
     trainer = module = model = None
     path, failure = "", None
-    with SignalGuard(stop_signals) as signals:
+    with SignalGuard(stop_signals) as signals, deterministic_flag_restored():
         signals.distributed = world_size(config) > 1
         try:
             apply_tf32_policy(config.trainer.tf32)
@@ -397,6 +397,19 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
                 raise cause  # the process was told to exit (see the docstring)
             raise failure
         return record, path
+
+
+@contextlib.contextmanager
+def deterministic_flag_restored():
+    """torch's deterministic-algorithms flag as it was before: Lightning sets it, process-wide,
+    for each Trainer (make_trainer: on for a compiled CPU run), and what runs after the run in
+    the same process (a test, `bench speed`'s other rows) must not inherit it."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def warn_unused_eval_size(config: RunConfig) -> None:
