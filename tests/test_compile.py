@@ -41,15 +41,13 @@ def test_a_compiled_cpu_run_trains_with_deterministic_algorithms_and_an_eager_on
     compiled runs of one seed ended ~1e-9 apart (docs/profile-cpu-step.md). Deterministic
     algorithms make it fall back to aten's index_put. The flag is process-wide: an eager
     Trainer sets it off again, and a run puts back what it found (the test above)."""
-    from bench.training.train import make_trainer
-    try:
+    from bench.training.train import deterministic_flag_restored, make_trainer
+    with deterministic_flag_restored():  # whatever fails here, later tests find the flag as it was
         make_trainer(compose_checked([*TINY, "trainer.compile=true", "trainer.accelerator=cpu"]),
                      "compiled")
         assert torch.are_deterministic_algorithms_enabled()
         make_trainer(compose_checked(TINY), "eager")
         assert not torch.are_deterministic_algorithms_enabled()
-    finally:
-        torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.parametrize("kernel, used", [("auto", "torch"), ("torch", "torch"),
