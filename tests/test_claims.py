@@ -766,9 +766,26 @@ def test_a_row_says_when_records_of_one_seed_disagree_and_rounding_is_no_disagre
             for _, older, newer in section.conflicts] == [(0, 0.0015)]
     [d] = decide_all(load_claims(rules_file(tmp_path)), selection)
     assert d.values["mamba"].twins == {0: (0.0015, [0.0010])}
-    assert ("records of one version disagree on seed 0 (up to 33% of the value used: "
-            "float-level differences between code versions or thread counts that training "
-            "amplifies); the newest of each seed is used") in claims_mod.ours_cell(d)
+    assert ("records of one version disagree on seed 0 (up to 33% of the value used, `mamba` "
+            "of seed 0: float-level differences between code versions or thread counts that "
+            "training amplifies); the newest of each seed is used") in claims_mod.ours_cell(d)
+
+
+def test_a_rows_disagreement_is_the_largest_of_all_its_measures(tmp_path):
+    """Measures share seeds: one measure's twins of seed 0 must not hide another's. The row
+    reports the largest disagreement (mamba's 50%, not noconv's 1%), with its measure."""
+    out = tmp_path / "r"
+    put(out, record(MAMBA, seed=0, gap=0.0010, stamp="20260101-100000"),
+        record(MAMBA, seed=0, gap=0.0020, stamp="20260102-100000"),
+        record(MAMBA, seed=1, gap=0.0011),
+        record(NOCONV, seed=0, gap=0.0606, stamp="20260101-100000"),
+        record(NOCONV, seed=0, gap=0.0600, stamp="20260102-100000"),
+        record(NOCONV, seed=1, gap=0.07))
+    [d] = decide_all(load_claims(rules_file(tmp_path)), select_runs(str(out)))
+    assert d.values["mamba"].twins == {0: (0.0020, [0.0010])}
+    assert d.values["noconv"].twins == {0: (0.0600, [0.0606])}
+    assert "disagree on seed 0 (up to 50% of the value used, `mamba` of seed 0:" \
+        in claims_mod.ours_cell(d)
 
 
 def test_a_reference_without_an_interval_adds_no_held_out_noise_and_the_row_says_so(tmp_path):

@@ -145,15 +145,17 @@ def ours_cell(decision: Decision, shared: str | None = None) -> str:
 def disagreeing_twins(decision: Decision) -> str:
     """A note on the seeds whose records of one version disagree (the newest is used): pooled
     as one experiment, they did not reproduce each other, and the row must say so."""
-    found = {}  # seed -> (the headline used, the others)
-    for m in decision.values.values():
-        found.update(m.twins)
+    # every disagreement as (its size relative to the value used, measure, seed): measures share
+    # seeds, so one measure's must not hide another's; the largest is the one reported
+    found = [(abs(o - used) / max(abs(used), 1e-12), name, seed)
+             for name, m in decision.values.items() for seed, (used, others) in m.twins.items()
+             for o in others]
     if not found:
         return ""
-    worst = max(abs(o - used) / max(abs(used), 1e-12)
-                for used, others in found.values() for o in others)
-    seeds = seeds_text(sorted(found))
-    return (f"records of one version disagree on {seeds} (up to {worst:.0%} of the value used: "
+    worst, name, seed = max(found)
+    seeds = seeds_text(sorted({seed for _, _, seed in found}))
+    return (f"records of one version disagree on {seeds} (up to {worst:.0%} of the value used, "
+            f"`{name}` of seed {seed}: "
             "float-level differences between code versions or thread counts that training "
             "amplifies); the newest of each seed is used")
 
