@@ -786,6 +786,11 @@ def test_a_rows_disagreement_is_the_largest_of_all_its_measures(tmp_path):
     assert d.values["noconv"].twins == {0: (0.0600, [0.0606])}
     assert "disagree on seed 0 (up to 50% of the value used, `mamba` of seed 0:" \
         in claims_mod.ours_cell(d)
+    d.values["mamba"].twins = {}  # then noconv's 1%; and below 1%, not "up to 0%"
+    assert "disagree on seed 0 (up to 1% of the value used, `noconv` of seed 0:" \
+        in claims_mod.ours_cell(d)
+    d.values["noconv"].twins = {0: (0.0600, [0.06003])}
+    assert "(up to 0.05% of the value used, `noconv` of seed 0:" in claims_mod.ours_cell(d)
 
 
 def test_a_reference_without_an_interval_adds_no_held_out_noise_and_the_row_says_so(tmp_path):

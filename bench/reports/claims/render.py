@@ -154,7 +154,8 @@ def disagreeing_twins(decision: Decision) -> str:
         return ""
     worst, name, seed = max(found)
     seeds = seeds_text(sorted({seed for _, _, seed in found}))
-    return (f"records of one version disagree on {seeds} (up to {worst:.0%} of the value used, "
+    size = f"{worst:.0%}" if worst >= 0.01 else f"{worst * 100:.1g}%"  # never "up to 0%"
+    return (f"records of one version disagree on {seeds} (up to {size} of the value used, "
             f"`{name}` of seed {seed}: "
             "float-level differences between code versions or thread counts that training "
             "amplifies); the newest of each seed is used")
