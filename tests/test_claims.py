@@ -535,6 +535,52 @@ def test_a_rules_folder_holds_one_folder_per_paper(tmp_path):
         load_claims(folder)
 
 
+def test_rewriting_claims_md_names_every_verdict_that_changed(tmp_path, capsys):
+    """A rerun or new records can move a verdict: claims says which moved, against the report it
+    rewrites or the one `against=` names, and reads the verdicts back from the rows it wrote (a
+    fail is in bold; a | in a claim's text is escaped and does not shift the cells)."""
+    rules = rules_file(tmp_path)
+    rules.write_text(rules.read_text().replace("Convolution is the key.", "Conv | no conv."))
+    put(tmp_path / "fails", record(MAMBA, gap=0.001), record(NOCONV, gap=0.002))
+    put(tmp_path / "holds", record(MAMBA, gap=0.001), record(NOCONV, gap=0.06))
+    target = tmp_path / "claims.md"
+    assert main(["claims", f"out_dir={tmp_path / 'fails'}", f"out={target}",
+                 f"rules={rules}"]) == 0
+    assert "verdicts against" not in capsys.readouterr().out  # nothing was there before
+    assert claims_mod.verdicts_in(target.read_text()) == {"t-conv": "fails"}
+    assert main(["claims", f"out_dir={tmp_path / 'fails'}", f"out={target}",
+                 f"rules={rules}"]) == 0
+    assert f"verdicts against {target}: none of 1 claim changed" in capsys.readouterr().out
+    first = target.read_text()
+    assert main(["claims", f"out_dir={tmp_path / 'holds'}", f"out={target}",
+                 f"rules={rules}"]) == 0
+    out = capsys.readouterr().out
+    assert f"verdicts against {target}: 1 of 1 claim changed\n  t-conv: fails → holds\n" in out
+    earlier = tmp_path / "earlier.md"
+    earlier.write_text(first.replace("| t-conv |", "| t-gone |"))
+    assert main(["claims", f"out_dir={tmp_path / 'holds'}", f"out={tmp_path / 'other.md'}",
+                 f"rules={rules}", f"against={earlier}", "check=true"]) == 0
+    assert capsys.readouterr().out.splitlines()[-3:] == [
+        f"verdicts against {earlier}: 2 of 2 claims changed", "  t-conv: new, holds",
+        "  t-gone: gone, was fails"]
+    assert not (tmp_path / "other.md").exists()
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "is not a readable file"), ("# Claims\n\nno table\n", "holds no claim rows")])
+def test_against_a_report_without_verdicts_is_refused_before_any_record_is_read(
+        tmp_path, capsys, content, why):
+    put(tmp_path / "r", record(MAMBA), record(NOCONV))
+    against = tmp_path / "old.md"
+    if content is not None:
+        against.write_text(content)
+    assert main(["claims", f"out_dir={tmp_path / 'r'}", f"out={tmp_path / 'c.md'}",
+                 f"rules={rules_file(tmp_path)}", f"against={against}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"against '{against}' {why}" in err
+    assert not (tmp_path / "c.md").exists()
+
+
 def test_records_that_lack_a_metric_leave_the_claim_not_measured(tmp_path, capsys):
     """Records made before a metric existed (or a rule naming one no record has) leave the row
     `not measured`, naming the metric and what the records hold, and the research check fails

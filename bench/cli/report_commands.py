@@ -115,11 +115,12 @@ def cmd_claims(argv: list[str]) -> int:
     argv, include = take_option(argv, "include", "suite")
     argv, rules = take_option(argv, "rules", "")
     argv, check = take_flag(argv, "check")
+    argv, against = take_option(argv, "against", "")
     if argv:
         raise ConfigError(f"unknown argument '{argv[0]}'; claims takes out_dir=<dir>, "
                           "out=<file>, include=suite|all, rules=<file or folder>, "
-                          "check=true|false")
-    check_paths(out_dir=out_dir, out=out, rules=rules)
+                          "check=true|false, against=<claims.md>")
+    check_paths(out_dir=out_dir, out=out, rules=rules, against=against)
     from bench.reports.selection import check_selection, select_runs
     check_selection(out_dir, include)  # all refused now, not after the rules and records
     if not check:
@@ -127,22 +128,59 @@ def cmd_claims(argv: list[str]) -> int:
     from bench.reports.claims import decide_all, load_claims, write_claims
     from bench.reports.claims.check import problems
     from bench.reports.claims.render import verdict_counts
+    before = None if check else previous_text(out)
+    earlier = earlier_verdicts(against, out, before)
     claims = load_claims(rules or None)  # bad rules are reported before the records are read
     selection = select_runs(out_dir, include)
     for line in selection.warnings():
         print(line, file=sys.stderr)
     if check:  # the research checks of the records; claims.md is not written
-        found = problems(decide_all(claims, selection))
+        decisions = decide_all(claims, selection)
+        found = problems(decisions)
         for problem in found:
             print(f"error: {problem}", file=sys.stderr)
         print(f"{plural(len(claims), 'claim')} checked against {selection.summary()}: "
               f"{plural(len(found), 'problem')}")
+        print_changes(earlier, decisions)
         return 1 if found else 0
-    before = previous_text(out)
     path, decisions = write_claims(selection, out, rules or None, claims)
     print(f"{path}: {verdict_counts(decisions)} from {selection.summary()}")
     tracked_note(Path(path), before)
+    print_changes(earlier, decisions)
     return 0
+
+
+def earlier_verdicts(against: str, out: str, before: str | None
+                     ) -> tuple[str, dict[str, str]] | None:
+    """The verdicts a claims run compares its own with: those of the report `against` names
+    (refused when it holds none), else those of `before`, the text of the report `out` that it
+    is about to rewrite, if any."""
+    from bench.reports.claims.render import verdicts_in
+    if against:
+        text = previous_text(against)
+        verdicts = verdicts_in(text) if text is not None else {}
+        if not verdicts:
+            why = "is not a readable file" if text is None else "holds no claim rows"
+            raise ConfigError(f"against '{against}' {why}; give a claims.md that "
+                              "`python -m bench claims` wrote")
+        return against, verdicts
+    verdicts = verdicts_in(before) if before is not None else {}
+    return (out, verdicts) if verdicts else None
+
+
+def print_changes(earlier: tuple[str, dict[str, str]] | None, decisions) -> None:
+    """Which verdicts moved against the earlier report: a rerun or new records can change a
+    verdict, and a changed verdict is what a reader of claims.md must not miss."""
+    if earlier is None:
+        return
+    from bench.reports.claims.render import verdict_changes
+    name, verdicts = earlier
+    changes = verdict_changes(verdicts, decisions)
+    claims = verdicts.keys() | {d.claim.id for d in decisions}  # of either report
+    print(f"verdicts against {name}: {len(changes) or 'none'} of "
+          f"{plural(len(claims), 'claim')} changed")
+    for line in changes:
+        print(f"  {line}")
 
 
 def cmd_compare(argv: list[str]) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import shlex
 from pathlib import Path
 
@@ -172,6 +173,33 @@ def verdict_counts(decisions: list[Decision], bold: bool = False) -> str:
             what = plural(len(part), title)
             parts.append(f"{f'**{what}**' if bold else what} ({counts})")
     return "; ".join(parts)
+
+
+CELL_BORDER = re.compile(r"(?<!\\)\|")  # a table row's borders; cell() escapes a | in a cell
+
+
+def verdicts_in(text: str) -> dict[str, str]:
+    """Each claim's verdict in a claims report that `render` wrote: the rows of its tables, id
+    in the first cell and verdict in the sixth (a fail in bold). Other lines are skipped."""
+    found = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in CELL_BORDER.split(line)]
+        if len(cells) == 10 and not cells[0] and not cells[-1]:
+            verdict = cells[6].removeprefix("**").removesuffix("**")
+            if verdict in VERDICTS:
+                found[cells[1]] = verdict
+    return found
+
+
+def verdict_changes(before: dict[str, str], decisions: list[Decision]) -> list[str]:
+    """One line for each claim whose verdict differs from `before` (verdicts_in of an earlier
+    report), for claims new since, and for claims gone."""
+    now = {d.claim.id: d.verdict for d in decisions}
+    return ([f"{claim}: {before[claim]} → {verdict}" for claim, verdict in now.items()
+             if claim in before and before[claim] != verdict]
+            + [f"{claim}: new, {verdict}" for claim, verdict in now.items() if claim not in before]
+            + [f"{claim}: gone, was {verdict}" for claim, verdict in before.items()
+               if claim not in now])
 
 
 def header(selection: Selection, rules: Path, claims: list[Claim],
