@@ -258,7 +258,9 @@ def test_seeds_are_pooled_each_once_with_a_t_interval(tmp_path):
     out = tmp_path / "r"
     gaps = {0: 0.001, 1: 0.003, 2: 0.002}
     put(out, *(record(MAMBA, seed=s, gap=g, stamp="20260101-120000") for s, g in gaps.items()),
-        record(MAMBA, seed=1, gap=0.5, stamp="20250101-120000"),  # an older copy of seed 1
+        # an older copy of seed 1 that disagrees; on it the verdict would be the same (where it
+        # is not, the claim is undecided: test_a_verdict_that_rests_on_which_draw_...)
+        record(MAMBA, seed=1, gap=0.0035, stamp="20250101-120000"),
         record(NOCONV, gap=0.06))
     [d] = decide(out, rules_file(tmp_path))
     m = d.values["mamba"]
@@ -837,6 +839,34 @@ def test_a_rows_disagreement_is_the_largest_of_all_its_measures(tmp_path):
         in claims_mod.ours_cell(d)
     d.values["noconv"].twins = {0: (0.0600, [0.06003])}
     assert "(up to 0.05% of the value used, `noconv` of seed 0:" in claims_mod.ours_cell(d)
+
+
+def test_a_verdict_that_rests_on_which_draw_of_a_seed_is_used_is_undecided(tmp_path, capsys):
+    """A seed drawn twice whose records disagree: the claim is decided on the newest draws and on
+    the oldest. Where both give one verdict it stands; where they differ (noconv of seed 1 learned
+    in its older draw, which leaves the rule's interval across seeds over 0) it is undecided, the
+    row says why, and the plan says that seeds, not its power estimate, would decide it."""
+    def claim_on(noconv_seed1_draws):
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        put(out, *(record(MAMBA, seed=s, gap=0.001 + s * 1e-4) for s in (0, 1, 2)),
+            record(NOCONV, seed=0, gap=0.06), record(NOCONV, seed=2, gap=0.065),
+            *(record(NOCONV, seed=1, gap=g, stamp=f"2026010{i + 1}-100000")
+              for i, g in enumerate(noconv_seed1_draws)))
+        [d] = decide_all(load_claims(rules_file(tmp_path)), select_runs(str(out)))
+        return out, d
+    _, d = claim_on([0.05, 0.07])  # both draws: noconv ≥ 5 × mamba
+    assert d.verdict == "holds" and d.on_draws is None
+    assert "the newest of each seed is used" in claims_mod.ours_cell(d)
+    out, d = claim_on([0.002, 0.07])  # the older draw learned without convolution
+    assert (d.verdict, d.on_draws) == ("undecided", ("holds", "undecided"))
+    assert d.values["noconv"].twins == {1: (0.07, [0.002])}
+    assert ("records of one version disagree on seed 1 (up to 97% of the value used, `noconv` of "
+            "seed 1: float-level differences between code versions or thread counts that training "
+            "amplifies); on the newest of each seed the verdict is holds, on the oldest undecided: "
+            "it rests on the draw, so it is undecided") in claims_mod.ours_cell(d)
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules_file(tmp_path)}"]) == 0
+    assert ("the verdict rests on which of a seed's disagreeing records is used (holds on the "
+            "newest, undecided on the oldest): more seeds") in capsys.readouterr().out
 
 
 def test_a_reference_without_an_interval_adds_no_held_out_noise_and_the_row_says_so(tmp_path):

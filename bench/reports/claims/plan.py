@@ -92,6 +92,12 @@ def _undecided(decision: Decision, need: Need) -> Need:
         need.why = ("judged on the seed that trained best: more seeds do not narrow its "
                     "interval; more held-out sequences (trainer.eval_sequences) do")
         return need
+    if decision.on_draws is not None and not open_tests:
+        newest, oldest = decision.on_draws
+        need.why = (f"the verdict rests on which of a seed's disagreeing records is used ({newest} "
+                    f"on the newest, {oldest} on the oldest): more seeds, until no one draw "
+                    "decides it; the power estimate cannot say how many")
+        return need
     if not open_tests:
         need.why = decision.note or "nothing to estimate"
         return need

@@ -156,10 +156,15 @@ def disagreeing_twins(decision: Decision) -> str:
     worst, name, seed = max(found)
     seeds = seeds_text(sorted({seed for _, _, seed in found}))
     size = f"{worst:.0%}" if worst >= 0.01 else f"{worst * 100:.1g}%"  # never "up to 0%"
+    used = "the newest of each seed is used"
+    if decision.on_draws is not None:
+        newest, oldest = decision.on_draws
+        used = (f"on the newest of each seed the verdict is {newest}, on the oldest {oldest}: "
+                "it rests on the draw, so it is undecided")
     return (f"records of one version disagree on {seeds} (up to {size} of the value used, "
             f"`{name}` of seed {seed}: "
             "float-level differences between code versions or thread counts that training "
-            "amplifies); the newest of each seed is used")
+            f"amplifies); {used}")
 
 
 def verdict_counts(decisions: list[Decision], bold: bool = False) -> str:
@@ -225,7 +230,9 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "current`: records of any commit whose code today's reproduces — else their code "
             "version; of several, the newest unless an older one has more seeds), each seed "
             "once (where two records of one seed and version disagree beyond rounding, the "
-            "newest, and the row says so), a quantity from the records that carry its metric, and all quantities of a claim from "
+            "newest, and the row says so; the claim is decided on the oldest too, and is "
+            "undecided where that verdict differs), a quantity from the records that carry its "
+            "metric, and all quantities of a claim from "
             "one machine (device and TF32: CPU and GPU runs are never compared or pooled; the "
             "machine where most quantities have records, then the most seeds, then the newest; "
             "named in the row unless the CPU); several seeds "
@@ -267,8 +274,9 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "clairvoyant bound, is below the difference the rule asks for), so no outcome of "
             "the models would be evidence; the row gives the bound; **not reached at reduced "
             "scale** — the control did not hold: the models did not train at our budget, which "
-            "is no evidence about the paper; **undecided** — intervals overlap, or a quantity is "
-            "not a number; **not measured** — a quantity has no record yet (the row says which "
+            "is no evidence about the paper; **undecided** — intervals overlap, a quantity is "
+            "not a number, or the verdict rests on which of a seed's disagreeing records is "
+            "used; **not measured** — a quantity has no record yet (the row says which "
             "and what to run; *needs a GPU* where it cannot run on a CPU), or the claim needs a "
             "protocol the code does not have yet. A verdict at reduced scale is about "
             "CPU-sized runs (smaller models, fewer steps and seeds) under the paper's protocol: "

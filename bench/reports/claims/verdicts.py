@@ -9,7 +9,10 @@ Verdicts, in the order a claim is decided:
   the claim's protocol did not, at our (reduced) budget: no evidence either way about the paper;
   at the paper's scale the same is **undecided**; also an `attainment` claim (a model reaches a
   level) whose model did not reach it at reduced scale;
-- **undecided**: the rule's intervals overlap, or a quantity it needs is not a number;
+- **undecided**: the rule's intervals overlap, or a quantity it needs is not a number, or the
+  verdict rests on the draw: where a seed has records of one version that disagree (a rerun
+  that training's float-level noise moved), the newest is used, and the claim decided on the
+  oldest instead comes out otherwise;
 - **task cannot separate**: the claim's `separable` condition is false — the task leaves less
   room than the rule's margin (what in-context inference can gain on it is smaller than the
   difference the rule asks for), so neither outcome would be evidence; decided before the
@@ -323,6 +326,9 @@ class Decision:
     control_on: dict[str, tuple[int | None, int]] = field(default_factory=dict)
     # judge_seed: (the seed the claim was judged on, of how many; None: no curve)
     judged_on: tuple[int | None, int] | None = None
+    # where seeds have disagreeing records and the verdict rests on which is used: the verdicts
+    # on the newest records and on the oldest (the verdict is then undecided)
+    on_draws: tuple[str, str] | None = None
 
 
 def rows_of(selection: Selection) -> list[list[dict]]:
@@ -520,8 +526,29 @@ def seconds_per_step(config, rows: list[list[dict]]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
+def oldest_draws(rows: list[list[dict]]) -> list[list[dict]]:
+    """The rows with each seed's oldest record where its records of one version disagree
+    (selection keeps the newest and hangs the others on it as `_twins`)."""
+    return [[min([r, *r["_twins"]], key=lambda t: t["_age"]) if r.get("_twins") else r
+             for r in row] for row in rows]
+
+
 def decide_all(claims: list[Claim], selection: Selection) -> list[Decision]:
+    """Each claim decided on the newest record of each seed; one whose records include seeds
+    drawn twice with different results is decided on the oldest draws too, and where the two
+    verdicts differ it is undecided: which draw is newer is no evidence."""
     rows = rows_of(selection)
-    return [decide(claim, rows) for claim in claims]
+    older = None
+    decisions = []
+    for claim in claims:
+        decision = decide(claim, rows)
+        if any(m.twins for m in decision.values.values()):
+            older = oldest_draws(rows) if older is None else older
+            other = decide(claim, older).verdict
+            if other != decision.verdict:
+                decision = replace(decision, verdict="undecided",
+                                   on_draws=(decision.verdict, other))
+        decisions.append(decision)
+    return decisions
 
 
