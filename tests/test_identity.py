@@ -291,6 +291,33 @@ def test_records_of_different_commits_with_one_identity_pool_into_one_row(tmp_pa
         ("≡1d1d1d1d", 2), ("≡2e2e2e2e (incomplete: 1 of 2 seeds)", 1)]
 
 
+def test_pooling_stays_that_of_the_last_probed_code_until_todays_is_probed(tmp_path, monkeypatch):
+    """Two codes whose own identities differ pool when a later code reproduces both. After a
+    commit (or an edit) that `identities` has not probed yet, they still pool, by the probed code
+    nearest HEAD, and are not called current: before, each fell back to its own identity, and
+    `claims` on a fresh clone changed 10 of 106 verdicts until the next identities run."""
+    import bench.records.store as store
+    out = indexed(tmp_path, {"c0de1": "1d" * 8, "c0de2": "2e" * 8, "probed": "3f" * 8})
+    put(out, made_by("c0de1", seed=0, stamp="20260101-100000"),
+        made_by("c0de2", seed=1, stamp="20260102-100000"))
+
+    def rows_under(code: str, history: list[str]) -> list[tuple[str, ...]]:
+        monkeypatch.setattr(store, "provenance",
+                            lambda: {"commit": "f" * 40, "code": code, "dirty": False})
+        monkeypatch.setattr(store, "ancestors", lambda: history)
+        (section,) = select_runs(str(out)).sections
+        return sorted(tuple(r["_version"] for r in runs)
+                      for runs in [*section.rows.values(), *section.superseded.values()])
+
+    pooled = [("≡3f3f3f3f", "≡3f3f3f3f")]
+    assert rows_under("probed", []) == [("≡3f3f3f3f, current", "≡3f3f3f3f, current")]
+    assert rows_under("unprobed", ["f" * 40, "e" * 40, "probed" * 5, "c0de1" * 5]) == pooled
+    # the nearest probed ancestor is the reference, not the first code of the index
+    assert rows_under("unprobed", ["f" * 40, "c0de1" * 5, "probed" * 5]) == [
+        ("≡1d1d1d1d", "≡1d1d1d1d")]
+    assert rows_under("unprobed", []) == [("≡1d1d1d1d",), ("≡2e2e2e2e",)]  # no git: own
+
+
 def test_one_seed_disagreeing_under_one_identity_is_named(tmp_path):
     out = indexed(tmp_path, {"c0de1": "1d" * 8, "c0de2": "1d" * 8})
     put(out, made_by("c0de1", seed=0, gap=0.1, stamp="20260101-100000"),

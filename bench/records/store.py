@@ -85,6 +85,21 @@ def _git(*args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+def in_own_checkout() -> bool:
+    """Whether REPO is the top of a git checkout. An installed copy (site-packages inside some
+    other repository) must not report that repository's commit or history."""
+    top = _git("rev-parse", "--show-toplevel")
+    try:
+        return top is not None and Path(top.strip()).resolve() == REPO.resolve()
+    except OSError:
+        return False
+
+
+def ancestors() -> list[str]:
+    """The commits of this checkout's history, HEAD first; empty when it is not one."""
+    return (_git("rev-list", "HEAD") or "").split() if in_own_checkout() else []
+
+
 def _shapes_results(path: str) -> bool:
     return not any(path == d or path.startswith(d + "/") for d in DOWNSTREAM_PATHS)
 
@@ -116,13 +131,7 @@ def provenance() -> dict:
     and `dirty` (whether the code that shapes results, CODE_PATHS but DOWNSTREAM_PATHS, differed
     from it, untracked files included); both None when this is not a git checkout or git cannot tell.
     Never raises and never waits long: each git call has a timeout, any failure means unknown."""
-    # An installed copy (site-packages inside some other repository) must not report that
-    # repository's commit: REPO has to be the top of the checkout.
-    top = _git("rev-parse", "--show-toplevel")
-    try:
-        ours = top is not None and Path(top.strip()).resolve() == REPO.resolve()
-    except OSError:
-        ours = False
+    ours = in_own_checkout()
     commit = dirty = None
     if ours:
         commit = (_git("rev-parse", "--verify", "HEAD") or "").strip() or None

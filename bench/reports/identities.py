@@ -153,11 +153,13 @@ class Index:
     they were computed with, "machine": where (probe_machine; absent in indexes before it), "probe":
     the probe's format (bench.reports.identity.FORMAT), "configs":
     {config key: probe result,
-    or {"error": why}}}; `today`: the code digest of this checkout, when clean."""
+    or {"error": why}}}; `today`: the code digest of this checkout, when clean; `reference`: the
+    code whose identities records pool by (pooling_code: today's, or the nearest probed)."""
     path: Path
     codes: dict[str, dict] = field(default_factory=dict)
     command: str = ""
     today: str | None = None
+    reference: str | None = None
 
     def entry(self, code: str | None, key: str) -> dict | None:
         found = (self.codes.get(code) or {}).get("configs", {}).get(key) if code else None
@@ -175,16 +177,18 @@ class Index:
         return found
 
     def version(self, record: dict) -> tuple[str | None, bool]:
-        """(what the record pools by, whether that is today's): today's identity of its config
-        when today's code reproduces its own, else its own; (None, False) where unknown."""
+        """(what the record pools by, whether that is today's): the reference code's identity
+        of its config (today's, unless set otherwise) when that code reproduces the record's
+        own, else its own; (None, False) where unknown."""
         own = self.own(record)
         if own is None:
             return None, False
-        now = self.entry(self.today, config_key(record))
-        same_machine = (self.codes[self.today].get("machine") ==
+        reference = self.reference or self.today
+        now = self.entry(reference, config_key(record))
+        same_machine = (self.codes[reference].get("machine") ==
                         self.codes[record_code(record)[0]].get("machine")) if now else False
         if now is not None and same_machine and reproduces(own, now):
-            return now["identity"], True
+            return now["identity"], reference == self.today
         return own["identity"], False
 
     def is_current(self, record: dict) -> bool:
@@ -354,6 +358,19 @@ def fill_current(index: Index, records: list[dict], today: tuple[str, str]) -> i
     except OSError as error:  # an unwritable index costs the next suite the probes again
         print(f"warning: {index.path} not written ({error})", file=sys.stderr)
     return ran
+
+
+def pooling_code(index: Index) -> str | None:
+    """The code whose identities records pool by: this checkout's HEAD where the index has
+    probed it (today's, or, in a dirty tree, what the tree was before the edit), else the probed
+    code nearest HEAD in its history. Pooling, and so every verdict, then stays what the last
+    `identities` run made it until the next one, through any commit or edit in between; only
+    the `current` labels wait for that run. None without git or a probed ancestor."""
+    here = store.provenance().get("code")
+    if here in index.codes:
+        return here
+    by_commit = {slot.get("commit"): code for code, slot in index.codes.items()}
+    return next((by_commit[c] for c in store.ancestors() if c in by_commit), None)
 
 
 def current_code() -> tuple[str, str] | None:

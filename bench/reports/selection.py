@@ -8,8 +8,9 @@ Pooling rules (the header of leaderboard.md repeats them):
   version + environment (records.environment: device, SSD kernel, precision, compile, TF32); a
   row that did not run on the CPU says where it ran. The version is the record's behavioural
   identity where <out_dir>/identities.json knows it (bench/reports/identities.py: records of
-  different commits whose code does the same with the config pool), else its code version (commit,
-  and whether bench/ tasks/ models/ conf/ pyproject.toml differed from it).
+  different commits whose code does the same with the config pool, by the identities of today's
+  code, or of the probed code nearest HEAD until today's is probed), else its code version
+  (commit, and whether bench/ tasks/ models/ conf/ pyproject.toml differed from it).
 - A row counts each seed once: of several records of one seed (a re-run, a resumed copy) the
   newest is kept and the others are counted as duplicates; two records of one seed from
   different commits pooled by one identity whose results differ are named (the identity missed
@@ -34,7 +35,8 @@ from pathlib import Path
 from bench.config import ConfigError
 from bench.config.formats import fmt_sig, plural
 from bench.records.store import RESULT_NEUTRAL, code_digest, environment, read_records
-from bench.reports.identities import Index, current_code, load_index, resolved_config
+from bench.reports.identities import (Index, current_code, load_index, pooling_code,
+                                      resolved_config)
 from bench.reports.identity import TOLERANCE
 
 INCLUDE = ("suite", "all")
@@ -219,6 +221,7 @@ def select_runs(out_dir: str, include: str = "suite") -> Selection:
     index = load_index(directory)
     today = current_code() if index.codes else None
     index.today = today[0] if today else None
+    index.reference = pooling_code(index) if index.codes else None
     failed = adhoc = evaluations = 0
     newest: dict[tuple, dict[tuple, dict]] = defaultdict(dict)  # section -> (row, seed) -> record
     duplicates: dict[tuple, int] = defaultdict(int)
