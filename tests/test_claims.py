@@ -540,7 +540,8 @@ def test_a_rules_folder_holds_one_folder_per_paper(tmp_path):
 def test_rewriting_claims_md_names_every_verdict_that_changed(tmp_path, capsys):
     """A rerun or new records can move a verdict: claims says which moved, against the report it
     rewrites or the one `against=` names, and reads the verdicts back from the rows it wrote (a
-    fail is in bold; a | in a claim's text is escaped and does not shift the cells)."""
+    fail is in bold; a | in a claim's text is escaped and does not shift the cells). The research
+    check fails on a published report whose verdicts the records do not give."""
     rules = rules_file(tmp_path)
     rules.write_text(rules.read_text().replace("Convolution is the key.", "Conv | no conv."))
     put(tmp_path / "fails", record(MAMBA, gap=0.001), record(NOCONV, gap=0.002))
@@ -561,11 +562,20 @@ def test_rewriting_claims_md_names_every_verdict_that_changed(tmp_path, capsys):
     earlier = tmp_path / "earlier.md"
     earlier.write_text(first.replace("| t-conv |", "| t-gone |"))
     assert main(["claims", f"out_dir={tmp_path / 'holds'}", f"out={tmp_path / 'other.md'}",
-                 f"rules={rules}", f"against={earlier}", "check=true"]) == 0
+                 f"rules={rules}", f"against={earlier}"]) == 0
     assert capsys.readouterr().out.splitlines()[-3:] == [
         f"verdicts against {earlier}: 2 of 2 claims changed", "  t-conv: new, holds",
         "  t-gone: gone, was fails"]
-    assert not (tmp_path / "other.md").exists()
+    # the research check of a published report: a verdict the records do not give is a problem
+    assert main(["claims", f"out_dir={tmp_path / 'holds'}", f"rules={rules}",
+                 f"against={earlier}", "check=true"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"error: {earlier} is not what the records give: {line} (`python -m bench claims` "
+        "rewrites it)" for line in ("t-conv: new, holds", "t-gone: gone, was fails")]
+    assert "2 problems" in captured.out
+    assert main(["claims", f"out_dir={tmp_path / 'holds'}", f"rules={rules}",
+                 f"against={target}", "check=true"]) == 0
 
 
 @pytest.mark.parametrize("content, why", [

@@ -127,7 +127,7 @@ def cmd_claims(argv: list[str]) -> int:
         output_path(out)
     from bench.reports.claims import decide_all, load_claims, write_claims
     from bench.reports.claims.check import problems
-    from bench.reports.claims.render import verdict_counts
+    from bench.reports.claims.render import verdict_changes, verdict_counts
     before = None if check else previous_text(out)
     earlier = earlier_verdicts(against, out, before)
     claims = load_claims(rules or None)  # bad rules are reported before the records are read
@@ -137,11 +137,13 @@ def cmd_claims(argv: list[str]) -> int:
     if check:  # the research checks of the records; claims.md is not written
         decisions = decide_all(claims, selection)
         found = problems(decisions)
+        if earlier is not None:  # a published report whose verdicts the records do not give
+            found += [f"{earlier[0]} is not what the records give: {line} (`python -m bench "
+                      "claims` rewrites it)" for line in verdict_changes(earlier[1], decisions)]
         for problem in found:
             print(f"error: {problem}", file=sys.stderr)
         print(f"{plural(len(claims), 'claim')} checked against {selection.summary()}: "
               f"{plural(len(found), 'problem')}")
-        print_changes(earlier, decisions)
         return 1 if found else 0
     path, decisions = write_claims(selection, out, rules or None, claims)
     print(f"{path}: {verdict_counts(decisions)} from {selection.summary()}")
