@@ -70,6 +70,9 @@ def cheap(argv: list[str], scratch: Path) -> list[str]:
             settings["out"] = str(scratch / "plan.yaml")
         elif "check=true" not in args:
             settings["out"] = str(scratch / f"{command}.md")
+    for arg in args:  # a report compared with: the README names it from the repository's top
+        if command == "claims" and arg.startswith("against="):
+            settings["against"] = str(ROOT / arg.split("=", 1)[1])
     if command == "identities" and not any(a.startswith("out_dir=") for a in args):
         settings["out_dir"] = "runs"  # the runs the commands above made; results/ never written
     kept = [expand(a) for a in args if a.split("=", 1)[0] not in settings]
