@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.config.formats import plural
 from bench.reports.claims.spec import composed, is_reference, run_key
 from bench.reports.claims.verdicts import Decision
+from bench.reports.costs import duration
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
 
@@ -198,12 +199,6 @@ def make_plan(decisions: list[Decision]) -> list[Need]:
     needs = [need_of(d) for d in decisions if d.verdict in OPEN]
     return sorted(needs, key=lambda n: (n.seeds is None, n.cpu_s is None, n.cpu_s or 0.0,
                                         n.claim))
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def plan_table(needs: list[Need], budget_s: float | None

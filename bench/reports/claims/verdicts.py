@@ -23,13 +23,13 @@ Verdicts, in the order a claim is decided:
 from __future__ import annotations
 
 import math
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from bench.records.store import Environment, environment, record_matches
+from bench.reports.costs import seconds_per_step
 from bench.reports.claims.rules import Interval, Sample, Test
 from bench.reports.claims.spec import Claim, Quantity
 from bench.reports.selection import Selection, current_version, headline, version_label
@@ -484,8 +484,10 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
                           "current code"] * bool(lacking))
         return Decision(claim, "not measured", missing=missing + [m.split(":")[0] for m in lacking],
                         note=note, values=values, machine=machine,
-                        step_s={name: seconds_per_step(quantities[name].config, rows)
-                                for name in missing})
+                        step_s={name: seconds_per_step(
+                                    quantities[name].config.task_name,
+                                    quantities[name].config.model_name,
+                                    [r for row in rows for r in row]) for name in missing})
     reduced = scale == "cpu"
     samples = {name: m.as_sample() for name, m in values.items()}
     control_on, control_samples = {}, None
@@ -507,23 +509,6 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
     return Decision(claim, verdict, scale, values, machine, note=note, control=control,
                     tests=tests, separable=separable, control_on=control_on,
                     judged_on=judged_on)
-
-
-def seconds_per_step(config, rows: list[list[dict]]) -> float | None:
-    """A run's CPU seconds per training step, from the CPU records of the same task and model
-    (any settings; their median): what a run that has no record yet will cost, roughly."""
-    rates = []
-    for row in rows:
-        for record in row:
-            if record["task"]["name"] != config.task_name \
-                    or record["model"]["name"] != config.model_name \
-                    or environment(record).device != "cpu":
-                continue
-            wall = number(record.get("wall_time_s"))
-            steps = number(record["trainer"]["config"].get("max_steps"))
-            if wall is not None and steps and math.isfinite(wall) and wall > 0:
-                rates.append(wall / steps)
-    return statistics.median(rates) if rates else None
 
 
 def oldest_draws(rows: list[list[dict]]) -> list[list[dict]]:

@@ -1,0 +1,121 @@
+"""What runs cost here, read off the records of runs already made: the price of a suite's entries
+before they run (`python -m bench suite name=... plan=true`) and of the runs an open claim needs
+(`python -m bench claims plan`). A price is a record's `wall_time_s`, the whole run as it ran
+(its threads, its machine's load): an estimate, said as one, never a measurement of the run to
+come."""
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from dataclasses import dataclass
+
+from bench.config.formats import plural
+from bench.records.store import environment, record_matches
+from bench.reports.selection import age
+
+
+def wall_time(record: dict) -> float | None:
+    """A record's whole-run wall time in seconds, if it is a positive finite number."""
+    value = record.get("wall_time_s")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def threads(record: dict) -> int | None:
+    value = (record.get("train") or {}).get("threads")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def seconds_per_step(task_name: str, model_name: str, records: list[dict],
+                     device: str = "cpu") -> float | None:
+    """The median of wall time / trainer.max_steps over the records of one task and model on
+    `device` (any other settings): what a run with no record of its own costs a step, roughly."""
+    rates = []
+    for record in records:
+        if record["task"]["name"] != task_name or record["model"]["name"] != model_name \
+                or environment(record).device != device:
+            continue
+        wall, steps = wall_time(record), record["trainer"]["config"].get("max_steps")
+        if wall is not None and isinstance(steps, int) and not isinstance(steps, bool) \
+                and steps > 0:
+            rates.append(wall / steps)
+    return statistics.median(rates) if rates else None
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+@dataclass
+class Price:
+    """seconds: what the run is expected to take (None: nothing to tell); source: from what;
+    threads: the thread counts of the records it comes from."""
+
+    seconds: float | None
+    source: str
+    threads: frozenset = frozenset()
+
+
+def price(config, records: list[dict], device: str, threads_wanted: int | None = None) -> Price:
+    """A run's price from `records` of its device, the closest evidence first: its own run (same
+    config and seed) by any code, the newest; other seeds of its config, their median; the task
+    and model's median time a step times its steps. Where records of `threads_wanted` threads
+    exist at a level, only they count there."""
+    mine = [r for r in records if environment(r).device == device and wall_time(r) is not None]
+
+    def at_threads(found: list[dict]) -> list[dict]:
+        same = [r for r in found if threads(r) == threads_wanted]
+        return same if threads_wanted is not None and same else found
+
+    def of(found: list[dict]) -> frozenset:
+        return frozenset(t for r in found if (t := threads(r)) is not None)
+
+    matching = [r for r in mine if record_matches(r, config)]
+    own = at_threads([r for r in matching if r.get("seed") == config.seed])
+    if own:
+        newest = max(own, key=age)
+        stamp = age(newest)[0]  # YYYYMMDD-HHMMSS
+        return Price(wall_time(newest), f"its own record of {stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}",
+                     of([newest]))
+    others = at_threads(matching)
+    if others:
+        return Price(statistics.median(wall_time(r) for r in others),
+                     f"its config's other seeds ({len(others)})", of(others))
+    same_model = at_threads([r for r in mine if r["task"]["name"] == config.task_name
+                             and r["model"]["name"] == config.model_name])
+    rate = seconds_per_step(config.task_name, config.model_name, same_model, device)
+    if rate is not None:
+        return Price(rate * config.trainer.max_steps,
+                     f"{config.task_name} {config.model_name}'s time a step "
+                     f"({plural(len(same_model), 'record')})", of(same_model))
+    return Price(None, f"no record of {config.task_name} {config.model_name} on {device}")
+
+
+def launcher_wall(seconds: list[float], workers: int) -> float:
+    """The wall time of runs of these durations (in entry order) dealt as `launcher=local
+    workers=N` deals them (bench/cli/launch.py `work`): worker k goes through the entries from
+    its share's start (k·n/N) onwards, wrapping round, and takes the next one no worker has
+    taken whenever it is free."""
+    count = len(seconds)
+    if count == 0:
+        return 0.0
+    workers = max(1, min(workers, count))
+    orders = [[(k * count // workers + j) % count for j in range(count)] for k in range(workers)]
+    taken, cursor = [False] * count, [0] * workers
+    free = [(0.0, k) for k in range(workers)]  # (time the worker is free, worker)
+    end = 0.0
+    while free:
+        now, k = heapq.heappop(free)
+        while cursor[k] < count and taken[orders[k][cursor[k]]]:
+            cursor[k] += 1
+        if cursor[k] == count:  # nothing left for it: it stops
+            end = max(end, now)
+            continue
+        entry = orders[k][cursor[k]]
+        taken[entry] = True
+        heapq.heappush(free, (now + seconds[entry], k))
+    return end
