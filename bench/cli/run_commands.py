@@ -158,11 +158,13 @@ def cmd_suite(argv: list[str]) -> int:
     argv, name = take_option(argv, "name", "")
     argv, *selection = take_selection(argv)
     argv, launcher = take_launcher(argv)
+    argv, plan = take_flag(argv, "plan")
     if not name:
         return fail(f"suite needs name=<suite> or name=<file.yaml>; suites: "
                     f"{', '.join(choices('suite'))}")
     return run_entries(f"suite {name}", load_suite(name), argv, *selection,
-                       origin=f"suite:{suite_label(name)}", dispatch=dispatcher(launcher))
+                       origin=f"suite:{suite_label(name)}", dispatch=dispatcher(launcher),
+                       plan_workers=planned_workers(launcher) if plan else None)
 
 
 def cmd_sweep(argv: list[str]) -> int:
@@ -170,6 +172,17 @@ def cmd_sweep(argv: list[str]) -> int:
     is: numbered entries, shard=, entries=, rerun=; records go to out_dir (default runs/)."""
     argv, *selection = take_selection(argv)
     argv, launcher = take_launcher(argv)
+    argv, plan = take_flag(argv, "plan")
     entries, shared = grid(argv)
     return run_entries("the sweep", entries, shared, *selection, origin="sweep",
-                       dispatch=dispatcher(launcher))
+                       dispatch=dispatcher(launcher),
+                       plan_workers=planned_workers(launcher) if plan else None)
+
+
+def planned_workers(launcher) -> int:
+    """The processes that plan=true prices the runs on: launcher=local's workers; a SLURM
+    array's tasks run side by side as far as the cluster allows, which nobody can tell here."""
+    if launcher.kind != "local":
+        raise ConfigError("plan=true prices runs on this machine: give launcher=local "
+                          "(workers=N), not launcher=slurm")
+    return launcher.workers

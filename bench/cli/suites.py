@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from bench.config import MAX_RUNS, ConfigError, compose, entry_numbers, shown
+from bench.config.formats import plural
 from bench.records import store
 from bench.records.store import RunFailed, environment, read_record, read_records, record_matches
 from bench.reports.identities import fill_current, load_index
@@ -91,12 +92,13 @@ def finished_runs(configs: list) -> dict[int, str]:
 
 def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tuple[int, int],
                 chosen: str | None, rerun: bool, origin: str, defaults: list[str] = (),
-                dispatch=None) -> int:
+                dispatch=None, plan_workers: int | None = None) -> int:
     """Runs the entries (override lists) of a suite or sweep chosen by `chosen` (entries=) and
     `shard`, each with argv's overrides over its own and `defaults` under both; all are
     composed and validated before the first one runs: here one after another, or by `dispatch`
     (bench/cli/launch.py: worker processes, a SLURM job array), which takes them as composed
-    override lists and returns the exit status."""
+    override lists and returns the exit status. With `plan_workers` (plan=true) nothing runs:
+    print_plan says what is done and what the rest would cost on that many workers."""
     size = len(entries)
     if size > MAX_RUNS:  # what load_suite and the sweep's grid refuse, whoever made the list
         raise ConfigError(f"{what} has {size} runs; at most {MAX_RUNS}")
@@ -160,6 +162,10 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
                   f"({shown(' '.join(entry) or '(defaults)')}); both run", file=sys.stderr)
     for config in configs:
         config.origin = origin
+    if plan_workers is not None:
+        print_plan(what, size, numbers, [entries[n - 1] for n in numbers], configs, rerun,
+                   plan_workers)
+        return 0
     if dispatch is not None:
         return dispatch(what, size, numbers, [[*unless_given(e), *e] for e in runs], origin,
                         rerun, [config.out_dir for config in configs])
@@ -168,6 +174,65 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
         return run_suite(what, size, numbers, runs, configs, rerun, tasks)
     finally:
         end_distributed()
+
+
+def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]],
+               configs: list, rerun: bool, workers: int) -> None:
+    """What `suite ... plan=true` prints: the entries finished already (finished_runs) with the
+    run time their records took, and each entry still to run priced from the records in its
+    out_dir and in results/ (bench/reports/costs.py: its own record of other code, its config's
+    other seeds, its task and model's time a step), with the wall time that `workers` local
+    workers would take for them. Trains nothing, writes nothing."""
+    from bench.reports.costs import duration, launcher_wall, price, wall_time
+    from bench.training.checks import planned_environment
+    here = store.provenance()
+    done = {} if rerun else finished_runs(configs)
+    folders = list(dict.fromkeys([*(config.out_dir for config in configs),
+                                  *(["results"] if os.path.isdir("results") else [])]))
+    records = [r for folder in folders if os.path.isdir(folder)
+               for r in read_records(folder)[0] if r.get("status") == "ok"]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+    def short(seconds: float) -> str:
+        return f"{seconds:.0f} s" if seconds < 90 else duration(seconds)
+
+    print(f"plan of {what}: {plural(len(numbers), 'run')}"
+          + (f" of {size}" if len(numbers) != size else "")
+          + f"; records read from {', '.join(folders)}")
+    if rerun:
+        why = " (rerun=true: every run runs again)"
+    elif not here["code"] or here["dirty"] is not False:
+        why = (" (this checkout has uncommitted changes, or no known code version: no record "
+               "counts as finished, so every run would run)")
+    else:
+        took = sum(wall_time(read_record(Path(path))[0] or {}) or 0.0 for path in done.values())
+        why = f", whose records took {duration(took)} of run time" if done else ""
+    print(f"  done: {len(done)}{why}")
+    pending = [i for i in range(len(configs)) if i not in done]
+    print(f"  to run: {len(pending)}")
+    seconds, unknown, thread_counts = [0.0] * len(configs), 0, set()
+    for i in pending:
+        config = configs[i]
+        device = planned_environment(config).device
+        wanted = (config.trainer.threads or (cores // workers if workers > 1 else cores)) \
+            if device == "cpu" else None
+        found = price(config, records, device, wanted)
+        seconds[i] = found.seconds or 0.0
+        unknown += found.seconds is None
+        thread_counts |= found.threads
+        cost = short(found.seconds) if found.seconds is not None else "?"
+        print(f"    [{numbers[i]}/{size}] {cost:>7}  {' '.join(entries[i]) or '(defaults)'}  "
+              f"({found.source})")
+    if not pending:
+        return
+    counts = " or ".join(map(str, sorted(thread_counts)))
+    print(f"  priced at {duration(sum(seconds))} of run time"
+          + (f" (records of {counts} thread(s) a run)" if counts else "")
+          + (f"; {unknown} not priced: no record of their task and model" if unknown else ""))
+    print(f"  at workers={workers}: about {duration(launcher_wall(seconds, workers))} of wall "
+          "time, the runs dealt as the launcher deals them (the records' machine and load, not "
+          "a measurement here)")
 
 
 def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],

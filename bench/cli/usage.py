@@ -31,6 +31,9 @@ LAUNCHER = ("  [launcher=local] [workers=N]: N worker processes, each on one GPU
             "  launcher=slurm [slurm.partition=p] [slurm.time_min=240] [slurm.gpus_per_task=g] "
             "[slurm.cpus_per_task=2] [slurm.array_parallelism=k] [slurm.tasks=n] "
             "[slurm.sbatch=\"key=value;...\"]: one SLURM job array through submitit.")
+PLAN = ("  [plan=true]: run nothing; say which runs are done and price the rest from the "
+        "records in out_dir and results/ (a run's own record of other code, its config's other "
+        "seeds, its task and model's time a step), with the wall time on workers=N.\n")
 USAGE = {
     "run": "python -m bench run [print_config=false] [details=false] [key=value ...]\n  Train "
            "one model on one task, evaluate it on the held-out set, write a run record to out_dir "
@@ -77,7 +80,7 @@ USAGE = {
              "(same config and seed, made by the current code, not dirty, on the device and SSD "
              "kernel it would use here) is in out_dir already is skipped, so an interrupted suite "
              "goes on where it stopped; an ad-hoc run or a sweep of the same config does not "
-             "count; rerun=true runs it again.\n" + LAUNCHER + "\n  suites: "
+             "count; rerun=true runs it again.\n" + PLAN + LAUNCHER + "\n  suites: "
              + ", ".join(choices("suite")),
     "sweep": "python -m bench sweep key=a,b,c seed=lo-hi [entries=1,4-6] [shard=i/n] "
              "[rerun=false] [key=value ...]\n  The grid of every comma list and range (the "
@@ -87,7 +90,7 @@ USAGE = {
              "brackets and quotes (task.gd_steps=[1,2] is one value); lo-hi (0 <= lo <= hi) is "
              "a range for seed and integer fields only; out_dir, name and resume are never "
              "split. At least one list or range, at most 1000 runs. Records go to out_dir "
-             "(default runs/, git-ignored).\n" + LAUNCHER + "\n"
+             "(default runs/, git-ignored).\n" + PLAN + LAUNCHER + "\n"
              + OVERRIDES,
     "list": "python -m bench list\n  The tasks, models and trainer presets, one line each.",
     "plot": "python -m bench plot <record.json|dir> [...] [out=<file.png>]\n  One figure of the "

@@ -1,0 +1,102 @@
+"""What runs cost, read off records (bench/reports/costs.py), and `suite ... plan=true`, which
+prices a suite's runs before they run and trains nothing."""
+import json
+
+import pytest
+import yaml
+
+import bench.records.store
+import bench.training.train
+from bench.cli.main import main
+from bench.config import compose
+from bench.reports.costs import launcher_wall, price
+
+TINY = ["task.seq_len=16", "trainer.max_steps=2", "trainer.warmup_steps=1",
+        "trainer.eval_sequences=16", "trainer.bootstrap=50", "trainer.progress=false",
+        "trainer.threads=1", "trainer.logger=none", "model.d_model=8", "model.headdim=16"]
+
+
+def record(overrides: list[str], wall: float, stamp: str = "20261129-120000", threads: int = 1,
+           device: str = "cpu") -> dict:
+    """A record of the run that overrides compose, as `run` describes it."""
+    config = compose(overrides)
+    return {**config.describe(), "status": "ok", "wall_time_s": wall,
+            "run_id": f"{config.task_name}--{config.model_name}--s{config.seed}--{stamp}-abcdef",
+            "train": {"device": device, "threads": threads, "kernel": "torch",
+                      "precision": config.trainer.precision}}
+
+
+def test_a_run_is_priced_from_the_closest_records_first():
+    config = compose(["trainer.max_steps=100", "seed=0"])
+    own_old = record(["trainer.max_steps=100", "seed=0"], 50.0, "20261120-100000")
+    own_new = record(["trainer.max_steps=100", "seed=0"], 60.0, "20261128-100000")
+    seeds = [record(["trainer.max_steps=100", f"seed={s}"], w) for s, w in ((1, 40.0), (2, 80.0),
+                                                                             (3, 70.0))]
+    longer = record(["trainer.max_steps=200"], 100.0)  # same task and model: 0.5 s a step
+    other_model = record(["model=transformer", "trainer.max_steps=100"], 9.0)
+    on_a_gpu = record(["trainer.max_steps=100", "seed=0"], 1.0, device="cuda")
+
+    found = price(config, [own_old, own_new, *seeds, longer, other_model, on_a_gpu], "cpu")
+    assert (found.seconds, found.source) == (60.0, "its own record of 2026-11-28")  # the newest
+    found = price(config, [*seeds, longer, other_model, on_a_gpu], "cpu")
+    assert (found.seconds, found.source) == (70.0, "its config's other seeds (3)")  # the median
+    found = price(config, [longer, other_model, on_a_gpu], "cpu")
+    assert found.seconds == pytest.approx(50.0) and "time a step" in found.source
+    found = price(config, [other_model, on_a_gpu], "cpu")
+    assert found.seconds is None and "no record of markov mamba on cpu" in found.source
+    assert price(config, [on_a_gpu], "cuda").seconds == 1.0  # a GPU run from GPU records
+
+
+def test_records_of_the_planned_thread_count_come_first_where_there_are_any():
+    config = compose(["trainer.max_steps=100"])
+    one = record(["trainer.max_steps=100"], 60.0, "20261120-100000", threads=1)
+    two = record(["trainer.max_steps=100"], 35.0, "20261128-100000", threads=2)
+    assert price(config, [one, two], "cpu", threads_wanted=1).seconds == 60.0
+    assert price(config, [one, two], "cpu", threads_wanted=2).seconds == 35.0
+    assert price(config, [one, two], "cpu", threads_wanted=4).seconds == 35.0  # none: the newest
+    assert price(config, [one, two], "cpu", threads_wanted=2).threads == {2}
+
+
+def test_the_launchers_wall_time_follows_how_its_workers_take_entries():
+    assert launcher_wall([], 2) == 0.0
+    assert launcher_wall([3.0, 4.0, 5.0], 1) == 12.0
+    assert launcher_wall([5.0] * 4, 2) == 10.0
+    assert launcher_wall([5.0] * 3, 8) == 5.0  # idle workers add nothing
+    # worker 0 starts at entry 0 (10 s); worker 1 at entry 2, then 3, then wraps round to 1
+    assert launcher_wall([10.0, 1.0, 1.0, 1.0], 2) == 10.0
+    # worker 1 starts at entry 2 of 4: entries 2 and 3 are its, entry 1 worker 0's after entry 0
+    assert launcher_wall([1.0, 6.0, 2.0, 2.0], 2) == 7.0
+    assert launcher_wall([0.0, 0.0, 3.0], 2) == 3.0  # finished entries cost nothing
+
+
+def test_suite_plan_prices_the_runs_left_and_trains_nothing(tmp_path, monkeypatch, capsys):
+    """Entry 1 has its record (done); entry 2 is priced from entry 1's record (its config's
+    other seed), entry 3 from the task and model's time a step; nothing is written."""
+    version = {"commit": "a" * 40, "code": "c0de", "dirty": False, "version": None, "torch": "t"}
+    monkeypatch.setattr(bench.records.store, "provenance", lambda: dict(version))  # clean checkout
+    four_steps = [a for a in TINY if not a.startswith("trainer.max_steps=")] + \
+        ["trainer.max_steps=4"]
+    monkeypatch.setattr(bench.training.train, "code_of_this_process", lambda: dict(version))
+    monkeypatch.chdir(tmp_path)
+    suite = tmp_path / "tiny.yaml"
+    suite.write_text(yaml.safe_dump({"runs": [["seed=0", *TINY], ["seed=1", *TINY],
+                                              ["seed=0", *four_steps]]}))
+    assert main(["suite", f"name={suite}", "entries=1"]) == 0
+    capsys.readouterr()
+    made = sorted((tmp_path / "runs").glob("*.json"))
+    wall = json.loads(made[0].read_text())["wall_time_s"]
+
+    assert main(["suite", f"name={suite}", "plan=true", "workers=2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"plan of suite {suite}: 3 runs; records read from runs")
+    assert "  done: 1, whose records took" in out and "  to run: 2" in out
+    second, third = [line for line in out.splitlines() if line.startswith("    [")]
+    assert second.startswith("    [2/3]") and second.endswith("(its config's other seeds (1))")
+    assert f"{wall:.0f} s" in second
+    assert third.startswith("    [3/3]") and "time a step (1 record)" in third
+    assert f"{wall / 2 * 4:.0f} s" in third  # its 4 steps at the record's time a step
+    assert "at workers=2: about" in out
+    assert sorted((tmp_path / "runs").glob("*.json")) == made  # trained nothing
+
+    assert main(["suite", f"name={suite}", "plan=true", "launcher=slurm"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
