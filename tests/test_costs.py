@@ -89,7 +89,9 @@ def test_suite_plan_prices_the_runs_left_and_trains_nothing(tmp_path, monkeypatc
     assert main(["suite", f"name={suite}", "plan=true", "workers=2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"plan of suite {suite}: 3 runs; records read from runs")
-    assert "  done: 1, whose records took" in out and "  to run: 2" in out
+    day = json.loads(made[0].read_text())["run_id"].split("--")[3][:8]  # YYYYMMDD
+    assert f"  done: 1, whose records (made {day[:4]}-{day[4:6]}-{day[6:]}) took" in out
+    assert "  to run: 2" in out
     second, third = [line for line in out.splitlines() if line.startswith("    [")]
     assert second.startswith("    [2/3]") and second.endswith("(its config's other seeds (1))")
     assert f"{wall:.0f} s" in second

@@ -17,7 +17,7 @@ from bench.records import store
 from bench.records.store import RunFailed, environment, read_record, read_records, record_matches
 from bench.reports.identities import fill_current, load_index
 from bench.reports.report import config_table, headline
-from bench.reports.selection import code_version
+from bench.reports.selection import age, code_version
 
 
 def origin_kind(origin) -> str:
@@ -206,8 +206,11 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
         why = (" (this checkout has uncommitted changes, or no known code version: no record "
                "counts as finished, so every run would run)")
     else:
-        took = sum(wall_time(read_record(Path(path))[0] or {}) or 0.0 for path in done.values())
-        why = f", whose records took {duration(took)} of run time" if done else ""
+        finishing = [read_record(Path(path))[0] or {} for path in done.values()]
+        took = sum(wall_time(record) or 0.0 for record in finishing)
+        days = sorted(f"{s[:4]}-{s[4:6]}-{s[6:8]}" for s in (age(r)[0] for r in finishing))
+        span = " to ".join(dict.fromkeys(days[:1] + days[-1:]))
+        why = f", whose records (made {span}) took {duration(took)} of run time" if done else ""
     print(f"  done: {len(done)}{why}")
     pending = [i for i in range(len(configs)) if i not in done]
     print(f"  to run: {len(pending)}")
