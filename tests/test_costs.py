@@ -32,7 +32,8 @@ def test_a_run_is_priced_from_the_closest_records_first():
     own_new = record(["trainer.max_steps=100", "seed=0"], 60.0, "20261128-100000")
     seeds = [record(["trainer.max_steps=100", f"seed={s}"], w) for s, w in ((1, 40.0), (2, 80.0),
                                                                              (3, 70.0))]
-    longer = record(["trainer.max_steps=200"], 100.0)  # same task and model: 0.5 s a step
+    longer = record(["trainer.max_steps=200"], 100.0)  # its model config: 0.5 s a step
+    wider = record(["model.d_model=32", "trainer.max_steps=100"], 1000.0)  # 10 s a step
     other_model = record(["model=transformer", "trainer.max_steps=100"], 9.0)
     on_a_gpu = record(["trainer.max_steps=100", "seed=0"], 1.0, device="cuda")
 
@@ -40,8 +41,11 @@ def test_a_run_is_priced_from_the_closest_records_first():
     assert (found.seconds, found.source) == (60.0, "its own record of 2026-11-28")  # the newest
     found = price(config, [*seeds, longer, other_model, on_a_gpu], "cpu")
     assert (found.seconds, found.source) == (70.0, "its config's other seeds (3)")  # the median
-    found = price(config, [longer, other_model, on_a_gpu], "cpu")
-    assert found.seconds == pytest.approx(50.0) and "time a step" in found.source
+    found = price(config, [longer, wider, other_model, on_a_gpu], "cpu")
+    assert found.seconds == pytest.approx(50.0)
+    assert found.source == "this task and model config's time a step (1 record)"
+    found = price(config, [wider, other_model, on_a_gpu], "cpu")  # any config of markov mamba
+    assert (found.seconds, found.source) == (1000.0, "markov mamba's time a step (1 record)")
     found = price(config, [other_model, on_a_gpu], "cpu")
     assert found.seconds is None and "no record of markov mamba on cpu" in found.source
     assert price(config, [on_a_gpu], "cuda").seconds == 1.0  # a GPU run from GPU records
@@ -95,7 +99,7 @@ def test_suite_plan_prices_the_runs_left_and_trains_nothing(tmp_path, monkeypatc
     second, third = [line for line in out.splitlines() if line.startswith("    [")]
     assert second.startswith("    [2/3]") and second.endswith("(its config's other seeds (1))")
     assert f"{wall:.0f} s" in second
-    assert third.startswith("    [3/3]") and "time a step (1 record)" in third
+    assert third.startswith("    [3/3]") and "model config's time a step (1 record)" in third
     assert f"{wall / 2 * 4:.0f} s" in third  # its 4 steps at the record's time a step
     assert "at workers=2: about" in out
     assert sorted((tmp_path / "runs").glob("*.json")) == made  # trained nothing

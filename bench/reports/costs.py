@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass
 
 from bench.config.formats import plural
-from bench.records.store import environment, record_matches
+from bench.records.store import config_matches, environment, record_matches
 from bench.reports.selection import age
 
 
@@ -62,8 +62,9 @@ class Price:
 
 def price(config, records: list[dict], device: str, threads_wanted: int | None = None) -> Price:
     """A run's price from `records` of its device, the closest evidence first: its own run (same
-    config and seed) by any code, the newest; other seeds of its config, their median; the task
-    and model's median time a step times its steps. Where records of `threads_wanted` threads
+    config and seed) by any code, the newest; other seeds of its config, their median; the
+    median time a step of runs with its task and model config (other steps, lr, ...), then of
+    any run of its task and model, times its steps. Where records of `threads_wanted` threads
     exist at a level, only they count there."""
     mine = [r for r in records if environment(r).device == device and wall_time(r) is not None]
 
@@ -85,13 +86,17 @@ def price(config, records: list[dict], device: str, threads_wanted: int | None =
     if others:
         return Price(statistics.median(wall_time(r) for r in others),
                      f"its config's other seeds ({len(others)})", of(others))
-    same_model = at_threads([r for r in mine if r["task"]["name"] == config.task_name
-                             and r["model"]["name"] == config.model_name])
-    rate = seconds_per_step(config.task_name, config.model_name, same_model, device)
-    if rate is not None:
-        return Price(rate * config.trainer.max_steps,
-                     f"{config.task_name} {config.model_name}'s time a step "
-                     f"({plural(len(same_model), 'record')})", of(same_model))
+    same_model = [r for r in mine if r["task"]["name"] == config.task_name
+                  and r["model"]["name"] == config.model_name]
+    same_setup = at_threads([r for r in same_model
+                             if config_matches(r["task"]["config"], config.task)
+                             and config_matches(r["model"]["config"], config.model)])
+    for found, what in ((same_setup, "this task and model config's"),
+                        (at_threads(same_model), f"{config.task_name} {config.model_name}'s")):
+        rate = seconds_per_step(config.task_name, config.model_name, found, device)
+        if rate is not None:
+            return Price(rate * config.trainer.max_steps, f"{what} time a step "
+                         f"({plural(len(found), 'record')})", of(found))
     return Price(None, f"no record of {config.task_name} {config.model_name} on {device}")
 
 
