@@ -130,6 +130,34 @@ def test_a_control_that_did_not_train_and_a_claim_without_records_are_priced(tmp
     assert "2 open claims (0 undecided, 1 not reached at reduced scale, 1 not measured)" in printed
 
 
+@pytest.mark.parametrize("earlier, later, advice, cost", [
+    (0.09, 0.06, "at 2× their steps", "| 6 min |"),  # 2^(0.01 / 0.03): 1.3× would do; 2× is least
+    (0.10, 0.08, "at 3× their steps", "| 9 min |"),  # 2^(0.03 / 0.02) = 2.8×
+    (0.30, 0.29, "at that rate over 1,000× the steps", "| — |"),  # 2^(0.24 / 0.01)
+    (0.29, 0.30, "at that rate never, as it got no closer", "| — |"),
+])
+def test_more_steps_are_asked_for_as_far_as_the_steps_so_far_have_helped(
+        tmp_path, capsys, earlier, later, advice, cost):
+    """A control (mamba <= 0.05) that did not train at 1,000 steps, where the records also have
+    500: its gap a doubling of steps took off says how many steps it would need, going on at
+    that rate; where that is beyond MAX_STEPS_FACTOR, or the gap did not fall, more steps are
+    not what the plan asks for."""
+    out = tmp_path / "r"
+    half = [a.replace("max_steps=1000", "max_steps=500") for a in MAMBA]
+    jitter = (-0.001, 0.0, 0.001)
+    put(out, *(record(half, seed=s, gap=earlier + j, wall_time_s=30.0)
+               for s, j in enumerate(jitter)),
+        *(record(MAMBA, seed=s, gap=later + j, wall_time_s=60.0) for s, j in enumerate(jitter)),
+        *(record(NOCONV, seed=s, gap=0.3, wall_time_s=60.0) for s in range(3)))
+    rules = rules_file(tmp_path, control="mamba <= 0.05", scale="cpu")
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| t-conv"))
+    assert "not reached at reduced scale" in row
+    assert f"so far `mamba` {earlier:.4g} at 500 → {later:.4g} at 1,000 steps" in row
+    assert advice in row and row.endswith(cost)
+
+
 @pytest.mark.parametrize("args, message", [
     (["budget_h=abc"], "budget_h: invalid value 'abc'"),
     (["budget_h=-1"], "budget_h: invalid value '-1'"),

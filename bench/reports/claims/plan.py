@@ -12,16 +12,21 @@ promise: d̄ and s come from n seeds. Where h alone reaches |d̄|, seeds cannot 
 comparison read on one seed has no spread to estimate: it gets seeds up to 3, which give one. One
 that would need more than MAX_SEEDS is listed as not decidable by seeds at this effect size; so
 is a per-seed claim whose seeds disagree (more seeds cannot make them agree) and a quantity that
-is not a number. A claim whose control did not hold (its models did not train) is priced at
-twice the steps for the runs of the control's models; one not measured at the runs of its
-missing quantities, three seeds each, timed from records of the same task and model."""
+is not a number. A claim not reached (its control's models did not train, or its model did not
+reach the level) is priced at twice the steps of the runs of its failed comparisons' models, or
+at what the rate so far asks where the records have its configs at a smaller budget too
+(so_far), and not at more steps where that is over MAX_STEPS_FACTOR; one not measured at the
+runs of its missing quantities, three seeds each, timed from records of the same task and
+model."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.config.formats import plural
+from bench.reports.claims.rules import Interval, Rule, Sample, Test
 from bench.reports.claims.spec import composed, is_reference, run_key
 from bench.reports.claims.verdicts import Decision
 from bench.reports.costs import duration
@@ -32,6 +37,7 @@ MAX_SEEDS = 30
 FIRST_SPREAD = 3  # seeds that give a one-seed comparison a spread to judge
 OPEN = ("undecided", "not reached at reduced scale", "not measured")
 STEPS_FACTOR = 2  # a control that did not train is priced at this many times its steps
+MAX_STEPS_FACTOR = 16  # or at what the rate so far asks, up to this; beyond it: not by steps
 
 Run = tuple[tuple[str, ...], int]  # (selector, seed)
 
@@ -136,9 +142,41 @@ def _undecided(decision: Decision, need: Need) -> Need:
     return need
 
 
+def so_far(decision: Decision, test: Test) -> tuple[str, float] | None:
+    """What more steps have done for a failed comparison: its models' values at the largest
+    budget below theirs that the records have (Decision.budgets) and at theirs, and the
+    factor of steps at which, going on at that rate a doubling, its difference would reach 0
+    (inf: it got no closer). None where the records have no smaller budget, or the comparison
+    is not an order (== or !=)."""
+    quantities = _quantities(decision)
+    op = re.search(r" (<=|>=|<|>) ", test.text)
+    trained = [n for n in test.names if not is_reference(quantities[n])]
+    steps = {quantities[n].config.trainer.max_steps for n in trained}
+    if op is None or len(steps) != 1:
+        return None
+    now = steps.pop()
+    earlier = set.intersection(*({s for s in decision.budgets.get(n, {}) if s < now}
+                                 for n in trained))
+    if not earlier:
+        return None
+    then = max(earlier)
+    values = {n: decision.budgets.get(n, {}).get(then, decision.values[n].value)
+              for n in test.names}
+    before = Rule(test.text, test.names, test.text).decide(
+        {n: Sample({}, Interval.point(v)) for n, v in values.items()})[1][0].difference
+    sign = 1.0 if op.group(1) in ("<", "<=") else -1.0  # the way the difference must go
+    gained = sign * (before - test.difference) / math.log2(now / then)  # a doubling of steps
+    factor = 2 ** (sign * test.difference / gained) if gained > 0 else math.inf
+    said = ", ".join(f"`{n}` {decision.budgets[n][then]:.4g} at {then:,} → "
+                     f"{decision.values[n].value:.4g} at {now:,} steps" for n in trained)
+    return said, factor
+
+
 def _not_reached(decision: Decision, need: Need) -> Need:
-    """The control's models did not train: more steps, priced at STEPS_FACTOR times the steps of
-    the runs of its failed comparisons' models (references aside)."""
+    """The control's models did not train, or the model did not reach the level: more steps,
+    priced at STEPS_FACTOR times the steps of the runs of its failed comparisons' models
+    (references aside), or at the factor that the rate so far asks (so_far) up to
+    MAX_STEPS_FACTOR; beyond it, or where more steps got it no closer, not more steps."""
     quantities = _quantities(decision)
     failed = [t for t in decision.tests if t.outcome is False]
     need.tests = [t.text for t in failed]
@@ -149,12 +187,23 @@ def _not_reached(decision: Decision, need: Need) -> Need:
     for name in names:
         measured = decision.values[name]
         runs.update(dict.fromkeys(measured.runs, measured.wall_time_s))
-    need.other_s = None if None in runs.values() else \
-        STEPS_FACTOR * sum(runs.values())  # type: ignore[arg-type]
+    seen = [found for t in failed if (found := so_far(decision, t)) is not None]
+    factor = max([STEPS_FACTOR] + [f for _, f in seen])
+    history = "; so far " + "; ".join(said for said, _ in seen) if seen else ""
     what = "the model did not reach it" if decision.control is True \
         else "its control's models did not train"
-    need.why = (f"more steps ({what} at this budget): {plural(len(runs), 'run')} of "
-                f"{', '.join(names) or 'its models'} at {STEPS_FACTOR}× their steps")
+    if factor > MAX_STEPS_FACTOR:
+        need.why = (f"not more steps ({what} at this budget{history}: at that rate "
+                    + ("never, as it got no closer" if not math.isfinite(factor) else
+                       f"about {factor:,.0f}× the steps" if factor < 1000 else
+                       "over 1,000× the steps")
+                    + "): another protocol (learning rate, width, initialisation)")
+        return need
+    factor = math.ceil(factor)
+    need.other_s = None if None in runs.values() else \
+        factor * sum(runs.values())  # type: ignore[arg-type]
+    need.why = (f"more steps ({what} at this budget{history}): {plural(len(runs), 'run')} of "
+                f"{', '.join(names) or 'its models'} at {factor}× their steps")
     return need
 
 

@@ -329,6 +329,9 @@ class Decision:
     # where seeds have disagreeing records and the verdict rests on which is used: the verdicts
     # on the newest records and on the oldest (the verdict is then undecided)
     on_draws: tuple[str, str] | None = None
+    # not reached: quantity -> {trainer.max_steps: its value} at every budget its config has
+    # records of on this machine (other_budgets): whether more steps have helped so far
+    budgets: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 def rows_of(selection: Selection) -> list[list[dict]]:
@@ -518,10 +521,40 @@ def oldest_draws(rows: list[list[dict]]) -> list[list[dict]]:
              for r in row] for row in rows]
 
 
+def other_budgets(quantity: Quantity, rows: list[list[dict]], machine: Environment,
+                  claim: str) -> dict[int, float]:
+    """The quantity's value at each training budget of its config on `machine`: of the rows
+    whose config is the quantity's but for trainer.max_steps (and the warm-up that goes with
+    it), each budget's current version (pick), by max_steps."""
+    here = [row for row in rows if environment(row[0]).machine == machine
+            and row[0]["task"]["name"] == quantity.config.task_name
+            and row[0]["model"]["name"] == quantity.config.model_name]
+    budgets = {}
+    for steps, warmup in sorted({(row[0]["trainer"]["config"].get("max_steps"),
+                                  row[0]["trainer"]["config"].get("warmup_steps"))
+                                 for row in here}, key=str):
+        if not isinstance(steps, int) or not isinstance(warmup, int):
+            continue
+        trainer = replace(quantity.config.trainer, max_steps=steps, warmup_steps=warmup)
+        at = replace(quantity, config=replace(quantity.config, trainer=trainer))
+        found = pick(at, here)
+        if found is None:
+            continue
+        try:
+            value = measure(at, found, claim).value
+        except MetricMissing:
+            continue
+        if math.isfinite(value):
+            budgets[steps] = value
+    return budgets
+
+
 def decide_all(claims: list[Claim], selection: Selection) -> list[Decision]:
     """Each claim decided on the newest record of each seed; one whose records include seeds
     drawn twice with different results is decided on the oldest draws too, and where the two
-    verdicts differ it is undecided: which draw is newer is no evidence."""
+    verdicts differ it is undecided: which draw is newer is no evidence. A claim not reached at
+    reduced scale also gets its quantities' values at the other budgets their configs ran
+    (Decision.budgets), which say whether more steps have helped so far."""
     rows = rows_of(selection)
     older = None
     decisions = []
@@ -533,6 +566,10 @@ def decide_all(claims: list[Claim], selection: Selection) -> list[Decision]:
             if other != decision.verdict:
                 decision = replace(decision, verdict="undecided",
                                    on_draws=(decision.verdict, other))
+        if decision.verdict == "not reached at reduced scale" and decision.machine is not None:
+            decision.budgets = {name: other_budgets(claim.quantities[name], rows,
+                                                    decision.machine, claim.id)
+                                for name in decision.values if name in claim.quantities}
         decisions.append(decision)
     return decisions
 
