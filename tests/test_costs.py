@@ -1,6 +1,7 @@
 """What runs cost, read off records (bench/reports/costs.py), and `suite ... plan=true`, which
 prices a suite's runs before they run and trains nothing."""
 import json
+import os
 
 import pytest
 import yaml
@@ -104,5 +105,7 @@ def test_suite_plan_prices_the_runs_left_and_trains_nothing(tmp_path, monkeypatc
     assert "at workers=2: about" in out
     assert sorted((tmp_path / "runs").glob("*.json")) == made  # trained nothing
 
-    assert main(["suite", f"name={suite}", "plan=true", "launcher=slurm"]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    more_than_cores = f"workers={len(os.sched_getaffinity(0)) + 1}"
+    for refused in ("launcher=slurm", more_than_cores):  # the launcher refuses these too
+        assert main(["suite", f"name={suite}", "plan=true", refused]) == 2
+        assert capsys.readouterr().err.count("\n") == 1

@@ -183,16 +183,18 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
     out_dir and in results/ (bench/reports/costs.py: its own record of other code, its config's
     other seeds, its task and model's time a step), with the wall time that `workers` local
     workers would take for them. Trains nothing, writes nothing."""
+    from bench.cli.launch import worker_environments  # it imports this module
     from bench.reports.costs import duration, launcher_wall, price, wall_time
     from bench.training.checks import planned_environment
+    # each worker's threads on a CPU (its share of the cores), as the launcher gives them; it
+    # refuses more workers than cores or GPUs, and so does the plan
+    share = int(worker_environments(workers)[0].get("OMP_NUM_THREADS", 0)) or None
     here = store.provenance()
     done = {} if rerun else finished_runs(configs)
     folders = list(dict.fromkeys([*(config.out_dir for config in configs),
                                   *(["results"] if os.path.isdir("results") else [])]))
     records = [r for folder in folders if os.path.isdir(folder)
                for r in read_records(folder)[0] if r.get("status") == "ok"]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
 
     def short(seconds: float) -> str:
         return f"{seconds:.0f} s" if seconds < 90 else duration(seconds)
@@ -218,8 +220,7 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
     for i in pending:
         config = configs[i]
         device = planned_environment(config).device
-        wanted = (config.trainer.threads or (cores // workers if workers > 1 else cores)) \
-            if device == "cpu" else None
+        wanted = (config.trainer.threads or share) if device == "cpu" else None
         found = price(config, records, device, wanted)
         seconds[i] = found.seconds or 0.0
         unknown += found.seconds is None
