@@ -134,6 +134,7 @@ def test_a_control_that_did_not_train_and_a_claim_without_records_are_priced(tmp
     (0.09, 0.06, "at 2× their steps", "| 6 min |"),  # 2^(0.01 / 0.03): 1.3× would do; 2× is least
     (0.10, 0.08, "at 3× their steps", "| 9 min |"),  # 2^(0.03 / 0.02) = 2.8×
     (0.30, 0.29, "at that rate over 1,000× the steps", "| — |"),  # 2^(0.24 / 0.01)
+    (0.30, 0.2999, "at that rate over 1,000× the steps", "| — |"),  # 2^2499: no overflow
     (0.29, 0.30, "at that rate never, as it got no closer", "| — |"),
 ])
 def test_more_steps_are_asked_for_as_far_as_the_steps_so_far_have_helped(

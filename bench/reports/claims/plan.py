@@ -166,7 +166,8 @@ def so_far(decision: Decision, test: Test) -> tuple[str, float] | None:
         {n: Sample({}, Interval.point(v)) for n, v in values.items()})[1][0].difference
     sign = 1.0 if op.group(1) in ("<", "<=") else -1.0  # the way the difference must go
     gained = sign * (before - test.difference) / math.log2(now / then)  # a doubling of steps
-    factor = 2 ** (sign * test.difference / gained) if gained > 0 else math.inf
+    # capped: 2^64 is as good as any larger number of steps, and a float power of 2 overflows
+    factor = 2 ** min(sign * test.difference / gained, 64.0) if gained > 0 else math.inf
     said = ", ".join(f"`{n}` {decision.budgets[n][then]:.4g} at {then:,} → "
                      f"{decision.values[n].value:.4g} at {now:,} steps" for n in trained)
     return said, factor
