@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from bench.cli.launch import dispatcher, take_launcher
+from bench.cli.launch import dispatcher, take_launcher, worker_environments
 from bench.cli.options import fail, positive_int, take_flag, take_option, take_selection
 from bench.cli.suites import run_entries
 from bench.config import (PRECISIONS, ConfigError, check_path, choices, compose, describe_choice,
@@ -164,7 +164,7 @@ def cmd_suite(argv: list[str]) -> int:
                     f"{', '.join(choices('suite'))}")
     return run_entries(f"suite {name}", load_suite(name), argv, *selection,
                        origin=f"suite:{suite_label(name)}", dispatch=dispatcher(launcher),
-                       plan_workers=planned_workers(launcher) if plan else None)
+                       plan=planned_workers(launcher) if plan else None)
 
 
 def cmd_sweep(argv: list[str]) -> int:
@@ -176,13 +176,16 @@ def cmd_sweep(argv: list[str]) -> int:
     entries, shared = grid(argv)
     return run_entries("the sweep", entries, shared, *selection, origin="sweep",
                        dispatch=dispatcher(launcher),
-                       plan_workers=planned_workers(launcher) if plan else None)
+                       plan=planned_workers(launcher) if plan else None)
 
 
-def planned_workers(launcher) -> int:
-    """The processes that plan=true prices the runs on: launcher=local's workers; a SLURM
-    array's tasks run side by side as far as the cluster allows, which nobody can tell here."""
+def planned_workers(launcher) -> tuple[int, int | None]:
+    """The processes that plan=true prices the runs on, and each one's CPU threads (None on
+    GPUs), as launcher=local gives them (refusing what it refuses: more workers than cores or
+    GPUs); a SLURM array's tasks run side by side as far as the cluster allows, which nobody
+    can tell here."""
     if launcher.kind != "local":
         raise ConfigError("plan=true prices runs on this machine: give launcher=local "
                           "(workers=N), not launcher=slurm")
-    return launcher.workers
+    share = worker_environments(launcher.workers)[0].get("OMP_NUM_THREADS")
+    return launcher.workers, int(share) if share else None

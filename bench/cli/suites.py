@@ -92,13 +92,14 @@ def finished_runs(configs: list) -> dict[int, str]:
 
 def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tuple[int, int],
                 chosen: str | None, rerun: bool, origin: str, defaults: list[str] = (),
-                dispatch=None, plan_workers: int | None = None) -> int:
+                dispatch=None, plan: tuple[int, int | None] | None = None) -> int:
     """Runs the entries (override lists) of a suite or sweep chosen by `chosen` (entries=) and
     `shard`, each with argv's overrides over its own and `defaults` under both; all are
     composed and validated before the first one runs: here one after another, or by `dispatch`
     (bench/cli/launch.py: worker processes, a SLURM job array), which takes them as composed
-    override lists and returns the exit status. With `plan_workers` (plan=true) nothing runs:
-    print_plan says what is done and what the rest would cost on that many workers."""
+    override lists and returns the exit status. With `plan` (plan=true: the workers and each
+    one's CPU threads, None on GPUs) nothing runs: print_plan says what is done and what the
+    rest would cost on them."""
     size = len(entries)
     if size > MAX_RUNS:  # what load_suite and the sweep's grid refuse, whoever made the list
         raise ConfigError(f"{what} has {size} runs; at most {MAX_RUNS}")
@@ -162,9 +163,9 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
                   f"({shown(' '.join(entry) or '(defaults)')}); both run", file=sys.stderr)
     for config in configs:
         config.origin = origin
-    if plan_workers is not None:
+    if plan is not None:
         print_plan(what, size, numbers, [entries[n - 1] for n in numbers], configs, rerun,
-                   plan_workers)
+                   *plan)
         return 0
     if dispatch is not None:
         return dispatch(what, size, numbers, [[*unless_given(e), *e] for e in runs], origin,
@@ -177,18 +178,15 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
 
 
 def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]],
-               configs: list, rerun: bool, workers: int) -> None:
+               configs: list, rerun: bool, workers: int, share: int | None) -> None:
     """What `suite ... plan=true` prints: the entries finished already (finished_runs) with the
     run time their records took, and each entry still to run priced from the records in its
     out_dir and in results/ (bench/reports/costs.py: its own record of other code, its config's
     other seeds, its task and model's time a step), with the wall time that `workers` local
-    workers would take for them. Trains nothing, writes nothing."""
-    from bench.cli.launch import worker_environments  # it imports this module
+    workers would take for them, each with `share` CPU threads (the launcher's share of the
+    cores). Trains nothing, writes nothing."""
     from bench.reports.costs import duration, launcher_wall, price, wall_time
     from bench.training.checks import planned_environment
-    # each worker's threads on a CPU (its share of the cores), as the launcher gives them; it
-    # refuses more workers than cores or GPUs, and so does the plan
-    share = int(worker_environments(workers)[0].get("OMP_NUM_THREADS", 0)) or None
     here = store.provenance()
     done = {} if rerun else finished_runs(configs)
     folders = list(dict.fromkeys([*(config.out_dir for config in configs),
