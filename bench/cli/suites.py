@@ -17,7 +17,7 @@ from bench.records import store
 from bench.records.store import RunFailed, environment, read_record, read_records, record_matches
 from bench.reports.identities import fill_current, load_index
 from bench.reports.report import config_table, headline
-from bench.reports.selection import age, code_version
+from bench.reports.selection import code_version
 
 
 def origin_kind(origin) -> str:
@@ -185,7 +185,7 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
     other seeds, its task and model's time a step), with the wall time that `workers` local
     workers would take for them, each with `share` CPU threads (the launcher's share of the
     cores). Trains nothing, writes nothing."""
-    from bench.reports.costs import duration, launcher_wall, price, wall_time
+    from bench.reports.costs import duration, launcher_wall, made_on, price, wall_time
     from bench.training.checks import planned_environment
     here = store.provenance()
     done = {} if rerun else finished_runs(configs)
@@ -208,7 +208,7 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
     else:
         finishing = [read_record(Path(path))[0] or {} for path in done.values()]
         took = sum(wall_time(record) or 0.0 for record in finishing)
-        days = sorted(f"{s[:4]}-{s[4:6]}-{s[6:8]}" for s in (age(r)[0] for r in finishing))
+        days = sorted(made_on(record) for record in finishing)
         span = " to ".join(dict.fromkeys(days[:1] + days[-1:]))
         why = f", whose records (made {span}) took {duration(took)} of run time" if done else ""
     print(f"  done: {len(done)}{why}")

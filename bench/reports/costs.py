@@ -28,6 +28,12 @@ def threads(record: dict) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def made_on(record: dict) -> str:
+    """The day a record was made, YYYY-MM-DD (its run id's time stamp, else its file's time)."""
+    stamp = age(record)[0]  # YYYYMMDD-HHMMSS
+    return f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}"
+
+
 def seconds_per_step(task_name: str, model_name: str, records: list[dict],
                      device: str = "cpu") -> float | None:
     """The median of wall time / trainer.max_steps over the records of one task and model on
@@ -79,9 +85,7 @@ def price(config, records: list[dict], device: str, threads_wanted: int | None =
     own = at_threads([r for r in matching if r.get("seed") == config.seed])
     if own:
         newest = max(own, key=age)
-        stamp = age(newest)[0]  # YYYYMMDD-HHMMSS
-        return Price(wall_time(newest), f"its own record of {stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}",
-                     of([newest]))
+        return Price(wall_time(newest), f"its own record of {made_on(newest)}", of([newest]))
     others = at_threads(matching)
     if others:
         return Price(statistics.median(wall_time(r) for r in others),
