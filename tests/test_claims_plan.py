@@ -159,6 +159,61 @@ def test_more_steps_are_asked_for_as_far_as_the_steps_so_far_have_helped(
     assert advice in row and row.endswith(cost)
 
 
+def curve(at_half: float, at_end: float, points: int = 100) -> list[list[float]]:
+    """A logged training curve (every 10 steps) whose tenth ending halfway averages at_half and
+    whose last tenth averages at_end; the points between are far off, to show they are unread."""
+    losses = [9.0] * points
+    tenth = points // 10
+    losses[points // 2 - tenth:points // 2] = [at_half - 0.01, at_half + 0.01] * (tenth // 2)
+    losses[-tenth:] = [at_end + 0.02, at_end - 0.02] * (tenth // 2)
+    return [[10 * i, v] for i, v in enumerate(losses)]
+
+
+def test_the_training_loss_halfway_and_at_the_end_are_the_means_of_their_tenths():
+    from bench.reports.claims.verdicts import final_train_loss
+    rec = {"train": {"loss_curve": curve(0.7, 0.5)}}
+    assert final_train_loss(rec) == pytest.approx(0.5)
+    assert final_train_loss(rec, upto=0.5) == pytest.approx(0.7)
+    # a short curve: a window of one point, ending at the point halfway through
+    rec = {"train": {"loss_curve": [[0, 3.0], [10, 2.0], [20, 1.0]]}}
+    assert final_train_loss(rec) == 1.0 and final_train_loss(rec, upto=0.5) == 2.0
+    assert final_train_loss({"train": {}}, upto=0.5) is None
+
+
+@pytest.mark.parametrize("at_half, at_end, advice, cost", [
+    (0.59, 0.56, "at 2× their steps", "| 6 min |"),  # gap 0.06 -> 0.03: 2^(0.01 / 0.03)
+    (0.60, 0.58, "at 3× their steps", "| 9 min |"),  # gap 0.10 -> 0.08: 2^(0.03 / 0.02)
+    (0.59, 0.58, "at 8× their steps", "| 24 min |"),  # gap 0.09 -> 0.08: 2^(0.03 / 0.01)
+    (0.62, 0.61, "at that rate about 64× the steps", "| — |"),  # 2^(0.06 / 0.01)
+    (0.58, 0.59, "at that rate never, as it got no closer", "| — |"),
+])
+def test_with_one_budget_more_steps_are_asked_for_as_far_as_its_training_curve_fell(
+        tmp_path, capsys, at_half, at_end, advice, cost):
+    """A control (mamba <= 0.05) that did not train at 1,000 steps, with records at no other
+    budget: what its training loss fell from halfway to the end, added to its gap now, stands
+    for its gap at 500 steps, and the plan reads the rate of a doubling from that."""
+    out = tmp_path / "r"
+    gap = at_end - 0.5  # the held-out loss, 0.5 + gap, where the training loss ended
+    records = [record(MAMBA, seed=s, gap=gap + j, wall_time_s=60.0)
+               for s, j in enumerate((-0.001, 0.0, 0.001))]
+    for rec in records:
+        rec["train"]["loss_curve"] = curve(at_half, at_end)
+    put(out, *records, *(record(NOCONV, seed=s, gap=0.3, wall_time_s=60.0) for s in range(3)))
+    rules = rules_file(tmp_path, control="mamba <= 0.05", scale="cpu")
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| t-conv"))
+    assert f"so far `mamba`'s training loss {at_half:.4g} at 500 → {at_end:.4g} at 1,000" in row
+    assert advice in row and row.endswith(cost)
+    # a run without a curve leaves the rate unknown: twice the steps, as before
+    del records[0]["train"]["loss_curve"]
+    put(out, records[0])
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| t-conv"))
+    assert "so far" not in row and "at 2× their steps" in row and row.endswith("| 6 min |")
+
+
 @pytest.mark.parametrize("args, message", [
     (["budget_h=abc"], "budget_h: invalid value 'abc'"),
     (["budget_h=-1"], "budget_h: invalid value '-1'"),

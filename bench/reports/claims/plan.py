@@ -14,8 +14,8 @@ that would need more than MAX_SEEDS is listed as not decidable by seeds at this 
 is a per-seed claim whose seeds disagree (more seeds cannot make them agree) and a quantity that
 is not a number. A claim not reached (its control's models did not train, or its model did not
 reach the level) is priced at twice the steps of the runs of its failed comparisons' models, or
-at what the rate so far asks where the records have its configs at a smaller budget too
-(so_far), and not at more steps where that is over MAX_STEPS_FACTOR; one not measured at the
+at what the rate so far asks (so_far: from records of its configs at a smaller budget, else
+from its runs' training curves), and not at more steps where that is over MAX_STEPS_FACTOR; one not measured at the
 runs of its missing quantities, three seeds each, timed from records of the same task and
 model."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.config.formats import plural
 from bench.reports.claims.rules import Interval, Rule, Sample, Test
-from bench.reports.claims.spec import composed, is_reference, run_key
+from bench.reports.claims.spec import DEFAULT_METRIC, composed, is_reference, run_key
 from bench.reports.claims.verdicts import Decision
 from bench.reports.costs import duration
 from tasks.files import write_atomic
@@ -38,6 +38,9 @@ FIRST_SPREAD = 3  # seeds that give a one-seed comparison a spread to judge
 OPEN = ("undecided", "not reached at reduced scale", "not measured")
 STEPS_FACTOR = 2  # a control that did not train is priced at this many times its steps
 MAX_STEPS_FACTOR = 16  # or at what the rate so far asks, up to this; beyond it: not by steps
+# metrics whose change over a run its training curve estimates: the held-out loss on the scored
+# positions the training loss averages, and that loss less a reference's, which steps leave be
+TRAIN_LOSS_UNITS = (DEFAULT_METRIC, "metrics.loss.model", "metrics.gap.model")
 
 Run = tuple[tuple[str, ...], int]  # (selector, seed)
 
@@ -143,11 +146,11 @@ def _undecided(decision: Decision, need: Need) -> Need:
 
 
 def so_far(decision: Decision, test: Test) -> tuple[str, float] | None:
-    """What more steps have done for a failed comparison: its models' values at the largest
-    budget below theirs that the records have (Decision.budgets) and at theirs, and the
-    factor of steps at which, going on at that rate a doubling, its difference would reach 0
-    (inf: it got no closer). None where the records have no smaller budget, or the comparison
-    is not an order (== or !=)."""
+    """What more steps have done for a failed comparison, and the factor of steps at which,
+    going on at that rate a doubling, its difference would reach 0 (inf: it got no closer).
+    The rate is read from its models' values at the largest budget below theirs that the
+    records have (Decision.budgets) and at theirs; where they have none, from their training
+    curves (halfway). None where neither says, or the comparison is not an order (== or !=)."""
     quantities = _quantities(decision)
     op = re.search(r" (<=|>=|<|>) ", test.text)
     trained = [n for n in test.names if not is_reference(quantities[n])]
@@ -157,20 +160,47 @@ def so_far(decision: Decision, test: Test) -> tuple[str, float] | None:
     now = steps.pop()
     earlier = set.intersection(*({s for s in decision.budgets.get(n, {}) if s < now}
                                  for n in trained))
-    if not earlier:
+    if earlier:
+        then = max(earlier)
+        values = {n: decision.budgets.get(n, {}).get(then, decision.values[n].value)
+                  for n in test.names}
+        said = ", ".join(f"`{n}` {decision.budgets[n][then]:.4g} at {then:,} → "
+                         f"{decision.values[n].value:.4g} at {now:,} steps" for n in trained)
+    elif (found := halfway(decision, trained)) is not None:
+        then, (values, said) = now // 2, found
+    else:
         return None
-    then = max(earlier)
-    values = {n: decision.budgets.get(n, {}).get(then, decision.values[n].value)
-              for n in test.names}
     before = Rule(test.text, test.names, test.text).decide(
         {n: Sample({}, Interval.point(v)) for n, v in values.items()})[1][0].difference
     sign = 1.0 if op.group(1) in ("<", "<=") else -1.0  # the way the difference must go
     gained = sign * (before - test.difference) / math.log2(now / then)  # a doubling of steps
     # capped: 2^64 is as good as any larger number of steps, and a float power of 2 overflows
     factor = 2 ** min(sign * test.difference / gained, 64.0) if gained > 0 else math.inf
-    said = ", ".join(f"`{n}` {decision.budgets[n][then]:.4g} at {then:,} → "
-                     f"{decision.values[n].value:.4g} at {now:,} steps" for n in trained)
     return said, factor
+
+
+def halfway(decision: Decision, trained: list[str]
+            ) -> tuple[dict[str, float], str] | None:
+    """Each quantity's value at half its steps, estimated from its runs' training curves: its
+    value now plus what its training loss fell from halfway to the end (the mean over its
+    seeds of final_train_loss at ½ less at the end), and what that reading says; a reference
+    keeps its value. None unless every trained quantity reads a metric in the training loss's
+    units (TRAIN_LOSS_UNITS) and every one of its runs logged a curve."""
+    values = {n: m.value for n, m in decision.values.items()}
+    said = []
+    for name in trained:
+        measured = decision.values[name]
+        pairs = [(h, e) for h, e in zip(measured.train_halfway, measured.train_ended)
+                 if h is not None and e is not None]
+        if _quantities(decision)[name].metric not in TRAIN_LOSS_UNITS or not pairs \
+                or len(pairs) != len(measured.seeds):
+            return None
+        at_half, at_end = (sum(p[i] for p in pairs) / len(pairs) for i in (0, 1))
+        values[name] = measured.value + at_half - at_end
+        steps = _quantities(decision)[name].config.trainer.max_steps
+        said.append(f"`{name}`'s training loss {at_half:.4g} at {steps // 2:,} → "
+                    f"{at_end:.4g} at {steps:,} steps")
+    return values, ", ".join(said)
 
 
 def _not_reached(decision: Decision, need: Need) -> Need:

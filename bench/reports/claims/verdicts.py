@@ -155,6 +155,7 @@ class Measured:
     # version that disagree with it: selection.disagree)
     twins: dict[int, tuple[float, list[float]]] = field(default_factory=dict)
     train_ended: list[float | None] = field(default_factory=list)  # by seed: final_train_loss
+    train_halfway: list[float | None] = field(default_factory=list)  # by seed: at ½ of its steps
 
     def as_interval(self) -> Interval:
         """What an unpaired comparison uses: the 95% interval, or the value where there is
@@ -258,10 +259,10 @@ def wall_time(row: list[dict]) -> float | None:
 TRAIN_TAIL = 0.1  # the last tenth of a run's logged training losses: where it ended
 
 
-def final_train_loss(record: dict) -> float | None:
-    """The mean of the last tenth of a run's logged training losses (at least one point): where
-    its training ended, read from the training batches alone; None where the record has no
-    curve."""
+def final_train_loss(record: dict, upto: float = 1.0) -> float | None:
+    """The mean of the tenth of a run's logged training losses (at least one point) that ends
+    `upto` of the way through them: 1, where its training ended; ½, halfway. Read from the
+    training batches alone; None where the record has no curve."""
     curve = (record.get("train") or {}).get("loss_curve")
     if not isinstance(curve, list):
         return None
@@ -269,8 +270,9 @@ def final_train_loss(record: dict) -> float | None:
               and (v := number(point[1])) is not None and math.isfinite(v)]
     if not losses:
         return None
-    tail = losses[-max(1, round(TRAIN_TAIL * len(losses))):]
-    return sum(tail) / len(tail)
+    end = max(1, round(upto * len(losses)))
+    window = losses[max(0, end - max(1, round(TRAIN_TAIL * len(losses)))):end]
+    return sum(window) / len(window)
 
 
 def best_trained_seed(measured: "Measured", among: set[int] | None = None) -> int | None:
@@ -303,7 +305,8 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
                     sequences, [read[i][1] for i in order], wall_time(row),
                     {r["seed"]: (headline(r), [headline(t) for t in r["_twins"]])
                      for r in row if r.get("_twins")},
-                    [final_train_loss(row[i]) for i in order])
+                    [final_train_loss(row[i]) for i in order],
+                    [final_train_loss(row[i], upto=0.5) for i in order])
 
 
 @dataclass
