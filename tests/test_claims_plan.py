@@ -214,6 +214,31 @@ def test_with_one_budget_more_steps_are_asked_for_as_far_as_its_training_curve_f
     assert "so far" not in row and "at 2× their steps" in row and row.endswith("| 6 min |")
 
 
+def test_seeds_that_split_on_the_bar_are_said_to_and_get_no_power_estimate(tmp_path, capsys):
+    """Three seeds far below the bar and three far above, each decided on its own held-out
+    interval: the mean's interval holds the bar, and the plan says the seeds split (which) rather
+    than pricing seeds for the mean; seeds that agree get the power estimate."""
+    out = tmp_path / "r"
+    gaps = [0.001, 0.0012, 0.0011, 0.02, 0.021, 0.019]
+    put(out, *(record(MAMBA, seed=s, gap=g) for s, g in enumerate(gaps)),
+        *(record(NOCONV, seed=s, gap=0.3) for s in range(6)))
+    rules = rules_file(tmp_path, rule="mamba <= 0.01", control="noconv >= 0.1", scale="cpu")
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| t-conv"))
+    assert "| undecided |" in row
+    assert ("its seeds split, 3 of 6 holding (seeds 0, 1, 2) and 3 failing (3, 4, 5) on their "
+            "own held-out intervals") in row
+    out = tmp_path / "agree"
+    put(out, *(record(MAMBA, seed=s, gap=g)
+               for s, g in enumerate([0.009, 0.0095, 0.0098, 0.0104, 0.0101, 0.0097])),
+        *(record(NOCONV, seed=s, gap=0.3) for s in range(6)))
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| t-conv"))
+    assert "| undecided |" in row and "split" not in row and "| 6 → 17 |" in row
+
+
 @pytest.mark.parametrize("args, message", [
     (["budget_h=abc"], "budget_h: invalid value 'abc'"),
     (["budget_h=-1"], "budget_h: invalid value '-1'"),

@@ -11,8 +11,9 @@ same effect with the same spread would decide, hypot(t(n'−1)·s/√n', h) < |d
 promise: d̄ and s come from n seeds. Where h alone reaches |d̄|, seeds cannot decide it. A
 comparison read on one seed has no spread to estimate: it gets seeds up to 3, which give one. One
 that would need more than MAX_SEEDS is listed as not decidable by seeds at this effect size; so
-is a per-seed claim whose seeds disagree (more seeds cannot make them agree) and a quantity that
-is not a number. A claim not reached (its control's models did not train, or its model did not
+is a per-seed claim whose seeds disagree (more seeds cannot make them agree), a comparison whose
+seeds split, holding on some seeds' own intervals and failing on others' (seeds_split: more
+seeds only estimate the share), and a quantity that is not a number. A claim not reached (its control's models did not train, or its model did not
 reach the level) is priced at twice the steps of the runs of its failed comparisons' models, or
 at what the rate so far asks (so_far: from records of its configs at a smaller budget, else
 from its runs' training curves), and not at more steps where that is over MAX_STEPS_FACTOR; one not measured at the
@@ -121,6 +122,12 @@ def _undecided(decision: Decision, need: Need) -> Need:
         if math.isnan(test.difference):
             need.why = f"`{test.text}`: not a number"
             return need
+        if test.seeds >= 2 and (split := seeds_split(decision, test)) is not None:
+            need.why = (f"`{test.text}`: its seeds split, {split}: more seeds would estimate "
+                        "how many fall on each side, and a mean over seeds turns their share "
+                        "into the verdict; a rule about each seed (per_seed) or about the seed "
+                        "that trained best (judge_seed) says what the split means")
+            return need
         if test.seeds >= 2:
             m = seeds_to_decide(test.difference, test.seed_half, test.seeds, test.held_out_half)
             if m is None:
@@ -143,6 +150,24 @@ def _undecided(decision: Decision, need: Need) -> Need:
             for seed in sorted(set(range(m)) - set(measured.seeds)):
                 need.runs.setdefault((selector, seed), measured.wall_time_s)
     return need
+
+
+def seeds_split(decision: Decision, test: Test) -> str | None:
+    """Where a comparison, decided on each seed's record alone (its own held-out interval),
+    holds on some seeds and fails on others: how many of each, and which. None where the seeds
+    do not split so (they agree, or some are open and the others agree)."""
+    names = list(dict.fromkeys(test.names))
+    seeds = sorted(set.intersection(*(set(decision.values[n].seeds) for n in names)))
+    rule = Rule(test.text, tuple(names), test.text)
+    outcomes = {seed: rule.decide({n: decision.values[n].seed_sample(seed)
+                                   for n in names})[1][0].outcome for seed in seeds}
+    held = [seed for seed, o in outcomes.items() if o is True]
+    failed = [seed for seed, o in outcomes.items() if o is False]
+    if not held or not failed:
+        return None
+    return (f"{len(held)} of {len(seeds)} holding (seed{'s' * (len(held) > 1)} "
+            f"{', '.join(map(str, held))}) and {len(failed)} failing "
+            f"({', '.join(map(str, failed))}) on their own held-out intervals")
 
 
 def so_far(decision: Decision, test: Test) -> tuple[str, float] | None:
