@@ -13,12 +13,12 @@ comparison read on one seed has no spread to estimate: it gets seeds up to 3, wh
 that would need more than MAX_SEEDS is listed as not decidable by seeds at this effect size; so
 is a per-seed claim whose seeds disagree (more seeds cannot make them agree), a comparison whose
 seeds split, holding on some seeds' own intervals and failing on others' (seeds_split: more
-seeds only estimate the share), and a quantity that is not a number. A claim not reached (its control's models did not train, or its model did not
-reach the level) is priced at twice the steps of the runs of its failed comparisons' models, or
-at what the rate so far asks (so_far: from records of its configs at a smaller budget, else
-from its runs' training curves), and not at more steps where that is over MAX_STEPS_FACTOR; one not measured at the
-runs of its missing quantities, three seeds each, timed from records of the same task and
-model."""
+seeds only estimate the share), and a quantity that is not a number. A claim not reached (its
+control's models did not train, or its model did not reach the level) is priced at twice the
+steps of the runs of its failed comparisons' models, or at what the rate so far asks (so_far:
+from records of its configs at a smaller budget, else from its runs' training curves), and not
+at more steps where that is over MAX_STEPS_FACTOR; one not measured at the runs of its missing
+quantities, three seeds each, timed from records of the same task and model."""
 from __future__ import annotations
 
 import math
