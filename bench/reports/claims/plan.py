@@ -122,13 +122,13 @@ def _undecided(decision: Decision, need: Need) -> Need:
         if math.isnan(test.difference):
             need.why = f"`{test.text}`: not a number"
             return need
-        if test.seeds >= 2 and (split := seeds_split(decision, test)) is not None:
-            need.why = (f"`{test.text}`: its seeds split, {split}: more seeds would estimate "
-                        "how many fall on each side, and a mean over seeds turns their share "
-                        "into the verdict; a rule about each seed (per_seed) or about the seed "
-                        "that trained best (judge_seed) says what the split means")
-            return need
         if test.seeds >= 2:
+            if (split := seeds_split(decision, test)) is not None:
+                need.why = (f"`{test.text}`: its seeds split, {split}: more seeds would estimate "
+                            "how many fall on each side, and a mean over seeds turns their share "
+                            "into the verdict; a rule about each seed (per_seed) or about the "
+                            "seed that trained best (judge_seed) says what the split means")
+                return need
             m = seeds_to_decide(test.difference, test.seed_half, test.seeds, test.held_out_half)
             if m is None:
                 need.why = f"`{test.text}`: " + (
@@ -158,9 +158,8 @@ def seeds_split(decision: Decision, test: Test) -> str | None:
     do not split so (they agree, or some are open and the others agree)."""
     names = list(dict.fromkeys(test.names))
     seeds = sorted(set.intersection(*(set(decision.values[n].seeds) for n in names)))
-    rule = Rule(test.text, tuple(names), test.text)
-    outcomes = {seed: rule.decide({n: decision.values[n].seed_sample(seed)
-                                   for n in names})[1][0].outcome for seed in seeds}
+    outcomes = {seed: decided(test, {n: decision.values[n].seed_sample(seed)
+                                     for n in names}).outcome for seed in seeds}
     held = [seed for seed, o in outcomes.items() if o is True]
     failed = [seed for seed, o in outcomes.items() if o is False]
     if not held or not failed:
@@ -168,6 +167,11 @@ def seeds_split(decision: Decision, test: Test) -> str | None:
     return (f"{len(held)} of {len(seeds)} holding (seed{'s' * (len(held) > 1)} "
             f"{', '.join(map(str, held))}) and {len(failed)} failing "
             f"({', '.join(map(str, failed))}) on their own held-out intervals")
+
+
+def decided(test: Test, samples: dict[str, Sample]) -> Test:
+    """The comparison `test` decided again, on other samples of its quantities."""
+    return Rule(test.text, test.names, test.text).decide(samples)[1][0]
 
 
 def so_far(decision: Decision, test: Test) -> tuple[str, float] | None:
@@ -191,12 +195,12 @@ def so_far(decision: Decision, test: Test) -> tuple[str, float] | None:
                   for n in test.names}
         said = ", ".join(f"`{n}` {decision.budgets[n][then]:.4g} at {then:,} → "
                          f"{decision.values[n].value:.4g} at {now:,} steps" for n in trained)
-    elif (found := halfway(decision, trained)) is not None:
+    elif (found := halfway(decision, quantities, trained)) is not None:
         then, (values, said) = now // 2, found
     else:
         return None
-    before = Rule(test.text, test.names, test.text).decide(
-        {n: Sample({}, Interval.point(v)) for n, v in values.items()})[1][0].difference
+    before = decided(test, {n: Sample({}, Interval.point(v)) for n, v in values.items()}
+                     ).difference
     sign = 1.0 if op.group(1) in ("<", "<=") else -1.0  # the way the difference must go
     gained = sign * (before - test.difference) / math.log2(now / then)  # a doubling of steps
     # capped: 2^64 is as good as any larger number of steps, and a float power of 2 overflows
@@ -204,7 +208,7 @@ def so_far(decision: Decision, test: Test) -> tuple[str, float] | None:
     return said, factor
 
 
-def halfway(decision: Decision, trained: list[str]
+def halfway(decision: Decision, quantities, trained: list[str]
             ) -> tuple[dict[str, float], str] | None:
     """Each quantity's value at half its steps, estimated from its runs' training curves: its
     value now plus what its training loss fell from halfway to the end (the mean over its
@@ -217,12 +221,12 @@ def halfway(decision: Decision, trained: list[str]
         measured = decision.values[name]
         pairs = [(h, e) for h, e in zip(measured.train_halfway, measured.train_ended)
                  if h is not None and e is not None]
-        if _quantities(decision)[name].metric not in TRAIN_LOSS_UNITS or not pairs \
+        if quantities[name].metric not in TRAIN_LOSS_UNITS or not pairs \
                 or len(pairs) != len(measured.seeds):
             return None
         at_half, at_end = (sum(p[i] for p in pairs) / len(pairs) for i in (0, 1))
         values[name] = measured.value + at_half - at_end
-        steps = _quantities(decision)[name].config.trainer.max_steps
+        steps = quantities[name].config.trainer.max_steps
         said.append(f"`{name}`'s training loss {at_half:.4g} at {steps // 2:,} → "
                     f"{at_end:.4g} at {steps:,} steps")
     return values, ", ".join(said)
