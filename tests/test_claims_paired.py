@@ -243,3 +243,18 @@ def test_seeds_with_per_sequence_losses_pair_on_both(tmp_path):
     [d] = decide(tmp_path / "r", rules_file(tmp_path, rule="noconv >= 5 * mamba"))
     assert d.tests[-1].paired == "3 seeds and 128 held-out sequences"
     assert d.verdict == "holds"
+
+
+@pytest.mark.parametrize("count", [512, 4_097])
+def test_resampled_means_are_the_means_of_the_indexed_resamples_bitwise(count):
+    """The bootstrap's blocked, cached means against their definition (values[index].mean(1)):
+    a block size changes no digit, and the cache answers by content, not by tensor."""
+    from bench.reports.claims import rules
+    values = torch.randn(count, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    generator = torch.Generator().manual_seed(0)
+    index = torch.randint(count, (rules.BOOTSTRAP_RESAMPLES, count), generator=generator)
+    assert torch.equal(rules._resampled_means(values), values[index].mean(1))
+    assert torch.equal(rules._resampled_means(values.clone()), values[index].mean(1))
+    other = values.clone()
+    other[0] += 1.0
+    assert torch.equal(rules._resampled_means(other), other[index].mean(1))

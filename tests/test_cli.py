@@ -103,6 +103,26 @@ def test_list_describes_a_file_without_a_comment_by_its_family(tmp_path, monkeyp
     assert model_families()["lstm"].description  # what a model file without a comment shows
 
 
+
+def test_a_composed_config_is_the_callers_own_and_an_edited_file_is_read_again(tmp_path,
+                                                                                monkeypatch):
+    """compose reuses what the same file text and overrides gave before (claims and suites
+    compose hundreds of runs): the caller still gets its own dataclasses, and an edited conf file
+    composes to its new values."""
+    import shutil
+    import bench.config
+    from bench.config import compose
+    first = compose(["model=mamba", "model.n_layers=2"])
+    first.model.d_model, first.trainer.max_steps = 999, 1
+    again = compose(["model=mamba", "model.n_layers=2"])
+    assert (again.model.d_model, again.model.n_layers) == (16, 2)
+    assert again.trainer.max_steps != 1
+    shutil.copytree(bench.config.conf.CONF_DIR, tmp_path / "conf")
+    monkeypatch.setattr(bench.config.conf, "CONF_DIR", tmp_path / "conf")
+    path = tmp_path / "conf" / "model" / "mamba.yaml"
+    path.write_text(path.read_text().replace("d_model: 16", "d_model: 32"))
+    assert compose(["model=mamba", "model.n_layers=2"]).model.d_model == 32
+
 @pytest.mark.parametrize("args,needle", [
     (["run", "task=nope"], "unknown task 'nope'; choose one of:"),
     (["run", "model=nope"], "unknown model 'nope'; choose one of:"),

@@ -281,3 +281,19 @@ def test_claims_name_it_and_decide_on_the_good_records(tmp_path, capsys, name, c
     err = capsys.readouterr().err.splitlines()
     assert code == 0 and len(err) == 1 and err[0].startswith(f"warning: skipped {bad_path}: ")
     assert "`mamba` = 0.001000" in text and "(seed 0)" in text
+
+
+@pytest.mark.parametrize("values", [
+    [], [1.0, 2.5], [1.0, None], [None], [1, 2.0], [0.0, float("nan")], [None, float("inf")],
+    [None, 1.0, -float("inf")], [True], [1.0, "1"], [1.0, [1.0]], [10 ** 400]])
+def test_a_list_is_checked_as_its_values_one_by_one(values):
+    """numbers_or_nulls' fast path (floats and nulls, checked in C) against its definition."""
+    from bench.records.schema import number_or_null, numbers_or_nulls
+
+    def outcome(check):
+        try:
+            return check()
+        except OverflowError:
+            return OverflowError
+    assert outcome(lambda: numbers_or_nulls(values)) == outcome(
+        lambda: all(number_or_null(v) for v in values))

@@ -3,6 +3,8 @@ file system can take, a seed, suite entry numbers, and YAML files read strictly 
 Every failure is a one-line ConfigError."""
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import re
 import unicodedata
@@ -51,6 +53,13 @@ def load_yaml_text(text: str):
     """A YAML document a user wrote (conf/ files, suite files, claims rules): safe types only,
     no key twice in a mapping. Raises yaml.YAMLError, also for a document nested too deeply
     for the parser's recursion (`[[[...]]]` 20,000 deep)."""
+    return copy.deepcopy(_parsed(text))  # a copy: callers pop and add keys
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str):
+    """load_yaml_text's parse, once per text: composing a run reads four conf files, and a suite
+    or `claims` composes hundreds of runs from the same few."""
     try:
         return yaml.load(text, Loader=UniqueKeyLoader)
     except RecursionError:

@@ -12,6 +12,8 @@ scored), its intervals, per-position and per-sequence values and its loss curve.
 from __future__ import annotations
 
 import math
+import operator
+from functools import partial
 from numbers import Real
 
 STATUSES = ("ok", "failed", "running")  # bench/training/train.py writes these
@@ -42,6 +44,20 @@ def number_or_null(value) -> bool:
     """A number as records hold them: finite, or null where it was not (strict JSON)."""
     return value is None or (isinstance(value, Real) and not isinstance(value, bool)
                              and math.isfinite(value))
+
+
+_NOT_NONE = partial(operator.is_not, None)
+
+
+def numbers_or_nulls(values: list) -> bool:
+    """number_or_null of every value. A record's lists are floats as JSON parses them, some with
+    nulls: those are checked in C (all(map(...))), 7 million values of results/ in 1 s rather than
+    11; any other list value by value."""
+    kinds = set(map(type, values))
+    if kinds <= {float, type(None)}:
+        return all(map(math.isfinite, filter(_NOT_NONE, values) if type(None) in kinds
+                       else values))
+    return all(number_or_null(v) for v in values)
 
 
 def problem(record: dict) -> str | None:
@@ -86,7 +102,7 @@ def _typed(record: dict, fields: dict) -> str | None:
             bad.append(f"{name} (over a year)")
         elif kind is int and keys in COUNTS and value < 0:
             bad.append(f"{name} (negative)")
-        elif kind is list and not all(number_or_null(v) for v in value):
+        elif kind is list and not numbers_or_nulls(value):
             bad.append(f"{name} (not a list of numbers)")
     return f"missing or malformed {', '.join(bad)}" if bad else None
 
@@ -168,7 +184,7 @@ def _scored(record: dict) -> str | None:
 def _per_position(record: dict) -> str | None:
     table = record.get("per_position")
     for name, values in table.items():
-        if not isinstance(values, list) or not all(number_or_null(v) for v in values):
+        if not isinstance(values, list) or not numbers_or_nulls(values):
             return f"per_position.{name} is not a list of numbers"
     return None
 
@@ -184,7 +200,7 @@ def _per_sequence(record: dict) -> str | None:
     n = record["metrics"]["sequences"]
     for name, values in table.get("loss", {}).items():
         if not (isinstance(values, list) and len(values) == n
-                and all(number_or_null(v) for v in values)):
+                and numbers_or_nulls(values)):
             return (f"per_sequence.loss.{name} is not {n} numbers (metrics.sequences)")
     digest = record["metrics"].get("held_out_digest")
     if digest is not None and not isinstance(digest, str):
