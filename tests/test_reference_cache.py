@@ -123,3 +123,23 @@ def test_a_cache_that_cannot_be_written_costs_no_result(tmp_path, capsys):
     record = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert record["status"] == "ok" and not record["eval"]["references_cached"]
     assert "warning: the reference cache was not written" in capsys.readouterr().err
+
+
+def test_references_being_computed_say_so_and_cached_ones_say_nothing(tmp_path, capsys):
+    """A first run of lgssm spends about 2 minutes on its references after its progress bars
+    have ended: with progress on, two lines say what it is doing and how long it took."""
+    config = compose_checked(["task=markov", f"out_dir={tmp_path}",
+                              *[o for o in TINY if o != "trainer.progress=false"]])
+    task, _ = build(config)
+    batch, cached = reference_cache.held_out_set(config, task)
+    reference_cache.complete(config, task, batch, cached)
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == (f"references: computing {len(task.references())} references on 24 "
+                       f"held-out sequences (none cached yet; cached under {tmp_path}/cache/"
+                       "references for the next run)")
+    assert said[1].startswith("references: computed in ") and said[1].endswith(" s")
+    task, _ = build(config)
+    batch, cached = reference_cache.held_out_set(config, task)
+    assert cached is not None
+    reference_cache.complete(config, task, batch, cached)
+    assert "references:" not in capsys.readouterr().err

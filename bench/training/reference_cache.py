@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -120,7 +121,18 @@ def complete(config: RunConfig, task: Task, batch: Batch,
     cached, unless trainer.reference_cache=false)."""
     if cached is not None:
         return cached
+    progress = config.trainer.progress
+    if progress:  # a first run of lgssm waits about 2 minutes here, after its bars have ended
+        where = (f"; cached under {Path(config.out_dir) / 'cache' / 'references'} for the next "
+                 "run" if config.trainer.reference_cache else "")
+        print(f"references: computing {len(task.references())} references on "
+              f"{len(batch.inputs)} held-out sequences (none cached yet{where})",
+              file=sys.stderr, flush=True)
+    began = time.perf_counter()
     references = reference_scores(task, batch)
+    if progress:
+        print(f"references: computed in {time.perf_counter() - began:.1f} s", file=sys.stderr,
+              flush=True)
     if config.trainer.reference_cache:
         # keyed by the requested size, as held_out_set looks it up (a text task's split
         # decides its own number of windows)
