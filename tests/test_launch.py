@@ -337,3 +337,18 @@ def test_the_progress_line_estimates_the_time_left():
     assert progress.line(settled, 2) == ("[2/4 settled: 2 ok or done already, 0 failed; "
                                          "2 worker(s) running; 2.0 min; about 4.0 min left]")
     assert "left" not in progress.line({1: {"status": "done already"}}, 2)  # nothing ran yet
+
+
+def test_the_time_left_weighs_each_entry_by_its_price():
+    """Entries priced 60, 60 and 480 s: when the first two took 2 minutes, the third is 8 more
+    (a count would say 1); an entry without a price weighs the median price."""
+    from bench.cli.launch import Progress
+    plan = Plan("the suite", 3, [1, 2, 3], [[]] * 3, "suite", False)
+    progress = Progress(plan, terminal=False, prices=[60.0, 60.0, 480.0])
+    progress.began -= 120
+    settled = {1: {"status": "ok"}, 2: {"status": "ok"}}
+    assert progress.line(settled, 1).endswith("; about 8.0 min left]")
+    progress = Progress(plan, terminal=False, prices=[60.0, None, 480.0])  # the median: 270
+    progress.began -= 120
+    # 2 minutes for 60 s of price, 270 + 480 s of price left: 25 minutes
+    assert progress.line({1: {"status": "ok"}}, 2).endswith("; about 25 min left]")

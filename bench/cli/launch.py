@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -26,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.cli.options import positive_int, take_option
-from bench.cli.suites import finished_runs, print_sweep_table, run_entry
+from bench.cli.suites import (entry_prices, finished_runs, pricing_folders, print_sweep_table,
+                              run_entry)
 from bench.config import ConfigError, compose
 from bench.records.locks import lock_key, remove_locks_of, try_lock
 from bench.records.store import RunFailed, SignalAfterRecord
@@ -241,6 +243,10 @@ class Stop(Exception):
 def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
     """Run the plan in `workers` worker processes; returns the exit status of the whole."""
     environments = worker_environments(workers)
+    configs = plan.configs()  # priced before any worker starts: a failure leaves no orphan
+    share = int(environments[0].get("OMP_NUM_THREADS", 0)) or None
+    prices = [found.seconds for found in
+              entry_prices(configs, share, pricing_folders(configs))]
     folder = launch_dir(plan, out_dirs[0])
     pinned = ("GPU " + ", ".join(e["CUDA_VISIBLE_DEVICES"] for e in environments)
               if "CUDA_VISIBLE_DEVICES" in environments[0]
@@ -260,7 +266,7 @@ def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     procs = {slot: start(slot) for slot in range(workers)}
-    replaced, progress = 0, Progress(plan)
+    replaced, progress = 0, Progress(plan, prices=prices)
     try:
         while procs:
             time.sleep(0.5)
@@ -313,24 +319,36 @@ def duration(seconds: float) -> str:
 
 class Progress:
     """The launcher's account of the workers: entries settled (ok or done already, failed),
-    workers running, time so far and an estimate of the time left (from the entries run in this
-    launch). On a terminal one line with a bar, redrawn in place; elsewhere (a log file) a line
+    workers running, time so far and an estimate of the time left (the time the entries run in
+    this launch took, scaled by the price of those left over theirs: bench/reports/costs.py,
+    read from records). On a terminal one line with a bar, redrawn in place; elsewhere (a log file) a line
     whenever an entry settles or a worker ends."""
 
     WIDTH = 24
 
-    def __init__(self, plan: Plan, terminal: bool | None = None):
+    def __init__(self, plan: Plan, terminal: bool | None = None,
+                 prices: list[float | None] | None = None):
         self.plan, self.began, self.shown = plan, time.monotonic(), None
         self.terminal = sys.stdout.isatty() if terminal is None else terminal
         self.drawn = False  # a bar is on the terminal's last line
+        # each entry's weight in the estimate: its price where known (a transformer of 3,000
+        # steps is not one Mamba of 1,000), else the median price; all alike without prices
+        prices = prices or [None] * len(plan.numbers)
+        known = [price for price in prices if price is not None]
+        fill = statistics.median(known) if known else 1.0
+        self.weights = {number: fill if price is None else price
+                        for number, price in zip(plan.numbers, prices)}
 
     def line(self, settled: dict, running: int) -> str:
         elapsed = time.monotonic() - self.began
         failed = sum(1 for entry in settled.values() if entry["status"] == "failed")
-        ran = sum(1 for entry in settled.values() if entry["status"] != "done already")
+        ran = [n for n, entry in settled.items() if entry["status"] != "done already"]
         total, left = len(self.plan.numbers), len(self.plan.numbers) - len(settled)
-        estimate = (f"; about {duration(left * elapsed / ran)} left" if ran and left
-                    and running else "")
+        # the time the settled runs took, scaled by the weight still to run
+        ran_weight = sum(self.weights.get(n, 0.0) for n in ran)
+        left_weight = sum(w for n, w in self.weights.items() if n not in settled)
+        estimate = (f"; about {duration(elapsed * left_weight / ran_weight)} left"
+                    if ran_weight > 0 and left and running else "")
         return (f"[{len(settled)}/{total} settled: {len(settled) - failed} ok or done already, "
                 f"{failed} failed; {running} worker(s) running; {elapsed / 60:.1f} min"
                 f"{estimate}]")

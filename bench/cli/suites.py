@@ -177,6 +177,28 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
         end_distributed()
 
 
+def pricing_folders(configs: list) -> list[str]:
+    """Where entries are priced from: the entries' out_dirs, then results/ where it exists."""
+    return list(dict.fromkeys([*(config.out_dir for config in configs),
+                               *(["results"] if os.path.isdir("results") else [])]))
+
+
+def entry_prices(configs: list, share: int | None, folders: list[str]) -> list:
+    """Each config's Price (bench/reports/costs.py) from the records in `folders`, on its planned
+    device; a CPU run at its trainer.threads, else at `share` threads (a launcher worker's share
+    of the cores)."""
+    from bench.reports.costs import price
+    from bench.training.checks import planned_environment
+    records = [r for folder in folders if os.path.isdir(folder)
+               for r in read_records(folder)[0] if r.get("status") == "ok"]
+    prices = []
+    for config in configs:
+        device = planned_environment(config).device
+        wanted = (config.trainer.threads or share) if device == "cpu" else None
+        prices.append(price(config, records, device, wanted))
+    return prices
+
+
 def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]],
                configs: list, rerun: bool, workers: int, share: int | None) -> None:
     """What `suite ... plan=true` prints: the entries finished already (finished_runs) with the
@@ -185,14 +207,10 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
     other seeds, its task and model's time a step), with the wall time that `workers` local
     workers would take for them, each with `share` CPU threads (the launcher's share of the
     cores). Trains nothing, writes nothing."""
-    from bench.reports.costs import duration, launcher_wall, made_on, price, wall_time
-    from bench.training.checks import planned_environment
+    from bench.reports.costs import duration, launcher_wall, made_on, wall_time
     here = store.provenance()
     done = {} if rerun else finished_runs(configs)
-    folders = list(dict.fromkeys([*(config.out_dir for config in configs),
-                                  *(["results"] if os.path.isdir("results") else [])]))
-    records = [r for folder in folders if os.path.isdir(folder)
-               for r in read_records(folder)[0] if r.get("status") == "ok"]
+    folders = pricing_folders(configs)
 
     def short(seconds: float) -> str:
         return f"{seconds:.0f} s" if seconds < 90 else duration(seconds)
@@ -215,11 +233,8 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
     pending = [i for i in range(len(configs)) if i not in done]
     print(f"  to run: {len(pending)}")
     seconds, unknown, thread_counts = [0.0] * len(configs), 0, set()
-    for i in pending:
-        config = configs[i]
-        device = planned_environment(config).device
-        wanted = (config.trainer.threads or share) if device == "cpu" else None
-        found = price(config, records, device, wanted)
+    prices = entry_prices([configs[i] for i in pending], share, folders)
+    for i, found in zip(pending, prices):
         seconds[i] = found.seconds or 0.0
         unknown += found.seconds is None
         thread_counts |= found.threads
