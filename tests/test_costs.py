@@ -2,6 +2,7 @@
 prices a suite's runs before they run and trains nothing."""
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -109,3 +110,31 @@ def test_suite_plan_prices_the_runs_left_and_trains_nothing(tmp_path, monkeypatc
     for refused in ("launcher=slurm", more_than_cores):  # the launcher refuses these too
         assert main(["suite", f"name={suite}", "plan=true", refused]) == 2
         assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_plan_measures_the_step_here_once_a_setup_when_asked(tmp_path, monkeypatch, capsys):
+    """measure=true: each run's steps times the bare step measured now (one measurement for two
+    seeds of one setup, another for another width), beside the records' prices; measure=true
+    without plan=true is refused in one line."""
+    import bench.perf.speed
+    monkeypatch.chdir(tmp_path)
+    timed = []
+
+    def time_training(config, device, steps):
+        timed.append(config.model.d_model)
+        return {"step_s": 30.0 if config.model.d_model == 8 else 120.0}
+    monkeypatch.setattr(bench.perf.speed, "time_training", time_training)
+    wider = [a for a in TINY if a != "model.d_model=8"] + ["model.d_model=16"]
+    suite = tmp_path / "tiny.yaml"
+    suite.write_text(yaml.safe_dump({"runs": [["seed=0", *TINY], ["seed=1", *TINY],
+                                              ["seed=0", *wider]]}))
+    assert main(["suite", f"name={suite}", "plan=true", "measure=true", "workers=1"]) == 0
+    out = capsys.readouterr().out
+    assert timed == [8, 16]
+    lines = [line for line in out.splitlines() if line.startswith("    [")]
+    assert [re.search(r" now +(\d+ \w+) ", line)[1] for line in lines] == ["60 s", "60 s",
+                                                                           "4 min"]
+    assert "measured here now (2 setups, bare steps" in out and ": 6 min of training, about " \
+        "6 min of wall time at workers=1" in out
+    assert main(["suite", f"name={suite}", "measure=true"]) == 2
+    assert capsys.readouterr().err.strip().endswith("give plan=true too")

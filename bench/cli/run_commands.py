@@ -158,13 +158,13 @@ def cmd_suite(argv: list[str]) -> int:
     argv, name = take_option(argv, "name", "")
     argv, *selection = take_selection(argv)
     argv, launcher = take_launcher(argv)
-    argv, plan = take_flag(argv, "plan")
+    argv, plan = take_plan(argv, launcher)
     if not name:
         return fail(f"suite needs name=<suite> or name=<file.yaml>; suites: "
                     f"{', '.join(choices('suite'))}")
     return run_entries(f"suite {name}", load_suite(name), argv, *selection,
                        origin=f"suite:{suite_label(name)}", dispatch=dispatcher(launcher),
-                       plan=planned_workers(launcher) if plan else None)
+                       plan=plan)
 
 
 def cmd_sweep(argv: list[str]) -> int:
@@ -172,11 +172,21 @@ def cmd_sweep(argv: list[str]) -> int:
     is: numbered entries, shard=, entries=, rerun=; records go to out_dir (default runs/)."""
     argv, *selection = take_selection(argv)
     argv, launcher = take_launcher(argv)
-    argv, plan = take_flag(argv, "plan")
+    argv, plan = take_plan(argv, launcher)
     entries, shared = grid(argv)
     return run_entries("the sweep", entries, shared, *selection, origin="sweep",
-                       dispatch=dispatcher(launcher),
-                       plan=planned_workers(launcher) if plan else None)
+                       dispatch=dispatcher(launcher), plan=plan)
+
+
+def take_plan(argv: list[str], launcher) -> tuple[list[str], tuple | None]:
+    """plan=true (and measure=true): what print_plan prices the runs on, (workers, each one's CPU
+    threads, whether to measure the step here now); None without plan=true."""
+    argv, plan = take_flag(argv, "plan")
+    argv, measure = take_flag(argv, "measure")
+    if measure and not plan:
+        raise ConfigError("measure=true measures the step for plan=true's prices: give plan=true "
+                          "too")
+    return argv, (*planned_workers(launcher), measure) if plan else None
 
 
 def planned_workers(launcher) -> tuple[int, int | None]:

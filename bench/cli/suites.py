@@ -92,7 +92,7 @@ def finished_runs(configs: list) -> dict[int, str]:
 
 def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tuple[int, int],
                 chosen: str | None, rerun: bool, origin: str, defaults: list[str] = (),
-                dispatch=None, plan: tuple[int, int | None] | None = None) -> int:
+                dispatch=None, plan: tuple[int, int | None, bool] | None = None) -> int:
     """Runs the entries (override lists) of a suite or sweep chosen by `chosen` (entries=) and
     `shard`, each with argv's overrides over its own and `defaults` under both; all are
     composed and validated before the first one runs: here one after another, or by `dispatch`
@@ -199,14 +199,46 @@ def entry_prices(configs: list, share: int | None, folders: list[str]) -> list:
     return prices
 
 
+def measured_prices(configs: list, share: int | None) -> tuple[list[float | None], int]:
+    """Each CPU config's training time at today's step on this machine now: its steps times the
+    bare step (bench/perf/speed.py time_training: forward, backward and AdamW on one batch, 10
+    after 3 of warm-up, at its threads or `share`), measured once per task, model, batch and
+    precision; None for a run planned on a GPU. Also how many steps were measured."""
+    import torch
+    from bench.perf.speed import time_training
+    from bench.training.checks import planned_environment
+    step_s: dict[str, float] = {}
+    prices: list[float | None] = []
+    threads_before = torch.get_num_threads()
+    try:
+        for config in configs:
+            if planned_environment(config).device != "cpu":
+                prices.append(None)
+                continue
+            threads = config.trainer.threads or share or threads_before
+            key = json.dumps([config.task_name, dataclasses.asdict(config.task),
+                              config.model_name, dataclasses.asdict(config.model),
+                              config.trainer.batch_size, config.trainer.precision, threads],
+                             sort_keys=True, default=str)
+            if key not in step_s:
+                torch.set_num_threads(threads)
+                step_s[key] = time_training(config, torch.device("cpu"), steps=10)["step_s"]
+            prices.append(step_s[key] * config.trainer.max_steps)
+    finally:
+        torch.set_num_threads(threads_before)
+    return prices, len(step_s)
+
+
 def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]],
-               configs: list, rerun: bool, workers: int, share: int | None) -> None:
+               configs: list, rerun: bool, workers: int, share: int | None,
+               measure: bool = False) -> None:
     """What `suite ... plan=true` prints: the entries finished already (finished_runs) with the
     run time their records took, and each entry still to run priced from the records in its
     out_dir and in results/ (bench/reports/costs.py: its own record of other code, its config's
     other seeds, its task and model's time a step), with the wall time that `workers` local
     workers would take for them, each with `share` CPU threads (the launcher's share of the
-    cores). Trains nothing, writes nothing."""
+    cores); `measure`: also the training time at the step measured here now (measured_prices),
+    beside them. Trains nothing, writes nothing."""
     from bench.reports.costs import duration, launcher_wall, made_on, wall_time
     here = store.provenance()
     done = {} if rerun else finished_runs(configs)
@@ -234,13 +266,16 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
     print(f"  to run: {len(pending)}")
     seconds, unknown, thread_counts = [0.0] * len(configs), 0, set()
     prices = entry_prices([configs[i] for i in pending], share, folders)
-    for i, found in zip(pending, prices):
+    now, setups = (measured_prices([configs[i] for i in pending], share) if measure
+                   else ([None] * len(pending), 0))
+    for i, found, measured in zip(pending, prices, now):
         seconds[i] = found.seconds or 0.0
         unknown += found.seconds is None
         thread_counts |= found.threads
         cost = short(found.seconds) if found.seconds is not None else "?"
-        print(f"    [{numbers[i]}/{size}] {cost:>7}  {' '.join(entries[i]) or '(defaults)'}  "
-              f"({found.source})")
+        here_now = f"  now {short(measured):>7}" if measured is not None else ""
+        print(f"    [{numbers[i]}/{size}] {cost:>7}{here_now}  "
+              f"{' '.join(entries[i]) or '(defaults)'}  ({found.source})")
     if not pending:
         return
     counts = " or ".join(map(str, sorted(thread_counts)))
@@ -250,6 +285,19 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
     print(f"  at workers={workers}: about {duration(launcher_wall(seconds, workers))} of wall "
           "time, the runs dealt as the launcher deals them (the records' machine and load, not "
           "a measurement here)")
+    measured = [m for m in now if m is not None]
+    if measured:
+        training = [0.0] * len(configs)
+        for i, m in zip(pending, now):
+            training[i] = m or 0.0
+        priced = sum(found.seconds for found, m in zip(prices, now)
+                     if m is not None and found.seconds is not None)
+        alike = sum(m for found, m in zip(prices, now) if m is not None and found.seconds)
+        print(f"  measured here now ({plural(setups, 'setup')}, bare steps: forward, backward "
+              f"and AdamW, without start-up, evaluation or Lightning's own work): "
+              f"{duration(sum(measured))} of training, about "
+              f"{duration(launcher_wall(training, workers))} of wall time at workers={workers}"
+              + (f"; the records' prices are {priced / alike:.1f}x that" if alike else ""))
 
 
 def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],

@@ -33,7 +33,9 @@ LAUNCHER = ("  [launcher=local] [workers=N]: N worker processes, each on one GPU
             "[slurm.sbatch=\"key=value;...\"]: one SLURM job array through submitit.")
 PLAN = ("  [plan=true]: run nothing; say which runs are done and price the rest from the "
         "records in out_dir and results/ (a run's own record of other code, its config's other "
-        "seeds, its task and model's time a step), with the wall time on workers=N.\n")
+        "seeds, its task and model's time a step), with the wall time on workers=N. "
+        "[measure=true]: also time the step here now (10 bare steps a setup) and price the "
+        "runs' training by it, beside the records' prices.\n")
 USAGE = {
     "run": "python -m bench run [print_config=false] [details=false] [key=value ...]\n  Train "
            "one model on one task, evaluate it on the held-out set, write a run record to out_dir "
