@@ -294,7 +294,8 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
                      if m is not None and found.seconds is not None)
         alike = sum(m for found, m in zip(prices, now) if m is not None and found.seconds)
         print(f"  measured here now ({plural(setups, 'setup')}, bare steps: forward, backward "
-              f"and AdamW, without start-up, evaluation or Lightning's own work): "
+              f"and AdamW; a floor, without start-up, evaluation, references or Lightning's own "
+              f"work): "
               f"{duration(sum(measured))} of training, about "
               f"{duration(launcher_wall(training, workers))} of wall time at workers={workers}"
               + (f"; the records' prices are {priced / alike:.1f}x that" if alike else ""))
