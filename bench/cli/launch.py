@@ -321,8 +321,8 @@ class Progress:
     """The launcher's account of the workers: entries settled (ok or done already, failed),
     workers running, time so far and an estimate of the time left (the time the entries run in
     this launch took, scaled by the price of those left over theirs: bench/reports/costs.py,
-    read from records). On a terminal one line with a bar, redrawn in place; elsewhere (a log file) a line
-    whenever an entry settles or a worker ends."""
+    read from records). On a terminal one line with a bar, redrawn in place; elsewhere (a log
+    file) a line whenever an entry settles or a worker ends."""
 
     WIDTH = 24
 

@@ -203,7 +203,7 @@ def measured_prices(configs: list, share: int | None) -> tuple[list[float | None
     """Each CPU config's training time at today's step on this machine now: its steps times the
     bare step (bench/perf/speed.py time_training: forward, backward and AdamW on one batch, 10
     after 3 of warm-up, at its threads or `share`), measured once per task, model, batch and
-    precision; None for a run planned on a GPU. Also how many steps were measured."""
+    precision; None for a run planned on a GPU. Also how many setups were measured."""
     import torch
     from bench.perf.speed import time_training
     from bench.training.checks import planned_environment
@@ -285,20 +285,20 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
     print(f"  at workers={workers}: about {duration(launcher_wall(seconds, workers))} of wall "
           "time, the runs dealt as the launcher deals them (the records' machine and load, not "
           "a measurement here)")
-    measured = [m for m in now if m is not None]
-    if measured:
-        training = [0.0] * len(configs)
-        for i, m in zip(pending, now):
-            training[i] = m or 0.0
-        priced = sum(found.seconds for found, m in zip(prices, now)
-                     if m is not None and found.seconds is not None)
-        alike = sum(m for found, m in zip(prices, now) if m is not None and found.seconds)
+    if setups:
+        training = [0.0] * len(configs)  # the measured training, in entry order for the launcher
+        for i, measured in zip(pending, now):
+            training[i] = measured or 0.0
+        both = [(found.seconds, measured) for found, measured in zip(prices, now)
+                if found.seconds is not None and measured is not None]  # priced both ways
+
+        def ratio(pairs: list[tuple[float, float]]) -> float:
+            return sum(record for record, _ in pairs) / sum(step for _, step in pairs)
         print(f"  measured here now ({plural(setups, 'setup')}, bare steps: forward, backward "
-              f"and AdamW; a floor, without start-up, evaluation, references or Lightning's own "
-              f"work): "
-              f"{duration(sum(measured))} of training, about "
+              "and AdamW; a floor, without start-up, evaluation, references or Lightning's own "
+              f"work): {duration(sum(training))} of training, about "
               f"{duration(launcher_wall(training, workers))} of wall time at workers={workers}"
-              + (f"; the records' prices are {priced / alike:.1f}x that" if alike else ""))
+              + (f"; the records' prices are {ratio(both):.1f}x that" if both else ""))
 
 
 def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
