@@ -282,3 +282,29 @@ def test_an_attainment_judged_on_the_run_that_trained_best_asks_for_held_out_seq
     row = next(line for line in capsys.readouterr().out.splitlines()
                if line.startswith("| t-ref"))
     assert "| undecided |" in row and "more held-out sequences" in row and "| — |" in row
+
+
+def test_a_gpu_claim_on_a_corpus_this_machine_lacks_says_both(tmp_path, monkeypatch, capsys):
+    """A GPU claim with no records: a GPU, and WikiText-103 while its folder holds no file (a
+    GPU alone does not run it where no hub is reachable); with the files there, a GPU alone."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "r"
+    put(out, *(record(MAMBA, seed=s, gap=0.2, wall_time_s=60.0) for s in range(3)))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "paper: \"000\"\ntitle: A test paper\nclaims:\n  - id: t-text\n    section: \"T1\"\n    claim: Text.\n"
+        "    paper_number: n/a\n    measure:\n"
+        "      m: {where: [task=wikitext103, model=mamba_lm14m, trainer=lm], "
+        "metric: metrics.perplexity.model}\n"
+        "    kind: attainment\n    rule: \"m <= 30\"\n    scale: paper\n    gpu: true\n"
+        "    command: python -m bench suite name=paper000_text\n")
+
+    def row() -> str:
+        assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}"]) == 0
+        return next(line for line in capsys.readouterr().out.splitlines()
+                    if line.startswith("| t-text"))
+    assert ("a GPU (its command runs on one), and wikitext-103 (data/wikitext-103/), which is "
+            "not on this machine (its files in that folder") in row()
+    (tmp_path / "data" / "wikitext-103").mkdir(parents=True)
+    (tmp_path / "data" / "wikitext-103" / "wiki.train.raw").write_text("text\n")
+    assert "not by seeds: a GPU (its command runs on one) |" in row()

@@ -267,13 +267,30 @@ def _not_reached(decision: Decision, need: Need) -> Need:
     return need
 
 
+def absent_corpora(configs) -> list[str]:
+    """The text corpora of these runs whose folder (task.data_dir) holds no file here, each
+    named with its folder: a GPU alone does not run them where no hub is reachable (as on the
+    machines this suite is built on). A corpus with no folder (a hub's alone) is not judged."""
+    absent = []
+    for config in configs:
+        corpus, folder = (getattr(config.task, key, "") for key in ("corpus", "data_dir"))
+        if corpus and folder and not (Path(folder).is_dir() and any(Path(folder).iterdir())):
+            absent.append(f"{corpus} ({folder}/)")
+    return list(dict.fromkeys(absent))
+
+
 def _not_measured(decision: Decision, need: Need) -> Need:
     claim, quantities = decision.claim, _quantities(decision)
     if claim.needs:
         need.why = f"a protocol the code lacks: {claim.needs}"
         return need
     if claim.gpu and decision.missing:
-        need.why = "a GPU (its command runs on one)"
+        absent = absent_corpora(quantities[name].config for name in decision.missing)
+        one = len(absent) == 1
+        need.why = "a GPU (its command runs on one)" + (
+            f", and {' and '.join(absent)}, which {'is' if one else 'are'} not on this machine "
+            f"({'its' if one else 'their'} files in that folder, or a reachable hub: "
+            "docs/reference.md, 'Getting a corpus onto a machine')" if absent else "")
         return need
     lacking = set(decision.missing) & set(decision.values)  # records of older code
     for name in decision.missing:
