@@ -199,18 +199,30 @@ def test_control_seed_names_a_model_of_the_control(tmp_path, extra, rule, needle
 
 
 @pytest.mark.parametrize("extra, rule, needle", [
-    ("    judge_seed: mamba\n", "mamba <= 0.01", "judge_seed is for an attainment"),  # trained
+    # a trained claim judged on one seed: only a model's level, never a model against a model
+    ("    judge_seed: noconv\n", "noconv >= 5 * mamba", "judge_seed on a trained claim is for a "
+     "model that does not reach a level"),
+    ("    judge_seed: noconv\n", "noconv >= 0.05 or mamba <= 0.01", "joined by and"),
     ("    kind: attainment\n    judge_seed: mamba\n    per_seed: true\n", "mamba <= 0.01",
-     "not with per_seed or control_seed"),
+     "not with per_seed, nor an attainment's control_seed"),
     ("    kind: attainment\n    judge_seed: noconv\n", "mamba <= 0.01",
      "judge_seed must name a trained model's quantity of the rule \\(mamba\\), got 'noconv'"),
+    ("    judge_seed: [noconv, mamba]\n    control_seed: mamba\n", "noconv >= 0.05",
+     "got 'mamba'"),  # not read by the rule, and the control's own seed
 ])
-def test_judge_seed_names_a_model_of_an_attainment(tmp_path, extra, rule, needle):
+def test_judge_seed_names_a_model_judged_on_its_best_run(tmp_path, extra, rule, needle):
     with pytest.raises(ConfigError, match=needle):
         load_claims(rules_file(tmp_path, rule=rule, extra=extra))
     [claim] = load_claims(rules_file(tmp_path, rule="mamba <= 0.01",
                                      extra="    kind: attainment\n    judge_seed: mamba\n"))
-    assert claim.judge_seed == "mamba" and not claim.per_seed
+    assert claim.judge_seed == ("mamba",) and not claim.per_seed
+    [claim] = load_claims(rules_file(tmp_path, rule="min(mamba, noconv) <= 0.01",
+                                     extra="    kind: attainment\n"
+                                           "    judge_seed: [mamba, noconv]\n"))
+    assert claim.judge_seed == ("mamba", "noconv")
+    [claim] = load_claims(rules_file(tmp_path, rule="noconv >= 0.05 and noconv >= 0.04",
+                                     extra="    judge_seed: noconv\n    control_seed: mamba\n"))
+    assert claim.judge_seed == ("noconv",) and claim.control_seed == ("mamba",)
 
 
 @pytest.mark.parametrize("curve, ended", [

@@ -355,7 +355,7 @@ def test_switching_is_judged_on_the_run_that_trained_best(shipped, tmp_path):
     (0.008) would hold, though it describes neither group; judged on the run that trained best
     the row holds or is not reached with it, and lists every seed."""
     claim = shipped["000-s5.1-switching"]
-    assert claim.judge_seed == "mamba" and not claim.per_seed
+    assert claim.judge_seed == ("mamba",) and not claim.per_seed
     values = {"mamba": [0.001, 0.02, 0.002], "no_reset": [0.076] * 3}
     d = plant(tmp_path, "r", claim, values, {"mamba": [0.30, 0.31, 0.32]})
     assert d.verdict == "holds at reduced scale" and "2 of 3 seeds holds at reduced scale" in d.note
@@ -407,14 +407,64 @@ def test_constructed_token_transformers_go_either_way(shipped, tmp_path, tf1, ex
     assert d.verdict == expected
 
 
-@pytest.mark.parametrize("ln, lsa2, expected", [(3.28, 1.72, "holds at reduced scale"),
-                                                (1.8, 1.72, "fails at reduced scale"),
-                                                (3.28, 3.3, "not reached at reduced scale")])
-def test_layernorm_linear_transformer_row_goes_either_way(shipped, tmp_path, ln, lsa2, expected):
-    d = plant(tmp_path, "r", shipped["002-x-layernorm-linear-transformer-tokens"],
-              {"ln1": jitter(ln), "ln2": jitter(ln), "lsa2": jitter(lsa2, spread=0.002),
-               "gd1": [1.754] * 3, "zero": [3.303] * 3}, {"lsa2": [0.9, 1.0, 1.1]})
+@pytest.mark.parametrize("layers", ["1layer", "2layers"])
+@pytest.mark.parametrize("ln, ended, lsa2, expected", [
+    ([3.28] * 3, None, 1.72, "holds at reduced scale"),  # every seed stays at zero
+    ([1.8] * 3, None, 1.72, "fails at reduced scale"),
+    ([3.28, 1.8, 3.28], [3.1, 1.9, 3.2], 1.72, "fails at reduced scale"),  # seed 1 left zero
+    ([3.28, 1.8, 3.28], [3.1, 3.2, 3.3], 1.72, "holds at reduced scale"),  # seed 0 trained best
+    ([3.28] * 3, None, 3.3, "not reached at reduced scale")])  # the bare LSA did not train
+def test_layernorm_linear_transformer_rows_go_either_way(shipped, tmp_path, layers, ln, ended,
+                                                         lsa2, expected):
+    """A claim that a model stays at the zero predictor is refuted by one run that leaves it, so
+    it is judged on the run that trained best (from the training curves), its control (the bare
+    LSA reaches GD) on the LSA's own best run."""
+    claim = shipped[f"002-x-layernorm-linear-transformer-tokens-{layers}"]
+    name = "ln1" if layers == "1layer" else "ln2"
+    assert claim.judge_seed == (name,) and claim.control_seed == ("lsa2",)
+    curves = {"lsa2": [0.9, 1.0, 1.1], name: ended or [3.1, 3.0, 3.2]}
+    d = plant(tmp_path, "r", claim, {name: ln, "lsa2": jitter(lsa2, spread=0.002),
+                                     "gd1": [1.754] * 3, "zero": [3.303] * 3}, curves)
     assert d.verdict == expected and d.control_on == {"lsa2": (0, 3)}
+    assert d.judged_on == (curves[name].index(min(curves[name])), 3)
+    if ln[1] != ln[0] and expected != "not reached at reduced scale":
+        assert "2 of 3 seeds holds at reduced scale, 1 of 3 seeds fails at reduced scale" in d.note
+
+
+@pytest.mark.parametrize("ended, expected", [
+    # the grid's best run by training loss: mz8 on seed 1, which reached the full model
+    ({"mz8": [1.5, 0.9, 1.5]}, "holds at reduced scale"),
+    # mambazero on seed 0 ended lowest, and every width stalled there
+    ({"mambazero": [0.8, 1.5, 1.5], "mz8": [1.5, 0.9, 1.5]}, "not reached at reduced scale")])
+def test_mambazero_matches_full_is_judged_on_the_grids_best_run(shipped, tmp_path, ended,
+                                                               expected):
+    """Each width's seeds reach the full model's gap or stall; the seed is the one whose run of
+    any width ended with the lowest training loss, every width and the full Mamba read on it."""
+    claim = shipped["000-fig3a-mambazero-matches-full"]
+    assert claim.judge_seed == ("mambazero", "mz8", "mz16", "mz32")
+    curves = {name: [1.5] * 3 for name in claim.judge_seed} | ended
+    d = plant(tmp_path, "r", claim, {"mambazero": [0.03, 0.03, 0.001], "mz8": [0.03, 0.001, 0.03],
+                                     "mz16": [0.03] * 3, "mz32": [0.04] * 3,
+                                     "mamba": jitter(0.0008)}, curves)
+    assert d.verdict == expected
+    assert d.judged_on == ({"holds at reduced scale": 1}.get(expected, 0), 3)
+
+
+@pytest.mark.parametrize("ood, in_dist, expected", [
+    ([60.0, 61.0, 62.0], [1.70] * 3, "holds at reduced scale"),
+    ([50.0, 51.0, 49.0], [1.70] * 3, "fails at reduced scale"),  # they learned GD, not its rule
+    ([60.0, 51.0, 61.0], [1.70] * 3, "undecided"),  # models that learned GD disagree
+    ([60.0, 51.0, 61.0], [1.70, 2.5, 1.70], "holds at reduced scale"),  # seed 1 is not GD
+    ([50.0] * 3, [2.5] * 3, "not reached at reduced scale")])  # no model learned GD
+def test_out_of_distribution_is_judged_on_each_model_that_learned_gd(shipped, tmp_path, ood,
+                                                                     in_dist, expected):
+    """Fig. 2D is about what a model that matches GD in distribution learned: each such seed is
+    judged on its own inputs at α = 2, and a seed that did not learn GD is no evidence."""
+    claim = shipped["002-fig2d-out-of-distribution"]
+    assert claim.per_seed
+    d = plant(tmp_path, "r", claim, {"gdssm_ood": ood, "gd1_ood": [60.91] * 3,
+                                     "gdssm": in_dist, "gd1": [1.691] * 3})
+    assert d.verdict == expected
 
 
 @pytest.mark.parametrize("claim, models", [
@@ -459,8 +509,8 @@ def test_a_model_whose_seeds_split_is_judged_on_the_run_that_trained_best(
     protocol trains the model to GD, the run whose training loss ended lowest shows — chosen
     from the curves, never the held-out losses."""
     spec = shipped[claim]
-    model_name = spec.judge_seed
-    assert model_name and not spec.per_seed
+    [model_name] = spec.judge_seed
+    assert not spec.per_seed
     gd = "gd2" if "gd2" in spec.quantities else "gd1"
     values = {model_name: model, gd: [1.754] * 3}
     if "zero" in spec.quantities:

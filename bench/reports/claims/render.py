@@ -254,10 +254,12 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "undecided. A control marked *on seed s* asks whether the protocol can train the "
             "control's model at all, which one seed shows: it is judged on the seed whose run "
             "ended with the lowest training loss (chosen from the training curves, never the "
-            "held-out sequences), while the rule reads every seed. An attainment whose seeds "
-            "split (some stall, some learn: a mean describes neither group) is judged the same "
-            "way, whole, *on seed s*: whether the protocol trains the model to the level, which "
-            "one seed shows; every seed's verdict is still listed. Seeds added by the power plan "
+            "held-out sequences), while the rule reads every seed. A claim whether the protocol "
+            "trains a model to a level, whose seeds split (some stall, some learn: a mean "
+            "describes neither group), is judged the same way, whole, *on seed s* (the best run "
+            "of a grid of widths, where it names several): that the model reaches the level, "
+            "which one run shows, or that it does not, which one run refutes; every seed's "
+            "verdict is still listed. Seeds added by the power plan "
             "(`python -m bench claims plan`) come from `python -m bench suite name=claims_power`.",
             "",
             "Verdicts — a claim is decided only when the evidence could have gone the other way: "
@@ -395,7 +397,7 @@ def table_row(d: Decision, shared: str | None = None) -> str:
     if d.judged_on is not None:
         seed, of = d.judged_on
         logic = (f"on seed {seed} of {of} (the lowest final training loss of "
-                 f"`{c.judge_seed}`)" if seed is not None else
+                 f"{' or '.join(f'`{name}`' for name in c.judge_seed)})" if seed is not None else
                  f"on no seed (none of {of} has a training curve)") + f": {logic}"
     if c.separable is not None:
         mark = {True: " ✓", False: " ✗", None: " ?"}[d.separable] if d.values else ""

@@ -26,14 +26,20 @@ the protocol can train the model at all, which one seed shows where a mean over 
 sometimes stall would not; the seed is chosen from the training curves, never the held-out
 sequences, so its held-out interval keeps its level. Such a quantity may not appear in the rule,
 which reads every seed (a comparison with a model whose seeds stall would be trivial).
-`judge_seed: <quantity>` does the same for an `attainment` whose seeds split (some stall, some
-learn: a mean describes neither group): the whole claim is judged on the seed whose run of that
-quantity ended with the lowest training loss, every quantity read on that seed. An attainment
-asks whether the protocol trains the model to a level, which one seed shows; at reduced scale a
-seed that did not get there is no evidence against it. The row still gives every seed's verdict.
+`judge_seed: <quantity>` (or a list) does the same for a claim about whether the protocol trains
+a model to a level, where its seeds split (some stall, some learn: a mean describes neither
+group): the whole claim is judged on the seed whose run of that quantity (of any listed: the
+best of a grid of widths) ended with the lowest training loss, every quantity read on that seed.
+For an `attainment` (the model reaches the level), one run that gets there shows that the
+protocol can; at reduced scale a seed that did not get there is no evidence against it. For a
+`trained` claim that a model does not reach a level (each judged quantity compared with
+references alone, joined by `and`; its control may read its own seed, `control_seed`), the
+run that trained best is the one that could refute it: a mean over seeds could say "stays at
+the level" while one seed left it. The row still gives every seed's verdict.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import json
@@ -117,7 +123,7 @@ class Claim:
     per_seed: bool = False  # a claim about each trained model: judged seed by seed
     separable: Rule | None = None  # the room the task must leave for the rule to decide
     control_seed: tuple[str, ...] = ()  # judge the control on the seed each of these trained best
-    judge_seed: str | None = None  # an attainment judged on the seed this quantity trained best
+    judge_seed: tuple[str, ...] = ()  # judged on the seed one of these trained best
 
 
 MODEL_METRICS = ("bayes_gap", "relative_gap", "l1_to_bayes", "probe", "gap_closed")
@@ -130,6 +136,25 @@ def is_reference(quantity: Quantity) -> bool:
     if len(path) > 1 and path[0] == "metrics" and path[1] in MODEL_METRICS:
         return False
     return path[-1].split(".")[-1] != "model"
+
+
+def compares_with_references(rule: Rule, judged, quantities: dict[str, Quantity]) -> bool:
+    """Whether rule is comparisons joined by `and`, each of one judged quantity, alone on its
+    side, against an expression that reads references only: a claim about each model's level
+    that one seed can decide without pairing it with another trained model."""
+    def fine(node) -> bool:
+        if isinstance(node, ast.BoolOp):
+            return isinstance(node.op, ast.And) and all(fine(v) for v in node.values)
+        if not isinstance(node, ast.Compare) or len(node.ops) != 1:
+            return False
+        sides = (node.left, node.comparators[0])
+        alone = [s for s in sides if isinstance(s, ast.Name) and s.id in judged]
+        if len(alone) != 1:
+            return False
+        other = sides[1] if alone[0] is sides[0] else sides[0]
+        return all(is_reference(quantities[n.id]) for n in ast.walk(other)
+                   if isinstance(n, ast.Name) and n.id in quantities)
+    return fine(rule.tree.body)
 
 
 def run_key(config: RunConfig) -> str:
@@ -355,14 +380,23 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
                 raise ConfigError(f"{where}: control_seed must name a trained model's quantity "
                                   f"of the control ({', '.join(control.used)}) that the rule "
                                   f"does not read, got '{name}'")
-    judge_seed = spec.get("judge_seed")
-    if judge_seed is not None:
-        if kind != "attainment" or spec.get("per_seed") or control_seed:
-            raise ConfigError(f"{where}: judge_seed is for an attainment (a model reaches a "
-                              "level), judged on one seed: not with per_seed or control_seed")
-        if judge_seed not in rule.used or is_reference(quantities[judge_seed]):
-            raise ConfigError(f"{where}: judge_seed must name a trained model's quantity of the "
-                              f"rule ({', '.join(rule.used)}), got '{judge_seed}'")
+    judge_seed = spec.get("judge_seed", [])
+    judge_seed = judge_seed if isinstance(judge_seed, list) else [judge_seed]
+    if judge_seed:
+        if spec.get("per_seed") or (kind == "attainment" and control_seed) \
+                or kind not in ("attainment", "trained"):
+            raise ConfigError(f"{where}: judge_seed is for an attainment, or a trained claim that "
+                              "a model does not reach a level, judged on one seed: not with "
+                              "per_seed, nor an attainment's control_seed")
+        for name in judge_seed:
+            if name not in rule.used or is_reference(quantities[name]) or name in control_seed:
+                raise ConfigError(f"{where}: judge_seed must name a trained model's quantity of the "
+                                  f"rule ({', '.join(rule.used)}), got '{name}'")
+        if kind == "trained" and not compares_with_references(rule, judge_seed, quantities):
+            raise ConfigError(f"{where}: judge_seed on a trained claim is for a model that does not "
+                              "reach a level: each comparison of its rule sets one judged "
+                              "quantity against references alone, joined by and "
+                              f"(`m >= 0.9 * zero`), got `{rule.text}`")
     for key in ("gpu", "extension", "per_seed"):
         if key in spec and not isinstance(spec[key], bool):
             raise ConfigError(f"{where}: {key} must be true or false")
@@ -374,7 +408,7 @@ def parse_claim(spec, paper: str, where: str) -> Claim:
                  quote=" ".join(str(spec.get("quote", "")).split()),
                  extension=bool(spec.get("extension", False)), gpu=bool(spec.get("gpu", False)),
                  per_seed=bool(spec.get("per_seed", False)), separable=separable,
-                 control_seed=tuple(control_seed), judge_seed=judge_seed,
+                 control_seed=tuple(control_seed), judge_seed=tuple(judge_seed),
                  needs=" ".join(spec["needs"].split()) if spec.get("needs") else None,
                  contradicts=(" ".join(spec["contradicts_paper"].split())
                               if spec.get("contradicts_paper") else None))

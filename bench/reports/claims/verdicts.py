@@ -275,11 +275,16 @@ def final_train_loss(record: dict, upto: float = 1.0) -> float | None:
     return sum(window) / len(window)
 
 
-def best_trained_seed(measured: "Measured", among: set[int] | None = None) -> int | None:
-    """The seed (of `among`, where given) whose run ended with the lowest training loss (ties:
-    the lower seed); None where no such record has a training curve."""
-    ended = {seed: loss for seed, loss in zip(measured.seeds, measured.train_ended)
-             if loss is not None and (among is None or seed in among)}
+def best_trained_seed(measured: "Measured | list[Measured]", among: set[int] | None = None
+                      ) -> int | None:
+    """The seed (of `among`, where given) whose run ended with the lowest training loss — of any
+    of several quantities' runs, where given a list (ties: the lower seed); None where no such
+    record has a training curve."""
+    ended: dict[int, float] = {}
+    for m in measured if isinstance(measured, list) else [measured]:
+        for seed, loss in zip(m.seeds, m.train_ended):
+            if loss is not None and (among is None or seed in among):
+                ended[seed] = min(loss, ended.get(seed, loss))
     return min(ended, key=lambda seed: (ended[seed], seed)) if ended else None
 
 
@@ -415,11 +420,7 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
             open_control[seed] = judge(replace(claim, control=None), reduced, one)[0]
     held = set(controls.values())
     control = held.pop() if len(held) == 1 else None  # the same on every seed, or open
-    kinds = set(verdicts.values())
-    counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS if v in kinds}
-    each = ", ".join(f"{n} of {len(seeds)} seeds {v}" for v, n in counts.items())
-    marks = " / ".join(f"{seed} {_MARK[v]}" for seed, v in verdicts.items())
-    note = f"per seed: {each} ({marks})"
+    note = seeds_note(verdicts)
     trained = {verdicts[seed] for seed in seeds if controls[seed] is True}
     if len(trained) == 1 and open_control and set(open_control.values()) <= trained:
         note += (f"; the control is open on seed{'s' * (len(open_control) != 1)} "
@@ -439,25 +440,41 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     return trained.pop(), note, True, []  # decided on the seeds whose control held
 
 
-def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured]):
-    """An attainment judged on one seed (`judge_seed`): the one, among the seeds every quantity
-    has, whose run of claim.judge_seed ended with the lowest training loss — chosen from the
-    training curves, never the held-out sequences, so the seed's held-out interval keeps its
-    level. Returns judge's (verdict, note, control, tests) with every seed's verdict added to the
-    note, and (the seed, of how many; None where the quantities share no seed)."""
+def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured],
+                    control_samples: dict[str, Sample] | None = None):
+    """A claim judged on one seed (`judge_seed`): the one, among the seeds every quantity has,
+    whose run of a claim.judge_seed quantity ended with the lowest training loss — chosen from
+    the training curves, never the held-out sequences, so the seed's held-out interval keeps its
+    level. The control reads control_samples where given (control_seed's), else that seed.
+    Returns judge's (verdict, note, control, tests) with every seed's verdict added to the note,
+    and (the seed, of how many; None where the quantities share no seed)."""
     common = set.intersection(*(set(m.seeds) for m in values.values()))
     if not common:
         return "undecided", "the quantities share no seed", None, [], None
-    seed = best_trained_seed(values[claim.judge_seed], common)
+    seed = best_trained_seed([values[name] for name in claim.judge_seed], common)
     if seed is None:
         return ("undecided", "no seed to judge on: none of the records has a training curve",
                 None, [], (None, len(common)))
-    verdict, note, control, tests = judge(claim, reduced,
-                                          {n: m.seed_sample(seed) for n, m in values.items()})
+    def on(s: int) -> dict[str, Sample]:
+        return {name: m.seed_sample(s) for name, m in values.items()}
+    verdict, note, control, tests = judge(claim, reduced, on(seed), control_samples)
     if len(common) > 1:
-        each = judge_each_seed(claim, reduced, values)[1]
+        if control_samples is None:
+            each = judge_each_seed(claim, reduced, values)[1]
+        else:  # the control is the protocol's, read once: each seed's rule beside it
+            each = seeds_note({s: judge(claim, reduced, on(s), control_samples)[0]
+                               for s in sorted(common)})
         note = "; ".join(part for part in (note, each) if part)
     return verdict, note, control, tests, (seed, len(common))
+
+
+def seeds_note(verdicts: dict[int, str]) -> str:
+    """'per seed: k of n seeds <verdict>, … (0 ✓ / 1 ✗ / …)' of each seed's verdict."""
+    kinds = set(verdicts.values())
+    counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS if v in kinds}
+    each = ", ".join(f"{n} of {len(verdicts)} seeds {v}" for v, n in counts.items())
+    marks = " / ".join(f"{seed} {_MARK[v]}" for seed, v in verdicts.items())
+    return f"per seed: {each} ({marks})"
 
 
 _MARK = {"holds": "✓", "holds at reduced scale": "✓", "fails": "✗", "fails at reduced scale": "✗",
@@ -508,7 +525,8 @@ def decide(claim: Claim, rows: list[list[dict]]) -> Decision:
     if claim.per_seed:
         verdict, note, control, tests = judge_each_seed(claim, reduced, values)
     elif claim.judge_seed:
-        verdict, note, control, tests, judged_on = judge_best_seed(claim, reduced, values)
+        verdict, note, control, tests, judged_on = judge_best_seed(claim, reduced, values,
+                                                                   control_samples)
     else:
         verdict, note, control, tests = judge(claim, reduced, samples, control_samples)
     separable = claim.separable.decide(samples)[0] if claim.separable is not None else None
