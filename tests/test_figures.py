@@ -108,9 +108,49 @@ def test_the_boards_figure_draws_each_model_with_its_band_and_unit(tmp_path, mon
     put(results, *(record(seed=s, gap=0.1 + 0.01 * s) for s in range(3)),
         record(model="transformer", gap=0.2))
     drawn = []
-    monkeypatch.setattr(plot, "save_png", lambda fig, path: drawn.append(fig))
+    monkeypatch.setattr(plot, "save_png", lambda fig, path, stamp=None: drawn.append(fig))
     assert main(["leaderboard", f"out_dir={results}", f"out={tmp_path / 'lb.md'}"]) == 0
     (ax,) = drawn[0].axes
     assert "(nats/token)" in ax.get_ylabel().replace("\n", " ")
     assert len(ax.collections) == 1  # the band of mamba's three seeds; one seed has none
     plt.close(drawn[0])
+
+
+def test_a_figure_is_drawn_again_only_when_its_inputs_or_its_file_changed(tmp_path, monkeypatch):
+    """The leaderboard reuses a section's figure whose file says it was drawn from the same
+    data and code and whose bytes match that stamp: anything else is drawn again."""
+    import matplotlib.image
+
+    import bench.reports.plot as plot
+    path = tmp_path / "f.png"
+    models, references = {"mamba": [[0.1, 0.05, 0.02], [0.12, 0.04, 0.03]]}, {"unigram": [0.3] * 3}
+    drawn = []
+
+    def counting(*args):
+        drawn.append(args[0])
+        return gap_figure(*args)
+    monkeypatch.setattr(plot, "gap_figure", counting)
+
+    def board(title="markov: gap to bayes", curves=models):
+        plot.plot_gaps(path, title, curves, references, "gap (nats/token)")
+        return len(drawn)
+    assert board() == 1 and matplotlib.image.imread(path).shape[2] == 4  # a valid PNG
+    first = path.read_bytes()
+    assert board() == 1 and path.read_bytes() == first  # the same figure: not drawn again
+    assert board(title="markov: gap to add-beta") == 2  # other inputs
+    assert board(curves={"mamba": [[0.1, 0.05, 0.02]]}) == 3
+    board()
+    assert len(drawn) == 4 and path.read_bytes() == first  # drawing is deterministic
+    damaged = bytearray(first)
+    damaged[-40] ^= 1  # a pixel's byte: the stamp no longer matches the file
+    path.write_bytes(bytes(damaged))
+    assert board() == 5 and path.read_bytes() == first
+    unstamped = first[:plot.HEADER_END] + first[plot.HEADER_END + 12 + int.from_bytes(
+        first[plot.HEADER_END:plot.HEADER_END + 4], "big"):]
+    path.write_bytes(unstamped)  # a figure of a board before stamps, or anyone's PNG
+    assert plot.drawn_from(path) is None and board() == 6
+    target = tmp_path / "elsewhere.png"
+    target.write_bytes(first)
+    path.unlink()
+    path.symlink_to(target)  # a link, even to the right figure, is not the board's file
+    assert board() == 7 and not path.is_symlink() and target.read_bytes() == first

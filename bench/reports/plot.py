@@ -13,14 +13,22 @@ models are the mean of their seeds with the band of its 95% interval; axes say t
 from __future__ import annotations
 
 import colorsys
+import hashlib
+import importlib.metadata
+import io
 import json
 import math
+import os
+import stat
+import struct
 import textwrap
+import zlib
 from pathlib import Path
 
 from bench.records.store import RESULT_NEUTRAL, not_written
 from bench.reports.identities import resolved_config
 from tasks.files import write_atomic
+import tasks.stats
 from tasks.stats import across_seeds
 
 NEAR = 3.0  # references beyond this multiple of the models' largest |gap|: a symlog axis
@@ -175,19 +183,84 @@ def gap_figure(title: str, models: dict[str, list[list]], references: dict[str, 
     return fig
 
 
-def save_png(fig, path: Path) -> None:
+def save_png(fig, path: Path, stamp: str | None = None) -> None:
+    """fig as a PNG at path, written atomically; with `stamp` (figure_inputs) the file carries it
+    (stamped) so that the same figure is not drawn again."""
     import matplotlib.pyplot as plt
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110,
-                                                   bbox_inches="tight"))
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+        png = buffer.getvalue() if stamp is None else stamped(buffer.getvalue(), stamp)
+        write_atomic(path, lambda tmp: Path(tmp).write_bytes(png))
     finally:
         plt.close(fig)
 
 
+# --- a drawn figure is not drawn again --------------------------------------------------------
+# Drawing is most of what `leaderboard` costs (about 0.25 s a section), and most sections are
+# unchanged between two boards. A figure file carries, in a PNG text chunk right after its
+# header, the digest of what it was drawn from and the digest of its other bytes: it is reused
+# only where both match, so a file edited, truncated or drawn from other data is drawn again.
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+HEADER_END = 33  # the signature and the IHDR chunk (13 bytes of data), always first
+STAMP_KEY = b"icl-bench drawn from"
+
+
+def figure_inputs(*inputs) -> str:
+    """The digest of what a figure shows and how: its data, the code that draws it (this module
+    and the statistics it calls) and matplotlib's version."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps(inputs, sort_keys=True).encode())
+    for source in (__file__, tasks.stats.__file__):
+        h.update(Path(source).read_bytes())
+    h.update(importlib.metadata.version("matplotlib").encode())
+    return h.hexdigest()
+
+
+def _text_chunk(body: bytes) -> bytes:
+    return (struct.pack(">I", len(body)) + b"tEXt" + body
+            + struct.pack(">I", zlib.crc32(b"tEXt" + body)))
+
+
+def stamped(png: bytes, inputs: str) -> bytes:
+    """png with a text chunk after its header: the inputs it was drawn from, and the digest of
+    every other byte of the file."""
+    content = hashlib.blake2b(png, digest_size=16).hexdigest()
+    return png[:HEADER_END] + _text_chunk(STAMP_KEY + b"\0" + f"{inputs} {content}".encode()) \
+        + png[HEADER_END:]
+
+
+def drawn_from(path: Path) -> str | None:
+    """The inputs the figure at path was drawn from, where it is a regular file (never a link)
+    whose stamp matches its other bytes; None for anything else."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if data[:8] != PNG_SIGNATURE or data[8:16] != struct.pack(">I", 13) + b"IHDR":
+        return None
+    length = int.from_bytes(data[HEADER_END:HEADER_END + 4], "big")
+    end = HEADER_END + 12 + length
+    chunk = data[HEADER_END:end]
+    body = chunk[8:-4]
+    if len(chunk) != 12 + length or chunk != _text_chunk(body) \
+            or not body.startswith(STAMP_KEY + b"\0"):
+        return None
+    inputs, _, content = body[len(STAMP_KEY) + 1:].decode("ascii", "replace").partition(" ")
+    other = data[:HEADER_END] + data[end:]
+    return inputs if hashlib.blake2b(other, digest_size=16).hexdigest() == content else None
+
+
 def plot_gaps(path: Path, title: str, models: dict[str, list[list]],
               references: dict[str, list], ylabel: str) -> None:
-    save_png(gap_figure(title, models, references, ylabel), path)
+    """The section's figure at path, drawn unless the file there was drawn from the same
+    inputs (figure_inputs) and is whole."""
+    inputs = figure_inputs(title, models, references, ylabel)
+    if drawn_from(path) != inputs:
+        save_png(gap_figure(title, models, references, ylabel), path, stamp=inputs)
 
 
 # --- python -m bench plot ------------------------------------------------------------------
