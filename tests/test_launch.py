@@ -84,6 +84,12 @@ def test_two_workers_make_the_sequential_runs_records(tmp_path):
     assert [json.loads(p.read_text())["train"]["thread_wait"]
             for p in (tmp_path / "two").glob("*.json")] == [{"OMP_WAIT_POLICY": "PASSIVE"}] * 4
     assert not list((tmp_path / "two" / locks.LOCKS).glob("*.lock"))
+    # each settled run says how long it ran: the launcher's estimate scales its family by it
+    [folder] = (tmp_path / "two" / ".launch").iterdir()
+    settled = [json.loads(line) for path in folder.glob("results-*.jsonl")
+               for line in path.read_text().splitlines()]
+    assert sorted(e["number"] for e in settled) == [1, 2, 3, 4]
+    assert all(e["status"] == "ok" and 0 < e["seconds"] < 600 for e in settled)
 
 
 def test_a_worker_killed_mid_entry_is_replaced_and_its_entry_runs_again(tmp_path):
@@ -337,6 +343,34 @@ def test_the_progress_line_estimates_the_time_left():
     assert progress.line(settled, 2) == ("[2/4 settled: 2 ok or done already, 0 failed; "
                                          "2 worker(s) running; 2.0 min; about 4.0 min left]")
     assert "left" not in progress.line({1: {"status": "done already"}}, 2)  # nothing ran yet
+
+
+def test_the_time_left_corrects_each_familys_prices_by_its_runs_here():
+    """Entries priced 100 s each, two families: a's run here took a quarter of its price, b's
+    the whole of it. When one of each settled (125 s of run time in 2 minutes of wall), the two
+    b runs left are 200 s of run time: 3.2 min of wall, where one ratio for all (125 s for 200 s
+    of price) would say 2.0 min; never less than the longest run left."""
+    from bench.cli.launch import Progress
+    plan = Plan("the suite", 4, [1, 2, 3, 4], [[]] * 4, "suite", False)
+    progress = Progress(plan, terminal=False, prices=[100.0] * 4, families=["a", "b", "b", "b"])
+    progress.began -= 120
+    settled = {1: {"status": "ok", "seconds": 25.0}, 2: {"status": "ok", "seconds": 100.0}}
+    assert progress.line(settled, 2).endswith("; about 3.2 min left]")
+    # a family none of whose runs settled takes the ratio of all (125 s for 200 s of price)
+    progress = Progress(plan, terminal=False, prices=[100.0] * 4, families=["a", "a", "b", "b"])
+    progress.began -= 120
+    assert progress.line(settled, 2).endswith("; about 2.0 min left]")
+    # one run left, priced 600 s, of a family that ran at its price: 10 min, however fast
+    # the wall clock went while both workers were busy
+    progress = Progress(plan, terminal=False, prices=[100.0, 100.0, 100.0, 600.0],
+                        families=["a", "b", "a", "b"])
+    progress.began -= 60
+    settled = {1: {"status": "ok", "seconds": 100.0}, 2: {"status": "ok", "seconds": 100.0},
+               3: {"status": "ok", "seconds": 100.0}}
+    assert progress.line(settled, 1).endswith("; about 10 min left]")
+    # lines of workers that do not time their runs: by price alone, as before
+    untimed = {n: {"status": "ok"} for n in settled}
+    assert progress.line(untimed, 1).endswith("; about 2.0 min left]")
 
 
 def test_the_time_left_weighs_each_entry_by_its_price():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -139,9 +140,12 @@ def work(plan: Plan, index: int, folder: Path, workers: int = 1,
     start = (index * len(order)) // max(1, workers) % max(1, len(order))
     order = order[start:] + order[:start]
 
-    def settle(i: int, status: str, path: str) -> None:
-        line = json.dumps({"number": plan.numbers[i], "status": status, "path": path,
-                           "worker": index, "pid": os.getpid()})
+    def settle(i: int, status: str, path: str, seconds: float | None = None) -> None:
+        entry = {"number": plan.numbers[i], "status": status, "path": path, "worker": index,
+                 "pid": os.getpid()}
+        if seconds is not None:  # how long it ran here: the launcher's estimate reads it
+            entry["seconds"] = round(seconds, 3)
+        line = json.dumps(entry)
         with open(results, "a") as handle:  # one short line: appended whole
             handle.write(line + "\n")
 
@@ -175,15 +179,16 @@ def work(plan: Plan, index: int, folder: Path, workers: int = 1,
                     continue
                 print(f"[{plan.numbers[i]}/{plan.size}] {' '.join(plan.overrides[i])}",
                       flush=True)
+                began = time.monotonic()
                 try:
                     status, path = run_entry(config, stop_signals=stop_signals,
                                              resume=not plan.rerun)
                 except RunFailed as error:  # interrupted: the entry is free again; stop here
                     return error.exit_code
                 except SignalAfterRecord as error:  # its record is whole: settled, then stop
-                    settle(i, "ok", error.path)
+                    settle(i, "ok", error.path, time.monotonic() - began)
                     return 128 + error.signum
-                settle(i, status, path)
+                settle(i, status, path, time.monotonic() - began)
         pending = held_elsewhere
         if pending:
             time.sleep(1.0)
@@ -247,6 +252,7 @@ def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
     share = int(environments[0].get("OMP_NUM_THREADS", 0)) or None
     prices = [found.seconds for found in
               entry_prices(configs, share, pricing_folders(configs))]
+    families = [config.task_name for config in configs]
     folder = launch_dir(plan, out_dirs[0])
     pinned = ("GPU " + ", ".join(e["CUDA_VISIBLE_DEVICES"] for e in environments)
               if "CUDA_VISIBLE_DEVICES" in environments[0]
@@ -266,7 +272,7 @@ def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     procs = {slot: start(slot) for slot in range(workers)}
-    replaced, progress = 0, Progress(plan, prices=prices)
+    replaced, progress = 0, Progress(plan, prices=prices, families=families)
     try:
         while procs:
             time.sleep(0.5)
@@ -327,7 +333,7 @@ class Progress:
     WIDTH = 24
 
     def __init__(self, plan: Plan, terminal: bool | None = None,
-                 prices: list[float | None] | None = None):
+                 prices: list[float | None] | None = None, families: list[str] | None = None):
         self.plan, self.began, self.shown = plan, time.monotonic(), None
         self.terminal = sys.stdout.isatty() if terminal is None else terminal
         self.drawn = False  # a bar is on the terminal's last line
@@ -338,17 +344,47 @@ class Progress:
         fill = statistics.median(known) if known else 1.0
         self.weights = {number: fill if price is None else price
                         for number, price in zip(plan.numbers, prices)}
+        # records of other days misprice task families unevenly (an lgssm run whose price
+        # included its references, now cached): each family's runs here correct its own prices
+        self.families = dict(zip(plan.numbers, families or [""] * len(plan.numbers)))
+
+    def run_left(self, settled: dict) -> tuple[float, float, float] | None:
+        """(the run time the entries left will take, the longest of them, the run time of those
+        that ran here), each entry's price scaled by what its family's runs here took over their
+        prices (all runs', for a family none of whose runs has settled); None before a timed run
+        settles."""
+        timed = {n: float(seconds) for n, entry in settled.items()
+                 if entry["status"] != "done already" and self.weights.get(n, 0.0) > 0
+                 and isinstance(seconds := entry.get("seconds"), (int, float))
+                 and not isinstance(seconds, bool) and math.isfinite(seconds) and seconds > 0}
+        if not timed:
+            return None
+        took, priced = {}, {}
+        for n, seconds in timed.items():
+            family = self.families.get(n, "")
+            took[family] = took.get(family, 0.0) + seconds
+            priced[family] = priced.get(family, 0.0) + self.weights[n]
+        overall = sum(took.values()) / sum(priced.values())
+        left = [weight * (took[f] / priced[f] if (f := self.families.get(n, "")) in took
+                          else overall)
+                for n, weight in self.weights.items() if n not in settled]
+        return sum(left), max(left, default=0.0), sum(timed.values())
 
     def line(self, settled: dict, running: int) -> str:
         elapsed = time.monotonic() - self.began
         failed = sum(1 for entry in settled.values() if entry["status"] == "failed")
         ran = [n for n, entry in settled.items() if entry["status"] != "done already"]
         total, left = len(self.plan.numbers), len(self.plan.numbers) - len(settled)
-        # the time the settled runs took, scaled by the weight still to run
-        ran_weight = sum(self.weights.get(n, 0.0) for n in ran)
-        left_weight = sum(w for n, w in self.weights.items() if n not in settled)
-        estimate = (f"; about {duration(elapsed * left_weight / ran_weight)} left"
-                    if ran_weight > 0 and left and running else "")
+        # the wall time so far, scaled by the run time still to go over the run time it held;
+        # at least the longest run left, which no number of workers shares
+        timed = self.run_left(settled)
+        if timed is not None:
+            to_go, longest, done = timed
+        else:  # runs settled by workers that do not time them: by price alone
+            to_go, longest = sum(w for n, w in self.weights.items() if n not in settled), 0.0
+            done = sum(self.weights.get(n, 0.0) for n in ran)
+        estimate = (f"; about {duration(max(elapsed * to_go / done, longest))} left"
+                    if done > 0 and left and running else "")
         return (f"[{len(settled)}/{total} settled: {len(settled) - failed} ok or done already, "
                 f"{failed} failed; {running} worker(s) running; {elapsed / 60:.1f} min"
                 f"{estimate}]")
