@@ -183,10 +183,10 @@ class Task(abc.ABC):
         """{name: Reference}, with at least one `bayes` or `bound` reference."""
 
     # --- a finite pool of training tasks (paper 004 Fig. 2 left) --------------------------
-    # A family whose Config has `num_tasks` implements draw_latent and sample_given, with
-    # sample(n, g) == sample_given(draw_latent(n, g), g). With num_tasks = N > 0 the training
-    # batches (sample_train) draw each sequence's latent uniformly from N tasks drawn once;
-    # `sample`, and so the held-out set, still draws a fresh task per sequence from the prior.
+    # A family whose Config has `num_tasks` is a LatentTask (draw_latent and sample_given).
+    # With num_tasks = N > 0 the training batches (sample_train) draw each sequence's latent
+    # uniformly from N tasks drawn once; `sample`, and so the held-out set, still draws a fresh
+    # task per sequence from the prior.
     def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
         """The hidden parameters of n tasks drawn from the prior (first axis n)."""
         raise NotImplementedError(f"task {self.family} has no finite pool of tasks")
@@ -372,6 +372,23 @@ class Task(abc.ABC):
     def held_out_rows(self, index: Tensor) -> Batch:
         """The held-out sequences at `index`, on index's device."""
         return self.held_out_batch.select(index.cpu()).to(index.device)
+
+
+class LatentTask(Task):
+    """A family whose sequences follow from a task drawn from the prior (its hidden parameters,
+    `draw_latent`), so that it can also train on a finite pool of tasks (`num_tasks`): its
+    `sample(n, g)` is `sample_given(draw_latent(n, g), g)` by construction."""
+
+    def sample(self, n: int, generator: torch.Generator) -> Batch:
+        return self.sample_given(self.draw_latent(n, generator), generator)
+
+    @abc.abstractmethod
+    def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """The hidden parameters of n tasks drawn from the prior (first axis n)."""
+
+    @abc.abstractmethod
+    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
+        """One sequence per task of `latent` (as drawn by draw_latent)."""
 
 
 # Context-length bins of the per-position scores (lgssm, lgssm_colored, hmm, markov summaries).

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tasks.base import Batch, Reference, Task, doubling_lengths
+from tasks.base import Batch, LatentTask, Reference, doubling_lengths
 from tasks.configs import HMMConfig
 from tasks.distributions import (batch_chunks, categorical, chain_states,
                                  dirichlet, inverse_cdf, inverse_cdf_table, scan_pays)
@@ -77,7 +77,7 @@ def forward_filter_log_probs(transition: Tensor, emission: Tensor, tokens: Tenso
     return torch.stack(out, 1)
 
 
-class HMMTask(Task):
+class HMMTask(LatentTask):
     family = "hmm"
     kind = "tokens"
     Config = HMMConfig
@@ -93,9 +93,6 @@ class HMMTask(Task):
         return self.config.vocab_size
 
     output_dim = input_dim
-
-    def sample(self, n: int, generator: torch.Generator) -> Batch:
-        return self.sample_given(self.draw_latent(n, generator), generator)
 
     def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
         """n HMMs: transition (n, H, H) rows ~ Dir(0.1), emission (n, H, V) rows ~ Dir(0.05)."""

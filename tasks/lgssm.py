@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tasks.base import Batch, Reference, Task, context_bins, doubling_lengths
+from tasks.base import Batch, LatentTask, Reference, context_bins, doubling_lengths
 from tasks.configs import LGSSMConfig
 from tasks.smc import DiagonalSystem, ParameterPrior, smc_runs
 from tasks.stats import binned_means
@@ -350,7 +350,7 @@ class LGSSMPrior(ParameterPrior):
 # --- the task ---------------------------------------------------------------------------------
 
 
-class LGSSMTask(Task):
+class LGSSMTask(LatentTask):
     family = "lgssm"
     kind = "vectors"
     Config = LGSSMConfig
@@ -367,9 +367,6 @@ class LGSSMTask(Task):
         return self.config.obs_dim
 
     output_dim = input_dim
-
-    def sample(self, n: int, generator: torch.Generator) -> Batch:
-        return self.sample_given(self.draw_latent(n, generator), generator)
 
     def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
         """n systems θ = (A, C, Q, R) from the prior of appendix B.1, float64."""

@@ -75,7 +75,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from tasks.base import TEST_STREAM, Batch, Reference, Task, make_generator
+from tasks.base import TEST_STREAM, Batch, LatentTask, Reference, make_generator
 from tasks.configs import LinRegConfig
 
 
@@ -296,7 +296,7 @@ def comparison_metrics(predict: Predictor, reference: Predictor, inputs: Tensor,
     }
 
 
-class LinearRegression(Task):
+class LinearRegression(LatentTask):
     family = "linreg"
     kind = "vectors"
     description = ("in-context linear regression, x ~ U(-1,1)^f, W ~ N(0, I), interleaved or "
@@ -329,9 +329,6 @@ class LinearRegression(Task):
         return self.config.n_outputs
 
     # --- sampling ------------------------------------------------------------------------
-    def sample(self, n: int, generator: torch.Generator) -> Batch:
-        return self.sample_given(self.draw_latent(n, generator), generator)
-
     def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
         """The regression weights W ~ N(0, I), (n, N, f)."""
         c = self.config

@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor
 
-from tasks.base import TEST_STREAM, Batch, Reference, Task, doubling_lengths, make_generator
+from tasks.base import TEST_STREAM, Batch, LatentTask, Reference, doubling_lengths, make_generator
 from tasks.configs import MarkovConfig
 from tasks.distributions import (batch_chunks, chain_states, dirichlet,
                                  inverse_cdf, inverse_cdf_table, scan_pays)
@@ -215,7 +215,7 @@ def count_probe_summary(tokens: Tensor, probes: dict[str, Tensor], vocab_size: i
     return summary
 
 
-class MarkovTask(Task):
+class MarkovTask(LatentTask):
     family = "markov"
     kind = "tokens"
     Config = MarkovConfig
@@ -230,9 +230,6 @@ class MarkovTask(Task):
         return self.config.vocab_size
 
     output_dim = input_dim
-
-    def sample(self, n: int, generator: torch.Generator) -> Batch:
-        return self.sample_given(self.draw_latent(n, generator), generator)
 
     def draw_latent(self, n: int, generator: torch.Generator,
                     held_out: bool = False) -> dict[str, Tensor]:

@@ -133,6 +133,16 @@ def test_the_light_config_registries_are_the_families_own():
     assert tuple(ACTIVATIONS) == ACTIVATION_NAMES and set(CORPORA) == set(CORPUS_NAMES)
 
 
+def test_a_family_that_trains_on_a_pool_of_tasks_draws_them_as_a_latent_task():
+    """`task.num_tasks` draws its training tasks with draw_latent and their sequences with
+    sample_given: a family whose Config has it must be a LatentTask, whose `sample` is those
+    two by construction (and one without it gains nothing from being one)."""
+    from tasks.base import LatentTask
+    for name, cls in task_families().items():
+        pooled = any(f.name == "num_tasks" for f in dataclasses.fields(cls.Config))
+        assert issubclass(cls, LatentTask) == pooled, name
+
+
 @pytest.mark.parametrize("family", TASK_FAMILIES)
 def test_batches_have_the_contract_shapes_and_dtypes(family):
     task = small_task(family)
