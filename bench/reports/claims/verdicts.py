@@ -31,7 +31,7 @@ import torch
 from bench.records.store import Environment, environment, record_matches
 from bench.reports.costs import seconds_per_step
 from bench.reports.claims.rules import Interval, Sample, Test
-from bench.reports.claims.spec import Claim, Quantity
+from bench.reports.claims.spec import Claim, Quantity, is_reference
 from bench.reports.selection import Selection, current_version, headline, version_label
 from tasks.stats import across_seeds
 
@@ -445,7 +445,8 @@ def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured],
     """A claim judged on one seed (`judge_seed`): the one, among the seeds every quantity has,
     whose run of a claim.judge_seed quantity ended with the lowest training loss — chosen from
     the training curves, never the held-out sequences, so the seed's held-out interval keeps its
-    level. The control reads control_samples where given (control_seed's), else that seed.
+    level. The control reads its models on that seed too, but for control_seed's, each on the
+    seed it trained best, and its references as control_samples has them (control_samples).
     Returns judge's (verdict, note, control, tests) with every seed's verdict added to the note,
     and (the seed, of how many; None where the quantities share no seed)."""
     common = set.intersection(*(set(m.seeds) for m in values.values()))
@@ -457,12 +458,17 @@ def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured],
                 None, [], (None, len(common)))
     def on(s: int) -> dict[str, Sample]:
         return {name: m.seed_sample(s) for name, m in values.items()}
-    verdict, note, control, tests = judge(claim, reduced, on(seed), control_samples)
+
+    def control_on(s: int) -> dict[str, Sample] | None:
+        return None if control_samples is None else {
+            name: sample if name in claim.control_seed or is_reference(claim.quantities[name])
+            else values[name].seed_sample(s) for name, sample in control_samples.items()}
+    verdict, note, control, tests = judge(claim, reduced, on(seed), control_on(seed))
     if len(common) > 1:
         if control_samples is None:
             each = judge_each_seed(claim, reduced, values)[1]
-        else:  # the control is the protocol's, read once: each seed's rule beside it
-            each = seeds_note({s: judge(claim, reduced, on(s), control_samples)[0]
+        else:  # control_seed's models read once, on their best seeds: each seed's own beside
+            each = seeds_note({s: judge(claim, reduced, on(s), control_on(s))[0]
                                for s in sorted(common)})
         note = "; ".join(part for part in (note, each) if part)
     return verdict, note, control, tests, (seed, len(common))
