@@ -610,3 +610,35 @@ def test_orthogonal_counts_are_judged_on_the_seeds_that_converged(shipped, tmp_p
     d = plant(tmp_path, "r", shipped["000-fig5-orthogonal-counts"],
               {"ratio": ratio, "mambazero": mambazero, "unigram": [U1] * 3})
     assert d.verdict == expected
+
+
+@pytest.mark.parametrize("claim", ["002-fig1b-tokens-predictions-and-sensitivities",
+                                   "002-fig2b-nd-predictions-and-sensitivities"])
+@pytest.mark.parametrize("loss, cosine, distance, expected", [
+    ([1.70] * 3, [0.99] * 3, [0.1] * 3, "holds at reduced scale"),
+    ([1.70] * 3, [0.5] * 3, [0.6] * 3, "fails at reduced scale"),  # GD's loss, not GD's function
+    ([1.70, 1.70, 1.70], [0.99, 0.99, 0.5], [0.1, 0.1, 0.6], "undecided"),
+    # seed 2 stopped short of GD (16% above): no evidence of what a model that learned GD computes
+    ([1.70, 1.70, 1.96], [0.99, 0.99, 0.9], [0.1, 0.1, 0.35], "holds at reduced scale"),
+    ([3.2] * 3, [0.1] * 3, [1.0] * 3, "not reached at reduced scale")])
+def test_a_gd_ssm_that_learned_gd_is_gd_as_a_function(shipped, tmp_path, claim, loss, cosine,
+                                                      distance, expected):
+    """Fig. 1B/2B are about a model that learned GD, as paper 000's mechanism claims are about a
+    converged model: each seed whose loss is GD's (within 5%) is judged as a function."""
+    d = plant(tmp_path, "r", shipped[claim], {"loss": loss, "gd1": [1.685] * 3,
+                                              "cosine": cosine, "distance": distance})
+    assert d.verdict == expected
+
+
+@pytest.mark.parametrize("loss_nd, nd, expected", [
+    ([1.70] * 3, [0.99] * 3, "holds at reduced scale"),
+    ([1.70] * 3, [0.99, 0.99, 0.3], "undecided"),  # a pair that learned GD, off the construction
+    ([1.70, 1.70, 3.2], [0.99, 0.99, 0.3], "holds at reduced scale")])  # its N-D model stalled
+def test_the_parameters_of_models_that_learned_gd_match_the_construction(shipped, tmp_path,
+                                                                         loss_nd, nd, expected):
+    """Fig. 3 reads a 1-D and an N-D model of each seed: the seed counts where both learned GD.
+    An N-D model that stalled at zero left its seed's pair out; it is no evidence either way."""
+    d = plant(tmp_path, "r", shipped["002-fig3-parameters-match-construction"],
+              {"one_d": [0.99] * 3, "nd": nd, "loss": [1.75] * 3, "gd1": [1.70] * 3,
+               "loss_nd": loss_nd, "gd1_nd": [1.685] * 3})
+    assert d.verdict == expected
