@@ -445,8 +445,8 @@ def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured],
     """A claim judged on one seed (`judge_seed`): the one, among the seeds every quantity has,
     whose run of a claim.judge_seed quantity ended with the lowest training loss — chosen from
     the training curves, never the held-out sequences, so the seed's held-out interval keeps its
-    level. The control reads its models on that seed too, but for control_seed's, each on the
-    seed it trained best, and its references as control_samples has them (control_samples).
+    level. The control reads its models on that seed too, except control_seed's, each on the seed
+    it trained best, and its references as pooled (both as control_samples has them).
     Returns judge's (verdict, note, control, tests) with every seed's verdict added to the note,
     and (the seed, of how many; None where the quantities share no seed)."""
     common = set.intersection(*(set(m.seeds) for m in values.values()))
@@ -456,6 +456,7 @@ def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured],
     if seed is None:
         return ("undecided", "no seed to judge on: none of the records has a training curve",
                 None, [], (None, len(common)))
+
     def on(s: int) -> dict[str, Sample]:
         return {name: m.seed_sample(s) for name, m in values.items()}
 
@@ -463,6 +464,7 @@ def judge_best_seed(claim: Claim, reduced: bool, values: dict[str, Measured],
         return None if control_samples is None else {
             name: sample if name in claim.control_seed or is_reference(claim.quantities[name])
             else values[name].seed_sample(s) for name, sample in control_samples.items()}
+
     verdict, note, control, tests = judge(claim, reduced, on(seed), control_on(seed))
     if len(common) > 1:
         if control_samples is None:
