@@ -239,6 +239,26 @@ def test_seeds_that_split_on_the_bar_are_said_to_and_get_no_power_estimate(tmp_p
     assert "| undecided |" in row and "split" not in row and "| 6 → 17 |" in row
 
 
+@pytest.mark.parametrize("gaps, says", [
+    ([0.005, 0.005, 0.02], "it holds on seeds 0, 1 and fails on seed 2, each on its own held-out "
+     "interval, so a claim about each run stays undecided"),
+    ([0.005, 0.005, 0.0095], "seed 2 is open on its own held-out interval: more held-out "
+     "sequences (trainer.eval_sequences) would decide them; more seeds would not")])
+def test_a_claim_judged_seed_by_seed_says_whether_sequences_would_decide_it(tmp_path, capsys,
+                                                                            gaps, says):
+    """Seeds that trained and disagree leave a per-seed claim undecided for good; a seed open on
+    its own interval (0.0095 against 0.01, ±20%) closes with more held-out sequences."""
+    out = tmp_path / "r"
+    put(out, *(record(MAMBA, seed=s, gap=g) for s, g in enumerate(gaps)),
+        *(record(NOCONV, seed=s, gap=0.3) for s in range(3)))
+    rules = rules_file(tmp_path, rule="mamba <= 0.01", control="noconv >= 0.1", scale="cpu",
+                       extra="    per_seed: true\n")
+    assert main(["claims", "plan", f"out_dir={out}", f"rules={rules}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| t-conv"))
+    assert "| undecided |" in row and says in row
+
+
 @pytest.mark.parametrize("args, message", [
     (["budget_h=abc"], "budget_h: invalid value 'abc'"),
     (["budget_h=-1"], "budget_h: invalid value '-1'"),

@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.config.formats import plural
 from bench.reports.claims.rules import Interval, Rule, Sample, Test
 from bench.reports.claims.spec import DEFAULT_METRIC, composed, is_reference, run_key
-from bench.reports.claims.verdicts import Decision
+from bench.reports.claims.verdicts import Decision, judge
 from bench.reports.costs import duration
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
@@ -96,8 +96,7 @@ def _undecided(decision: Decision, need: Need) -> Need:
     open_tests = [t for t in decision.tests if t.outcome is None]
     need.tests = [t.text for t in open_tests]
     if claim.per_seed:
-        need.why = ("a claim about each run, judged on each seed's own record: more seeds "
-                    "cannot make seeds that disagree agree, nor narrow one seed's interval")
+        need.why = each_seed_open(decision)
         return need
     if claim.judge_seed:
         need.why = ("judged on the seed that trained best: more seeds do not narrow its "
@@ -150,6 +149,40 @@ def _undecided(decision: Decision, need: Need) -> Need:
             for seed in sorted(set(range(m)) - set(measured.seeds)):
                 need.runs.setdefault((selector, seed), measured.wall_time_s)
     return need
+
+
+def each_seed_open(decision: Decision) -> str:
+    """Why a claim judged seed by seed (per_seed) is undecided, and what would decide it: seeds
+    whose models trained and whose verdicts disagree leave it so whatever more runs show; seeds
+    open on their own held-out intervals (their control, or their rule) close with more held-out
+    sequences, which narrow one seed's interval, where more seeds do not."""
+    reduced = decision.scale == "cpu"
+    values = decision.values
+    seeds = sorted(set.intersection(*(set(m.seeds) for m in values.values())))
+    held, failed, open_ = [], [], []
+    for seed in seeds:
+        verdict, _, control, _ = judge(decision.claim, reduced,
+                                       {name: m.seed_sample(seed) for name, m in values.items()})
+        if control is None or verdict == "undecided":
+            open_.append(seed)
+        elif control and verdict.startswith("holds"):
+            held.append(seed)
+        elif control and verdict.startswith("fails"):
+            failed.append(seed)
+    if held and failed:
+        return (f"its seeds that trained disagree: it holds on {_seeds(held)} and fails on "
+                f"{_seeds(failed)}, each on its own held-out interval, so a claim about each run "
+                "stays undecided whatever more seeds or held-out sequences show")
+    if open_:
+        one = len(open_) == 1
+        return (f"{_seeds(open_)} {'is' if one else 'are'} open on {'its' if one else 'their'} "
+                f"own held-out interval{'' if one else 's'}: more held-out sequences "
+                "(trainer.eval_sequences) would decide them; more seeds would not")
+    return "a claim about each run, judged on each seed's own record"
+
+
+def _seeds(seeds: list[int]) -> str:
+    return f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
 
 
 def seeds_split(decision: Decision, test: Test) -> str | None:
