@@ -908,3 +908,35 @@ def test_a_reference_without_an_interval_adds_no_held_out_noise_and_the_row_says
     [d] = decide(out, rules)
     assert d.tests[-1].paired == ("3 seeds; the held-out noise of unigram not counted (its "
                                   "records give it no interval)")
+
+
+@pytest.mark.parametrize("kind, gaps, judged, flagged", [
+    # an attainment not reached on the mean, while seed 0 reached it on its own interval
+    ("attainment", {"mamba": [0.005, 0.03, 0.03, 0.03, 0.03]}, "mamba", "seed 0 reach it"),
+    # a claim that noconv stays above 0.05 holds on the mean, while seed 4's model got there
+    ("trained", {"noconv": [0.3, 0.3, 0.3, 0.3, 0.01]}, "noconv", "seed 4 left the level")])
+def test_claims_check_finds_a_mean_that_outvotes_a_run_that_would_turn_the_verdict(
+        tmp_path, kind, gaps, judged, flagged):
+    """One run shows that a model reaches a level, and refutes a claim that it does not: a
+    verdict on the mean over seeds that such a run would turn is a problem until the claim is
+    judged on the run that trained best."""
+    from bench.reports.claims.check import problems
+    out = tmp_path / "r"
+    mamba = gaps.get("mamba", [0.001] * 5)
+    noconv = gaps.get("noconv", [0.3] * 5)
+    put(out, *(record(MAMBA, seed=s, gap=g) for s, g in enumerate(mamba)),
+        *(record(NOCONV, seed=s, gap=g) for s, g in enumerate(noconv)))
+    rule = "mamba <= 0.01" if kind == "attainment" else "noconv >= 0.05"
+    extra = "    kind: attainment\n" if kind == "attainment" else ""
+    [d] = decide(out, rules_file(tmp_path, rule=rule, scale="cpu", extra=extra))
+    assert d.verdict == ("not reached at reduced scale" if kind == "attainment"
+                         else "holds at reduced scale")
+    [problem] = problems([d])
+    assert flagged in problem and "judge_seed" in problem
+    for i, path in enumerate(sorted(out.glob("*.json"))):  # training curves to choose a seed by
+        rec = json.loads(path.read_text())
+        rec["train"]["loss_curve"] = [[0, 1.0], [10, 0.5 + 0.01 * i]]
+        path.write_text(json.dumps(rec))
+    [d] = decide(out, rules_file(tmp_path, rule=rule, scale="cpu",
+                                 extra=extra + f"    judge_seed: {judged}\n"))
+    assert problems([d]) == []

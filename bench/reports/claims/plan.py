@@ -185,19 +185,25 @@ def _seeds(seeds: list[int]) -> str:
     return f"seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))}"
 
 
-def seeds_split(decision: Decision, test: Test) -> str | None:
-    """Where a comparison, decided on each seed's record alone (its own held-out interval),
-    holds on some seeds and fails on others: how many of each, and which. None where the seeds
-    do not split so (they agree, or some are open and the others agree)."""
+def seed_outcomes(decision: Decision, test: Test) -> tuple[list[int], list[int], int]:
+    """The seeds on which a comparison, decided on each seed's record alone (its own held-out
+    interval), holds and those on which it fails, and how many seeds its quantities share."""
     names = list(dict.fromkeys(test.names))
     seeds = sorted(set.intersection(*(set(decision.values[n].seeds) for n in names)))
     outcomes = {seed: decided(test, {n: decision.values[n].seed_sample(seed)
                                      for n in names}).outcome for seed in seeds}
-    held = [seed for seed, o in outcomes.items() if o is True]
-    failed = [seed for seed, o in outcomes.items() if o is False]
+    return ([seed for seed, o in outcomes.items() if o is True],
+            [seed for seed, o in outcomes.items() if o is False], len(seeds))
+
+
+def seeds_split(decision: Decision, test: Test) -> str | None:
+    """Where a comparison, decided on each seed's record alone (its own held-out interval),
+    holds on some seeds and fails on others: how many of each, and which. None where the seeds
+    do not split so (they agree, or some are open and the others agree)."""
+    held, failed, n = seed_outcomes(decision, test)
     if not held or not failed:
         return None
-    return (f"{len(held)} of {len(seeds)} holding (seed{'s' * (len(held) > 1)} "
+    return (f"{len(held)} of {n} holding (seed{'s' * (len(held) > 1)} "
             f"{', '.join(map(str, held))}) and {len(failed)} failing "
             f"({', '.join(map(str, failed))}) on their own held-out intervals")
 
