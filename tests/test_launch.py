@@ -346,29 +346,27 @@ def test_the_progress_line_estimates_the_time_left():
 
 
 def test_the_time_left_corrects_each_familys_prices_by_its_runs_here():
-    """Entries priced 100 s each, two families: a's run here took a quarter of its price, b's
-    the whole of it. When one of each settled (125 s of run time in 2 minutes of wall), the two
-    b runs left are 200 s of run time: 3.2 min of wall, where one ratio for all (125 s for 200 s
-    of price) would say 2.0 min; never less than the longest run left."""
+    """Entries priced 100 s each, two families: a's run here took a fifth of its price, b's the
+    whole of it. The two b runs left are 200 s of run time, 1.7 min on two workers, where one
+    ratio for all (120 s for 200 s of price) would say 60 s; never less than the longest run
+    left."""
     from bench.cli.launch import Progress
     plan = Plan("the suite", 4, [1, 2, 3, 4], [[]] * 4, "suite", False)
     progress = Progress(plan, terminal=False, prices=[100.0] * 4, families=["a", "b", "b", "b"])
-    progress.began -= 120
-    settled = {1: {"status": "ok", "seconds": 25.0}, 2: {"status": "ok", "seconds": 100.0}}
-    assert progress.line(settled, 2).endswith("; about 3.2 min left]")
-    # a family none of whose runs settled takes the ratio of all (125 s for 200 s of price)
+    settled = {1: {"status": "ok", "seconds": 20.0}, 2: {"status": "ok", "seconds": 100.0}}
+    assert progress.line(settled, 2).endswith("; about 1.7 min left]")
+    # a family none of whose runs settled takes the ratio of all (120 s for 200 s of price)
     progress = Progress(plan, terminal=False, prices=[100.0] * 4, families=["a", "a", "b", "b"])
-    progress.began -= 120
-    assert progress.line(settled, 2).endswith("; about 2.0 min left]")
-    # one run left, priced 600 s, of a family that ran at its price: 10 min, however fast
-    # the wall clock went while both workers were busy
+    assert progress.line(settled, 2).endswith("; about 60 s left]")
+    # one run left, priced 600 s, of a family that ran at its price: 10 min, however many
+    # workers are running
     progress = Progress(plan, terminal=False, prices=[100.0, 100.0, 100.0, 600.0],
                         families=["a", "b", "a", "b"])
-    progress.began -= 60
     settled = {1: {"status": "ok", "seconds": 100.0}, 2: {"status": "ok", "seconds": 100.0},
                3: {"status": "ok", "seconds": 100.0}}
-    assert progress.line(settled, 1).endswith("; about 10 min left]")
-    # lines of workers that do not time their runs: by price alone, as before
+    assert progress.line(settled, 2).endswith("; about 10 min left]")
+    # lines of workers that do not time their runs: the wall time so far, by price, as before
+    progress.began -= 60
     untimed = {n: {"status": "ok"} for n in settled}
     assert progress.line(untimed, 1).endswith("; about 2.0 min left]")
 

@@ -325,10 +325,11 @@ def duration(seconds: float) -> str:
 
 class Progress:
     """The launcher's account of the workers: entries settled (ok or done already, failed),
-    workers running, time so far and an estimate of the time left (the time the entries run in
-    this launch took, scaled by the price of those left over theirs: bench/reports/costs.py,
-    read from records). On a terminal one line with a bar, redrawn in place; elsewhere (a log
-    file) a line whenever an entry settles or a worker ends."""
+    workers running, time so far and an estimate of the time left (the prices of the entries
+    left, bench/reports/costs.py read from records, scaled by what their task family's runs here
+    took over their prices and shared by the workers running). On a terminal one line with a
+    bar, redrawn in place; elsewhere (a log file) a line whenever an entry settles or a worker
+    ends."""
 
     WIDTH = 24
 
@@ -348,11 +349,10 @@ class Progress:
         # included its references, now cached): each family's runs here correct its own prices
         self.families = dict(zip(plan.numbers, families or [""] * len(plan.numbers)))
 
-    def run_left(self, settled: dict) -> tuple[float, float, float] | None:
-        """(the run time the entries left will take, the longest of them, the run time of those
-        that ran here), each entry's price scaled by what its family's runs here took over their
-        prices (all runs', for a family none of whose runs has settled); None before a timed run
-        settles."""
+    def run_left(self, settled: dict) -> tuple[float, float] | None:
+        """(the run time the entries left will take, the longest of them), each entry's price
+        scaled by what its family's runs here took over their prices (all runs', for a family
+        none of whose runs has settled); None before a timed run settles."""
         timed = {n: float(seconds) for n, entry in settled.items()
                  if entry["status"] != "done already" and self.weights.get(n, 0.0) > 0
                  and isinstance(seconds := entry.get("seconds"), (int, float))
@@ -368,23 +368,26 @@ class Progress:
         left = [weight * (took[f] / priced[f] if (f := self.families.get(n, "")) in took
                           else overall)
                 for n, weight in self.weights.items() if n not in settled]
-        return sum(left), max(left, default=0.0), sum(timed.values())
+        return sum(left), max(left, default=0.0)
 
     def line(self, settled: dict, running: int) -> str:
         elapsed = time.monotonic() - self.began
         failed = sum(1 for entry in settled.values() if entry["status"] == "failed")
         ran = [n for n, entry in settled.items() if entry["status"] != "done already"]
         total, left = len(self.plan.numbers), len(self.plan.numbers) - len(settled)
-        # the wall time so far, scaled by the run time still to go over the run time it held;
-        # at least the longest run left, which no number of workers shares
+        # the run time still to go, shared by the workers running, and at least the longest run
+        # left, which no number of workers shares (the wall time so far would count the runs in
+        # flight as not begun: twice the time left at the first settle of two workers)
         timed = self.run_left(settled)
         if timed is not None:
-            to_go, longest, done = timed
-        else:  # runs settled by workers that do not time them: by price alone
-            to_go, longest = sum(w for n, w in self.weights.items() if n not in settled), 0.0
+            to_go, longest = timed
+            seconds = max(to_go / max(1, running), longest)
+        else:  # runs settled by workers that do not time them: the wall time so far, by price
             done = sum(self.weights.get(n, 0.0) for n in ran)
-        estimate = (f"; about {duration(max(elapsed * to_go / done, longest))} left"
-                    if done > 0 and left and running else "")
+            to_go = sum(w for n, w in self.weights.items() if n not in settled)
+            seconds = elapsed * to_go / done if done > 0 else None
+        estimate = (f"; about {duration(seconds)} left"
+                    if seconds is not None and left and running else "")
         return (f"[{len(settled)}/{total} settled: {len(settled) - failed} ok or done already, "
                 f"{failed} failed; {running} worker(s) running; {elapsed / 60:.1f} min"
                 f"{estimate}]")
