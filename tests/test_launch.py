@@ -365,6 +365,10 @@ def test_the_time_left_corrects_each_familys_prices_by_its_runs_here():
     settled = {1: {"status": "ok", "seconds": 100.0}, 2: {"status": "ok", "seconds": 100.0},
                3: {"status": "ok", "seconds": 100.0}}
     assert progress.line(settled, 2).endswith("; about 10 min left]")
+    # a failed run says nothing of what the others take: the ok ones alone set the ratio
+    # (b's only other run failed after a second: b takes the ratio of all the ok runs, 1)
+    failed = {**settled, 2: {"status": "failed", "seconds": 1.0}}
+    assert progress.line(failed, 2).endswith("; about 10 min left]")
     # lines of workers that do not time their runs: the wall time so far, by price, as before
     progress.began -= 60
     untimed = {n: {"status": "ok"} for n in settled}

@@ -352,9 +352,10 @@ class Progress:
     def run_left(self, settled: dict) -> tuple[float, float] | None:
         """(the run time the entries left will take, the longest of them), each entry's price
         scaled by what its family's runs here took over their prices (all runs', for a family
-        none of whose runs has settled); None before a timed run settles."""
+        none of whose runs has settled); None before a timed run settles. A failed run is no
+        measure of what the others take: it may have stopped at its first step."""
         timed = {n: float(seconds) for n, entry in settled.items()
-                 if entry["status"] != "done already" and self.weights.get(n, 0.0) > 0
+                 if entry["status"] == "ok" and self.weights.get(n, 0.0) > 0
                  and isinstance(seconds := entry.get("seconds"), (int, float))
                  and not isinstance(seconds, bool) and math.isfinite(seconds) and seconds > 0}
         if not timed:
