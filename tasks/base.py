@@ -182,63 +182,26 @@ class Task(abc.ABC):
     def references(self) -> dict[str, Reference]:
         """{name: Reference}, with at least one `bayes` or `bound` reference."""
 
-    # --- a finite pool of training tasks (paper 004 Fig. 2 left) --------------------------
-    # A family whose Config has `num_tasks` is a LatentTask (draw_latent and sample_given).
-    # With num_tasks = N > 0 the training batches (sample_train) draw each sequence's latent
-    # uniformly from N tasks drawn once; `sample`, and so the held-out set, still draws a fresh
-    # task per sequence from the prior.
-    def draw_latent(self, n: int, generator: torch.Generator) -> dict[str, Tensor]:
-        """The hidden parameters of n tasks drawn from the prior (first axis n)."""
-        raise NotImplementedError(f"task {self.family} has no finite pool of tasks")
-
-    def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
-        """One sequence per task of `latent` (as drawn by draw_latent)."""
-        raise NotImplementedError(f"task {self.family} has no finite pool of tasks")
-
+    # --- the training batches -------------------------------------------------------------
     @property
     def num_tasks(self) -> int:
-        """Size of the pool of training tasks; 0: a fresh task for every training sequence."""
+        """Size of the pool of training tasks; 0: a fresh task for every training sequence (a
+        LatentTask's Config may set it)."""
         return getattr(self.config, "num_tasks", 0)
 
-    def task_pool(self, device: torch.device | str) -> dict[str, Tensor]:
-        """The num_tasks training tasks, drawn once on `device` from (POOL_STREAM, run seed), as
-        the training batches are drawn on the training device: the same pool on every DDP rank
-        (they share a device type), and a large pool is drawn where the sampler is fastest (on
-        one CPU core 2,000 of paper 004's HMMs take ~14 s, so its 50,000 ~6 minutes)."""
-        pools = self.__dict__.setdefault("_task_pools", {})
-        key = str(torch.device(device))
-        if key not in pools:
-            pools[key] = self._draw_pool(torch.device(device))
-        return pools[key]
-
-    def _draw_pool(self, device: torch.device, chunk_floats: int = 1 << 24) -> dict[str, Tensor]:
-        """num_tasks tasks from one generator, in consecutive chunks of ~chunk_floats floats so
-        that a large pool's sampling temporaries stay small (a pool that fits in one chunk is
-        draw_latent(num_tasks) from that generator)."""
-        generator = make_generator(POOL_STREAM, self.seed, device=device)
-        per_task = sum(v.numel() for v in self.draw_latent(1, torch.Generator()).values())
-        chunk = max(1, chunk_floats // max(1, per_task))
-        parts = [self.draw_latent(min(chunk, self.num_tasks - start), generator)
-                 for start in range(0, self.num_tasks, chunk)]
-        return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
-
     def pool_bytes(self) -> int:
-        """Bytes the pool of training tasks holds (0 without one), for the memory estimate."""
-        if self.num_tasks == 0:
-            return 0
-        one = self.draw_latent(1, torch.Generator())
-        return self.num_tasks * sum(v.numel() * v.element_size() for v in one.values())
+        """Bytes the pool of training tasks holds, for the memory estimate: none here."""
+        return 0
+
+    def training_pool(self, device: torch.device | str) -> dict[str, Tensor] | None:
+        """The pool of training tasks, drawn on `device`; None: every training sequence draws a
+        fresh task (here always; a LatentTask with num_tasks > 0 has one)."""
+        return None
 
     def sample_train(self, n: int, generator: torch.Generator,
                      pool: dict[str, Tensor] | None = None) -> Batch:
-        """A training batch: `sample`, or with num_tasks > 0 sequences of tasks drawn uniformly
-        (with replacement) from the pool (`pool`, else the one drawn on the generator's
-        device)."""
-        if self.num_tasks == 0:
-            return self.sample(n, generator)
-        pool = pool if pool is not None else self.task_pool(generator.device)
-        index = torch.randint(self.num_tasks, (n,), generator=generator, device=generator.device)
-        return self.sample_given({name: value[index] for name, value in pool.items()}, generator)
+        """A training batch: `sample` (a LatentTask with num_tasks > 0 draws from its pool)."""
+        return self.sample(n, generator)
 
     # --- shared by all tasks -------------------------------------------------------------
     def position_loss(self, prediction: Tensor, targets: Tensor) -> Tensor:
@@ -343,8 +306,8 @@ class Task(abc.ABC):
         to a GPU. A pool of training tasks is drawn once, on the training device (fast for large
         pools), and the workers sample from a CPU copy of it."""
         start = steps_done * self.micro_batches  # each step is micro_batches batches
-        pool = ({name: value.cpu() for name, value in self.task_pool(device).items()}
-                if self.num_tasks else None)
+        pool = self.training_pool(device)
+        pool = {name: value.cpu() for name, value in pool.items()} if pool is not None else None
         workers = self.loader_workers
         # fork: the workers inherit the task (and its pool) and sample on the CPU only; "spawn"
         # would pickle the task with its trainer.
@@ -376,8 +339,11 @@ class Task(abc.ABC):
 
 class LatentTask(Task):
     """A family whose sequences follow from a task drawn from the prior (its hidden parameters,
-    `draw_latent`), so that it can also train on a finite pool of tasks (`num_tasks`): its
-    `sample(n, g)` is `sample_given(draw_latent(n, g), g)` by construction."""
+    `draw_latent`): its `sample(n, g)` is `sample_given(draw_latent(n, g), g)` by construction,
+    and it can train on a finite pool of tasks (paper 004 Fig. 2 left). With `num_tasks` = N > 0
+    the training batches (sample_train) draw each sequence's latent uniformly from N tasks drawn
+    once; `sample`, and so the held-out set, still draws a fresh task per sequence from the
+    prior."""
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
         return self.sample_given(self.draw_latent(n, generator), generator)
@@ -389,6 +355,47 @@ class LatentTask(Task):
     @abc.abstractmethod
     def sample_given(self, latent: dict[str, Tensor], generator: torch.Generator) -> Batch:
         """One sequence per task of `latent` (as drawn by draw_latent)."""
+
+    def training_pool(self, device: torch.device | str) -> dict[str, Tensor] | None:
+        return self.task_pool(device) if self.num_tasks else None
+
+    def task_pool(self, device: torch.device | str) -> dict[str, Tensor]:
+        """The num_tasks training tasks, drawn once on `device` from (POOL_STREAM, run seed), as
+        the training batches are drawn on the training device: the same pool on every DDP rank
+        (they share a device type), and a large pool is drawn where the sampler is fastest (on
+        one CPU core 2,000 of paper 004's HMMs take ~14 s, so its 50,000 ~6 minutes)."""
+        pools = self.__dict__.setdefault("_task_pools", {})
+        key = str(torch.device(device))
+        if key not in pools:
+            pools[key] = self._draw_pool(torch.device(device))
+        return pools[key]
+
+    def _draw_pool(self, device: torch.device, chunk_floats: int = 1 << 24) -> dict[str, Tensor]:
+        """num_tasks tasks from one generator, in consecutive chunks of ~chunk_floats floats so
+        that a large pool's sampling temporaries stay small (a pool that fits in one chunk is
+        draw_latent(num_tasks) from that generator)."""
+        generator = make_generator(POOL_STREAM, self.seed, device=device)
+        per_task = sum(v.numel() for v in self.draw_latent(1, torch.Generator()).values())
+        chunk = max(1, chunk_floats // max(1, per_task))
+        parts = [self.draw_latent(min(chunk, self.num_tasks - start), generator)
+                 for start in range(0, self.num_tasks, chunk)]
+        return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+
+    def pool_bytes(self) -> int:
+        if self.num_tasks == 0:
+            return 0
+        one = self.draw_latent(1, torch.Generator())
+        return self.num_tasks * sum(v.numel() * v.element_size() for v in one.values())
+
+    def sample_train(self, n: int, generator: torch.Generator,
+                     pool: dict[str, Tensor] | None = None) -> Batch:
+        """With num_tasks > 0, sequences of tasks drawn uniformly (with replacement) from the
+        pool (`pool`, else the one drawn on the generator's device)."""
+        if self.num_tasks == 0:
+            return self.sample(n, generator)
+        pool = pool if pool is not None else self.task_pool(generator.device)
+        index = torch.randint(self.num_tasks, (n,), generator=generator, device=generator.device)
+        return self.sample_given({name: value[index] for name, value in pool.items()}, generator)
 
 
 # Context-length bins of the per-position scores (lgssm, lgssm_colored, hmm, markov summaries).

@@ -291,14 +291,12 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
             training[i] = measured or 0.0
         both = [(found.seconds, measured) for found, measured in zip(prices, now)
                 if found.seconds is not None and measured is not None]  # priced both ways
-
-        def ratio(pairs: list[tuple[float, float]]) -> float:
-            return sum(record for record, _ in pairs) / sum(step for _, step in pairs)
+        ratio = sum(record for record, _ in both) / sum(step for _, step in both) if both else 0
         print(f"  measured here now ({plural(setups, 'setup')}, bare steps: forward, backward "
               "and AdamW; a floor, without start-up, evaluation, references or Lightning's own "
               f"work): {duration(sum(training))} of training, about "
               f"{duration(launcher_wall(training, workers))} of wall time at workers={workers}"
-              + (f"; the records' prices are {ratio(both):.1f}x that" if both else ""))
+              + (f"; the records' prices are {ratio:.1f}x that" if both else ""))
 
 
 def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],

@@ -13,6 +13,7 @@ models are the mean of their seeds with the band of its 95% interval; axes say t
 from __future__ import annotations
 
 import colorsys
+import functools
 import hashlib
 import importlib.metadata
 import io
@@ -208,14 +209,18 @@ STAMP_KEY = b"icl-bench drawn from"
 
 
 def figure_inputs(*inputs) -> str:
-    """The digest of what a figure shows and how: its data, the code that draws it (this module
-    and the statistics it calls) and matplotlib's version."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(json.dumps(inputs, sort_keys=True).encode())
-    for source in (__file__, tasks.stats.__file__):
-        h.update(Path(source).read_bytes())
-    h.update(importlib.metadata.version("matplotlib").encode())
+    """The digest of what a figure shows and how: its data and the code that draws it
+    (drawing_code)."""
+    h = hashlib.blake2b(json.dumps(inputs, sort_keys=True).encode(), digest_size=16)
+    h.update(drawing_code())
     return h.hexdigest()
+
+
+@functools.cache
+def drawing_code() -> bytes:
+    """This module, the statistics it calls and matplotlib's version: read once a process."""
+    return b"".join([Path(__file__).read_bytes(), Path(tasks.stats.__file__).read_bytes(),
+                     importlib.metadata.version("matplotlib").encode()])
 
 
 def _text_chunk(body: bytes) -> bytes:

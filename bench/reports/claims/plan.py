@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.config.formats import plural
 from bench.reports.claims.rules import Interval, Rule, Sample, Test
 from bench.reports.claims.spec import DEFAULT_METRIC, composed, is_reference, run_key
-from bench.reports.claims.verdicts import Decision, judge
+from bench.reports.claims.verdicts import Decision, judge_seeds
 from bench.reports.costs import duration
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
@@ -156,13 +156,9 @@ def each_seed_open(decision: Decision) -> str:
     whose models trained and whose verdicts disagree leave it so whatever more runs show; seeds
     open on their own held-out intervals (their control, or their rule) close with more held-out
     sequences, which narrow one seed's interval, where more seeds do not."""
-    reduced = decision.scale == "cpu"
-    values = decision.values
-    seeds = sorted(set.intersection(*(set(m.seeds) for m in values.values())))
     held, failed, open_ = [], [], []
-    for seed in seeds:
-        verdict, _, control, _ = judge(decision.claim, reduced,
-                                       {name: m.seed_sample(seed) for name, m in values.items()})
+    each = judge_seeds(decision.claim, decision.scale == "cpu", decision.values)
+    for seed, (verdict, control) in each.items():
         if control is None or verdict == "undecided":
             open_.append(seed)
         elif control and verdict.startswith("holds"):

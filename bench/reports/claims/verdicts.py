@@ -398,6 +398,18 @@ def judge(claim: Claim, reduced: bool, samples: dict[str, Sample],
     return verdict, why, True, tests
 
 
+def judge_seeds(claim: Claim, reduced: bool, values: dict[str, Measured]
+                ) -> dict[int, tuple[str, bool | None]]:
+    """Each seed the quantities share (in order): the claim's verdict on that seed's records
+    alone, and whether its control held there (None: open)."""
+    each = {}
+    for seed in sorted(set.intersection(*(set(m.seeds) for m in values.values()))):
+        verdict, _, control, _ = judge(claim, reduced, {name: m.seed_sample(seed)
+                                                        for name, m in values.items()})
+        each[seed] = verdict, control
+    return each
+
+
 def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
                     ) -> tuple[str, str, bool | None, list[Test]]:
     """A claim about each trained model (`per_seed: true`), judged seed by seed on that seed's
@@ -408,15 +420,16 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     the claim is judged on the others; where no seed trained, it is not reached. A seed whose
     control is open may or may not have trained: where its rule says what the trained seeds say,
     it changes nothing either way; elsewhere the claim is undecided."""
-    seeds = sorted(set.intersection(*(set(m.seeds) for m in values.values())))
-    if not seeds:
+    each = judge_seeds(claim, reduced, values)
+    if not each:
         return "undecided", "per seed: the quantities share no seed", None, []
-    verdicts, controls, open_control = {}, {}, {}
+    seeds = list(each)
+    verdicts = {seed: verdict for seed, (verdict, _) in each.items()}
+    controls = {seed: control for seed, (_, control) in each.items()}
+    open_control = {}
     for seed in seeds:
-        one = {name: m.seed_sample(seed) for name, m in values.items()}
-        verdict, _, controls[seed], _ = judge(claim, reduced, one)
-        verdicts[seed] = verdict
         if controls[seed] is None:  # what the rule says of it, were its model trained
+            one = {name: m.seed_sample(seed) for name, m in values.items()}
             open_control[seed] = judge(replace(claim, control=None), reduced, one)[0]
     held = set(controls.values())
     control = held.pop() if len(held) == 1 else None  # the same on every seed, or open
