@@ -29,7 +29,9 @@ Everything is batched over sequences and particles (float64); loops run over tim
 scalar coordinates of an observation. A chunk of sequences draws its random numbers from a
 generator of its own, and chunks (of one run or of several) advance through time side by side,
 as many as a bound on the memory allows: fewer and larger tensor operations, each chunk's
-numbers what they would be alone (up to rounding).
+numbers what they would be alone (up to rounding). Groups of chunks share nothing, so where the
+work is many seconds they advance in worker processes, one per thread this process may use
+(tasks/processes.py): the operations are too small for torch's threads to help one process.
 """
 from __future__ import annotations
 
@@ -43,11 +45,15 @@ import torch
 from torch import Tensor
 
 from tasks.base import make_generator
+from tasks.processes import map_in_processes
 
 SMC_STREAM = 6  # seed tag of the SMC reference's random numbers (tasks/base.py uses 1-5)
 SYSTEMS_PER_CHUNK = 1 << 16  # particles × sequences of one random stream (a chunk)
 SYSTEMS_TOGETHER = 1 << 18  # particles × sequences advanced together: bounds the memory
 SYSTEMS_IN_CACHE = 1 << 13  # particles × sequences of one block of the filter of all particles
+# system-steps (runs × sequences × T × particles) from which the runs take worker processes:
+# 2^23 is about 16 s on one core (the default task's 64 held-out sequences, two runs)
+PROCESSES_FROM = 1 << 23
 
 
 @dataclass
@@ -200,35 +206,49 @@ class SMCResult:
 
 
 def smc_predictive(observations: Tensor, prior: ParameterPrior, particles: int, moves: int,
-                   seed: int, ess_fraction: float = 0.5) -> SMCResult:
+                   seed: int, ess_fraction: float = 0.5, processes: int | None = None
+                   ) -> SMCResult:
     """The SMC estimate of the posterior predictive mean at every position of observations
     (S, T, m), `particles` per sequence. The random numbers of a chunk of sequences come from
     the generator of (SMC_STREAM, seed, chunk index): the result is a function of the
     observations and the seed."""
-    return smc_runs(observations, prior, particles, moves, [seed], ess_fraction)[0]
+    return smc_runs(observations, prior, particles, moves, [seed], ess_fraction, processes)[0]
 
 
 def smc_runs(observations: Tensor, prior: ParameterPrior, particles: int, moves: int,
-             seeds: list[int], ess_fraction: float = 0.5) -> list[SMCResult]:
+             seeds: list[int], ess_fraction: float = 0.5, processes: int | None = None
+             ) -> list[SMCResult]:
     """smc_predictive of each seed, computed together: every run's chunks of sequences advance
     through time side by side, as many at once as SYSTEMS_TOGETHER allows. Each chunk keeps
     its own generator and draws from it what it drew alone (`Streams`), and every operation
     acts on each sequence's particles alone, so each run is what its chunks give one at a time
     up to rounding: LAPACK and BLAS may take another path for a batch of one matrix, which a
     chunk alone meets and side by side may not (tests/test_smc.py). Fewer, larger tensor
-    operations do the same work faster."""
+    operations do the same work faster.
+
+    processes: worker processes that advance groups of chunks at the same time (None:
+    `default_processes`). The groups are the serial ones where each process gets one at least
+    (the default 512 held-out sequences of two runs on two cores: two groups of four chunks,
+    as one process makes them), else smaller."""
     x = observations.double()
     per_chunk = max(1, SYSTEMS_PER_CHUNK // particles)
     chunks = [(run, index, part) for run, seed in enumerate(seeds)
               for index, part in enumerate(x.split(per_chunk))]
+    if processes is None:
+        processes = default_processes(x, particles, len(seeds))
+    processes = min(processes, len(chunks)) if x.device.type == "cpu" else 1
     together = max(1, SYSTEMS_TOGETHER // (per_chunk * particles))
-    done = []
-    for start in range(0, len(chunks), together):
-        group = chunks[start:start + together]
-        streams = Streams([make_generator(SMC_STREAM, seeds[run], index, device=x.device)
-                           for run, index, _ in group], [len(part) for *_, part in group])
-        done += _smc_together(torch.cat([part for *_, part in group]), prior, particles, moves,
-                              ess_fraction, streams)
+    if processes > 1:
+        together = min(together, -(-len(chunks) // processes))
+    groups = [(torch.cat([part for *_, part in group]), prior, particles, moves, ess_fraction,
+               [(seeds[run], index) for run, index, _ in group], [len(part) for *_, part in group])
+              for group in (chunks[start:start + together]
+                            for start in range(0, len(chunks), together))]
+    if processes > 1:
+        done = map_in_processes(_smc_group, groups, processes)
+    else:
+        done = [_smc_group(*group) for group in groups]
+    done = [chunk for group in done for chunk in group]
     results = []
     for run in range(len(seeds)):
         mine = [result for (owner, *_), result in zip(chunks, done) if owner == run]
@@ -237,6 +257,26 @@ def smc_runs(observations: Tensor, prior: ParameterPrior, particles: int, moves:
         results.append(SMCResult(torch.cat([r[0] for r in mine]),
                                  torch.cat([r[1] for r in mine]), acceptance))
     return results
+
+
+def default_processes(x: Tensor, particles: int, runs: int) -> int:
+    """Worker processes for SMC runs of `particles` on the sequences x (S, T, m): one per
+    thread this process may use, where the runs' system-steps reach PROCESSES_FROM (a worker
+    costs about 1.5 s to start); otherwise one, the caller's."""
+    work = runs * x.shape[0] * x.shape[1] * particles
+    if work < PROCESSES_FROM:
+        return 1
+    return torch.get_num_threads()
+
+
+def _smc_group(x: Tensor, prior: ParameterPrior, particles: int, moves: int,
+               ess_fraction: float, streams: list[tuple[int, int]], counts: list[int]
+               ) -> list[tuple[Tensor, Tensor, int, float]]:
+    """_smc_together for the chunks of x whose (seed, chunk index) are `streams` and whose
+    sequences number `counts`: a job that needs nothing of its caller's."""
+    generators = [make_generator(SMC_STREAM, seed, index, device=x.device)
+                  for seed, index in streams]
+    return _smc_together(x, prior, particles, moves, ess_fraction, Streams(generators, counts))
 
 
 class Streams:

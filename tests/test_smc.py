@@ -189,3 +189,31 @@ def test_runs_computed_together_are_the_runs_computed_alone(monkeypatch):
         assert torch.equal(run.resamplings, alone.resamplings) and run.resamplings.sum() > 10
         torch.testing.assert_close(run.prediction, alone.prediction, rtol=0, atol=1e-10)
         assert run.acceptance == pytest.approx(alone.acceptance, rel=1e-12)
+
+
+def test_runs_in_worker_processes_are_the_runs_in_one(monkeypatch):
+    """Worker processes advance the groups of chunks that one process would (two here), each
+    with its chunks' generators: the runs are bitwise the same. Where there are more processes
+    than such groups, the groups are smaller, which is the side-by-side difference above."""
+    monkeypatch.setattr(tasks.smc, "SYSTEMS_PER_CHUNK", 64)  # 4 sequences of 16 particles
+    monkeypatch.setattr(tasks.smc, "SYSTEMS_TOGETHER", 128)  # 2 chunks a group
+    prior = LGSSMPrior(LGSSMConfig())
+    x = torch.randn(8, 24, 2, generator=make_generator(18), dtype=torch.float64)
+    one = smc_runs(x, prior, 16, 2, [3, 4], processes=1)  # 2 runs x 2 chunks: 2 groups
+    for processes, exact in ((2, True), (4, False)):
+        workers = smc_runs(x, prior, 16, 2, [3, 4], processes=processes)
+        for a, b in zip(one, workers):
+            assert torch.equal(a.resamplings, b.resamplings) and a.resamplings.sum() > 10
+            if exact:
+                assert torch.equal(a.prediction, b.prediction) and a.acceptance == b.acceptance
+            else:
+                torch.testing.assert_close(a.prediction, b.prediction, rtol=0, atol=1e-10)
+
+
+def test_worker_processes_are_taken_for_work_of_many_seconds_only(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    default = LGSSMConfig()
+    x = torch.zeros(64, default.seq_len + 1, default.obs_dim)  # the default task's, T + 1 inputs
+    assert tasks.smc.default_processes(x, default.bayes_particles, 2) == 3
+    assert tasks.smc.default_processes(x[:16], default.bayes_particles, 2) == 1
+    assert tasks.smc.default_processes(x, 32, 2) == 1

@@ -122,7 +122,7 @@ def complete(config: RunConfig, task: Task, batch: Batch,
     if cached is not None:
         return cached
     progress = config.trainer.progress
-    if progress:  # a first run of lgssm waits about 2 minutes here, after its bars have ended
+    if progress:  # a first run of lgssm waits about a minute here, after its bars have ended
         where = (f"; cached under {Path(config.out_dir) / CACHE_DIR} for the next "
                  "run" if config.trainer.reference_cache else "")
         print(f"references: computing {len(task.references())} references on "
