@@ -9,8 +9,9 @@ A worker is a fresh interpreter (`python -c`), not a fork: a fork of a process t
 threads (torch's pool, Lightning's) may deadlock, and multiprocessing's "spawn" would run the
 caller's script again in the worker, which a script without an `if __name__ == "__main__"`
 guard does not survive. It starts by importing torch (about 1.5 s), which is why callers use
-workers only for work of many seconds. It gets the caller's sys.path, its jobs pickled on
-stdin (tensors by value), and sends its results pickled on stdout, which nothing else writes
+workers only for work of many seconds. It gets the caller's sys.path exactly (not its working
+directory in front: a checkout there would shadow the modules the caller imported, which it
+checks for the function's), its jobs pickled on stdin (tensors by value), and sends its results pickled on stdout, which nothing else writes
 (its fd 1 is pointed at stderr once it holds the pipe). It runs in a session of its own, so
 Ctrl-C reaches the caller alone, and the caller ends it whatever ends the wait. A failure in a
 worker comes back as one line, raised here; a worker that dies without its results (killed,
@@ -37,16 +38,19 @@ def map_in_processes(function: Callable[..., Any], jobs: list[tuple], processes:
     a module's top level) and the jobs and results picklable."""
     share = -(-len(jobs) // max(1, processes))
     parts = [jobs[start:start + share] for start in range(0, len(jobs), share)]
-    boot = (f"import sys; sys.path[:0] = {[path for path in sys.path if path]!r}; "
-            "from tasks.processes import serve; serve()")
+    # the caller's sys.path exactly (-P: not the working directory before it), so that the
+    # worker imports the modules the caller did, which serve checks for the function's
+    boot = f"import sys; sys.path[:] = {sys.path!r}; from tasks.processes import serve; serve()"
+    source = module_file(function)
     workers = []
     try:
         for _ in parts:  # all started before any is fed: their imports overlap
-            workers.append(subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, start_new_session=True))
+            workers.append(subprocess.Popen([sys.executable, "-P", "-c", boot],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            start_new_session=True))
         for worker, part in zip(workers, parts):
             try:
-                worker.stdin.write(pickle.dumps((function, part)))
+                worker.stdin.write(pickle.dumps((function, source, part)))
                 worker.stdin.close()
             except BrokenPipeError:  # it died first: its exit code is reported below
                 pass
@@ -78,7 +82,10 @@ def serve() -> None:
     results = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever else writes to stdout goes to stderr, not into the results
     try:
-        function, jobs = pickle.loads(sys.stdin.buffer.read())
+        function, source, jobs = pickle.loads(sys.stdin.buffer.read())
+        if module_file(function) != source:
+            raise ImportError(f"the worker's {function.__module__} is {module_file(function)}, "
+                              f"the caller's {source}")
         torch.set_num_threads(1)
         message = (True, [function(*job) for job in jobs])
     except Exception as error:  # reported to the caller, which raises it
@@ -86,3 +93,8 @@ def serve() -> None:
         message = (False, f"{type(error).__name__}: {lines[0] if lines else ''}")
     results.write(pickle.dumps(message))
     results.close()
+
+
+def module_file(function: Callable[..., Any]) -> str | None:
+    """The file of the module that defines function, as this process imported it."""
+    return getattr(sys.modules.get(function.__module__), "__file__", None)

@@ -48,6 +48,19 @@ def test_a_worker_that_fails_or_dies_is_one_line_raised_in_the_caller(function, 
     assert str(raised.value) == message
 
 
+def test_a_worker_imports_the_modules_the_caller_imported(tmp_path, monkeypatch):
+    """A checkout in the working directory does not shadow them (a worker started with that
+    directory in front of sys.path imported another tree's tasks), and a worker whose module
+    is another file than the caller's refuses to run it."""
+    (tmp_path / "test_processes.py").write_text("def power(base, exponent):\n    return 'decoy', 0\n")
+    monkeypatch.chdir(tmp_path)
+    assert [value for value, _ in map_in_processes(power, [(2, 3)], 1)] == [8]
+    monkeypatch.setattr("tasks.processes.module_file", lambda function: "/elsewhere.py")
+    with pytest.raises(WorkerFailed, match="ImportError: the worker's test_processes is .*, the "
+                                           "caller's /elsewhere.py"):
+        map_in_processes(power, [(2, 3)], 1)
+
+
 def test_no_worker_outlives_an_interrupted_wait(monkeypatch):
     """Whatever ends the wait (here an exception while reading, as Ctrl-C or a signal turned
     into an exception would) ends the workers too."""
