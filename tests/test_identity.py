@@ -442,11 +442,22 @@ def test_a_probe_that_hangs_is_killed_and_named(tmp_path, monkeypatch):
     (tree / "bench" / "config.py").write_text("import sys, time\nprint('stuck', file=sys.stderr)"
                                               "\nsys.stderr.flush()\ntime.sleep(600)\n")
     monkeypatch.setattr(identities, "PROBE_TIMEOUT_S", 20)  # torch imports first
+    # two cores: the three configs are dealt out to two probe processes, both stuck
+    monkeypatch.setattr(identities.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    started = []
+    popen = identities.subprocess.Popen
+
+    def counted(*args, **kwargs):
+        started.append(args)
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(identities.subprocess, "Popen", counted)
     import time
     start = time.monotonic()
-    results = identities.run_probes(tree, [{**spec(CONFIGS["markov-mamba-800"]), "key": "a"}])
-    assert time.monotonic() - start < 60
-    assert results == {"a": {"error": "the probe process ended early: stuck"}}
+    results = identities.run_probes(tree, [{**spec(CONFIGS["markov-mamba-800"]), "key": key}
+                                           for key in "abc"])
+    assert time.monotonic() - start < 60 and len(started) == 2
+    assert results == {key: {"error": "the probe process ended early: stuck"} for key in "abc"}
 
 
 def test_every_published_record_keeps_its_key_in_the_committed_index():

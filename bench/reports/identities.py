@@ -255,24 +255,48 @@ def save_index(index: Index, command: str) -> Path:
 
 
 def run_probes(tree: Path, specs: list[dict], log=None) -> dict[str, dict]:
-    """Probe results {config key: result} of specs under the code of `tree` (a checkout), run
-    in one subprocess with that checkout first on the path."""
+    """Probe results {config key: result} of specs under the code of `tree` (a checkout): the
+    specs dealt out among probe processes, one a core (each probe runs on one thread, seed 0,
+    so where it runs moves none of its numbers), each with that checkout first on the path."""
     if not specs:
         return {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    parts = [specs[start::max(1, cores or 1)] for start in range(min(len(specs), cores or 1))]
+    results: dict[str, dict] = {}
+    lock = threading.Lock()
+
+    def logged(key: str, result: dict) -> None:
+        with lock:
+            results[key] = result
+            if log is not None:
+                log(key, result)
+
     with tempfile.TemporaryDirectory(prefix="icl-identity-script-") as folder:
         script = Path(folder) / SCRIPT_NAME
         shutil.copyfile(probe_module.__file__, script)
-        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0",
-               "OMP_NUM_THREADS": "1"}
-        # stderr to a file: a pipe nobody reads until the end would stall a chatty probe
-        stderr = open(Path(folder) / "stderr.txt", "w+")
+        threads = [threading.Thread(target=_probe_process, args=(tree, script, part, logged,
+                                                                 Path(folder) / f"stderr{i}.txt"))
+                   for i, part in enumerate(parts)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return results
+
+
+def _probe_process(tree: Path, script: Path, specs: list[dict], logged, stderr_path: Path) -> None:
+    """One probe process for specs, under the code of `tree`: logged(key, result) for each
+    result it prints; a process that dies names the last thing it said for its specs left."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    done = set()
+    # stderr to a file: a pipe nobody reads until the end would stall a chatty probe
+    with open(stderr_path, "w+") as stderr:
         process = subprocess.Popen([sys.executable, str(script)], cwd=str(tree), env=env,
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=stderr, text=True)
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                   text=True)
         # a probe that hangs is killed: its configs, and those after it, are named not computed
         watchdog = threading.Timer(PROBE_TIMEOUT_S, process.kill)
         watchdog.start()
-        results = {}
         try:
             process.stdin.write(json.dumps(specs))
             process.stdin.close()
@@ -283,9 +307,8 @@ def run_probes(tree: Path, specs: list[dict], log=None) -> dict[str, dict]:
                     continue
                 key = result.pop("key", None)
                 if key is not None:
-                    results[key] = result
-                    if log is not None:
-                        log(key, result)
+                    done.add(key)
+                    logged(key, result)
             process.wait()
         finally:
             watchdog.cancel()
@@ -294,11 +317,10 @@ def run_probes(tree: Path, specs: list[dict], log=None) -> dict[str, dict]:
                 process.wait()
             stderr.seek(0)
             error = stderr.read().strip().splitlines()
-            stderr.close()
-    for spec in specs:  # a probe process that died names the last thing it said
-        results.setdefault(spec["key"], {"error": f"the probe process ended early: "
-                                                  f"{error[-1] if error else 'no message'}"})
-    return results
+    for spec in specs:
+        if spec["key"] not in done:
+            logged(spec["key"], {"error": "the probe process ended early: "
+                                          f"{error[-1] if error else 'no message'}"})
 
 
 def export_commit(commit: str, folder: Path) -> None:
