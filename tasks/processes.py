@@ -38,14 +38,15 @@ def map_in_processes(function: Callable[..., Any], jobs: list[tuple], processes:
     a module's top level) and the jobs and results picklable."""
     share = -(-len(jobs) // max(1, processes))
     parts = [jobs[start:start + share] for start in range(0, len(jobs), share)]
-    # the caller's sys.path exactly (-P: not the working directory before it), so that the
-    # worker imports the modules the caller did, which serve checks for the function's
+    # the caller's sys.path exactly, in place of the one `-c` begins with (the working directory
+    # in front), so that the worker imports the modules the caller did: serve checks the
+    # function's
     boot = f"import sys; sys.path[:] = {sys.path!r}; from tasks.processes import serve; serve()"
     source = module_file(function)
     workers = []
     try:
         for _ in parts:  # all started before any is fed: their imports overlap
-            workers.append(subprocess.Popen([sys.executable, "-P", "-c", boot],
+            workers.append(subprocess.Popen([sys.executable, "-c", boot],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                             start_new_session=True))
         for worker, part in zip(workers, parts):
