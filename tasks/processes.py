@@ -9,12 +9,14 @@ A worker is a fresh interpreter (`python -c`), not a fork: a fork of a process t
 threads (torch's pool, Lightning's) may deadlock, and multiprocessing's "spawn" would run the
 caller's script again in the worker, which a script without an `if __name__ == "__main__"`
 guard does not survive. It starts by importing torch (about 1.5 s), which is why callers use
-workers only for work of many seconds. It gets the caller's sys.path exactly (not its working
-directory in front: a checkout there would shadow the modules the caller imported, which it
-checks for the function's), its jobs pickled on stdin (tensors by value), and sends its results pickled on stdout, which nothing else writes
-(its fd 1 is pointed at stderr once it holds the pipe). It runs in a session of its own, so
-Ctrl-C reaches the caller alone, and the caller ends it whatever ends the wait. A failure in a
-worker comes back as one line, raised here; a worker that dies without its results (killed,
+workers only for work of many seconds.
+
+A worker gets the caller's sys.path exactly, not behind its working directory, where a checkout
+would shadow the modules the caller imported (it checks the function's). Its jobs come pickled
+on stdin (tensors by value), and its results go back pickled on stdout, which nothing else
+writes: its fd 1 is pointed at stderr once it holds the pipe. It runs in a session of its own,
+so Ctrl-C reaches the caller alone, and the caller ends it whatever ends the wait. A failure in
+a worker comes back as one line, raised here; a worker that dies without its results (killed,
 out of memory) is reported with its exit code."""
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ def test_a_worker_imports_the_modules_the_caller_imported(tmp_path, monkeypatch)
     """A checkout in the working directory does not shadow them (a worker started with that
     directory in front of sys.path imported another tree's tasks), and a worker whose module
     is another file than the caller's refuses to run it."""
-    (tmp_path / "test_processes.py").write_text("def power(base, exponent):\n    return 'decoy', 0\n")
+    decoy = "def power(base, exponent):\n    return 'decoy', 0\n"
+    (tmp_path / "test_processes.py").write_text(decoy)
     monkeypatch.chdir(tmp_path)
     assert [value for value, _ in map_in_processes(power, [(2, 3)], 1)] == [8]
     monkeypatch.setattr("tasks.processes.module_file", lambda function: "/elsewhere.py")
