@@ -101,3 +101,19 @@ def serve() -> None:
 def module_file(function: Callable[..., Any]) -> str | None:
     """The file of the module that defines function, as this process imported it."""
     return getattr(sys.modules.get(function.__module__), "__file__", None)
+
+
+def host_available_bytes() -> int | None:
+    """The node's available RAM (MemAvailable: free memory and what the page cache would give
+    up), else its free pages; None when neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

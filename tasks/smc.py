@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from tasks.base import make_generator
-from tasks.processes import map_in_processes
+from tasks.processes import host_available_bytes, map_in_processes
 
 SMC_STREAM = 6  # seed tag of the SMC reference's random numbers (tasks/base.py uses 1-5)
 SYSTEMS_PER_CHUNK = 1 << 16  # particles × sequences of one random stream (a chunk)
@@ -54,6 +54,7 @@ SYSTEMS_IN_CACHE = 1 << 13  # particles × sequences of one block of the filter 
 # system-steps (runs × sequences × T × particles) from which the runs take worker processes:
 # 2^23 is about 16 s on one core (the default task's 64 held-out sequences, two runs)
 PROCESSES_FROM = 1 << 23
+WORKER_BYTES = 1 << 30  # a worker's memory, at most: 0.8 GB at the peak with 4 chunks of 512
 
 
 @dataclass
@@ -262,11 +263,14 @@ def smc_runs(observations: Tensor, prior: ParameterPrior, particles: int, moves:
 def default_processes(x: Tensor, particles: int, runs: int) -> int:
     """Worker processes for SMC runs of `particles` on the sequences x (S, T, m): one per
     thread this process may use, where the runs' system-steps reach PROCESSES_FROM (a worker
-    costs about 1.5 s to start); otherwise one, the caller's."""
+    costs about 1.5 s to start), and as many as the host's available memory holds at
+    WORKER_BYTES each; otherwise one, the caller's."""
     work = runs * x.shape[0] * x.shape[1] * particles
     if work < PROCESSES_FROM:
         return 1
-    return torch.get_num_threads()
+    available = host_available_bytes()
+    room = torch.get_num_threads() if available is None else available // WORKER_BYTES
+    return max(1, min(torch.get_num_threads(), room))
 
 
 def _smc_group(x: Tensor, prior: ParameterPrior, particles: int, moves: int,

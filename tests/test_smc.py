@@ -211,9 +211,15 @@ def test_runs_in_worker_processes_are_the_runs_in_one(monkeypatch):
 
 
 def test_worker_processes_are_taken_for_work_of_many_seconds_only(monkeypatch):
+    """One a thread, where the work is many seconds and the memory holds them."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(tasks.smc, "host_available_bytes", lambda: 8 * tasks.smc.WORKER_BYTES)
     default = LGSSMConfig()
     x = torch.zeros(64, default.seq_len + 1, default.obs_dim)  # the default task's, T + 1 inputs
     assert tasks.smc.default_processes(x, default.bayes_particles, 2) == 3
     assert tasks.smc.default_processes(x[:16], default.bayes_particles, 2) == 1
     assert tasks.smc.default_processes(x, 32, 2) == 1
+    for available, processes in ((2.5, 2), (0.5, 1), (None, 3)):
+        monkeypatch.setattr(tasks.smc, "host_available_bytes", lambda: None if available is None
+                            else int(available * tasks.smc.WORKER_BYTES))
+        assert tasks.smc.default_processes(x, default.bayes_particles, 2) == processes

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import weakref
 
 import torch
@@ -28,6 +27,7 @@ from models import build_model
 from models.backbone import IOSpec
 from models.ssd import kernel_footprint, mamba_ssm_available, scan_override
 from tasks.base import Batch, Task
+from tasks.processes import host_available_bytes
 
 GIB = 2**30
 MIB = 2**20
@@ -39,17 +39,7 @@ def available_bytes(side: str) -> int | None:
     if side == "cuda":
         free, _ = torch.cuda.mem_get_info(local_rank())
         return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    return host_available_bytes()
 
 
 # Allowances for what a run allocates beyond the tensors measured here, after the checks. Host:
