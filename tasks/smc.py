@@ -268,9 +268,8 @@ def default_processes(x: Tensor, particles: int, runs: int) -> int:
     work = runs * x.shape[0] * x.shape[1] * particles
     if work < PROCESSES_FROM:
         return 1
-    available = host_available_bytes()
-    room = torch.get_num_threads() if available is None else available // WORKER_BYTES
-    return max(1, min(torch.get_num_threads(), room))
+    threads, available = torch.get_num_threads(), host_available_bytes()
+    return max(1, threads if available is None else min(threads, available // WORKER_BYTES))
 
 
 def _smc_group(x: Tensor, prior: ParameterPrior, particles: int, moves: int,

@@ -261,7 +261,8 @@ def run_probes(tree: Path, specs: list[dict], log=None) -> dict[str, dict]:
     if not specs:
         return {}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    parts = [specs[start::max(1, cores or 1)] for start in range(min(len(specs), cores or 1))]
+    processes = min(len(specs), cores or 1)
+    parts = [specs[start::processes] for start in range(processes)]
     results: dict[str, dict] = {}
     lock = threading.Lock()
 
