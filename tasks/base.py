@@ -23,7 +23,10 @@ import torch
 from torch import Tensor
 
 Kind = Literal["tokens", "vectors"]
-Role = Literal["bayes", "bound", "baseline"]
+# A reference's role: `bayes` the optimum, `bound` out of any model's reach (it knows the latent),
+# `baseline` a predictor a model should beat, `replicate` one independent Monte Carlo run of an
+# estimated Bayes reference (its spread is that reference's error; no model is measured by it).
+Role = Literal["bayes", "bound", "baseline", "replicate"]
 
 # Stream tags keep the training, validation and test streams of random numbers disjoint.
 TRAIN_STREAM, VAL_STREAM, TEST_STREAM = 1, 2, 3

@@ -26,8 +26,9 @@ References:
   no closed form; the paper samples it by HMC at one context length. Here resample-move SMC over
   θ with exact Kalman likelihoods (tasks/smc.py, `LGSSMPrior` below) estimates it at every
   position in one pass: the mean of two independent runs of `bayes_particles` particles each.
-  `bayes_run1` and `bayes_run2` (baselines) are those two runs: their spread measures the Monte
-  Carlo error, which `summarize` reports (`bayes_particles = 0` turns all three off).
+  `bayes_run1` and `bayes_run2` (role `replicate`, not baselines) are those two runs: their
+  spread measures the Monte Carlo error, which `summarize` reports (`bayes_particles = 0` turns
+  all three off).
 - `clairvoyant`, the Kalman filter with the true θ (E[x_{t+1} | x_1..x_t, θ]), a bound;
 - `lemma41` and `lemma41_as_written` (bounds: they know θ), paper 004 Lemma 4.1's selective-SSM
   recursion with the predictor's gain (the clairvoyant filter again, in the lemma's form) and
@@ -55,6 +56,7 @@ from tasks.smc import DiagonalSystem, ParameterPrior, smc_runs
 from tasks.stats import binned_means
 
 SMC_RUNS = 2  # independent runs of the bayes reference: their mean, and their spread as its error
+REPLICATES = tuple(f"bayes_run{run + 1}" for run in range(SMC_RUNS))  # those runs' references
 ERROR_CONTEXT = 32  # k of the error distribution: the claims' context (§5.1: "k = 32")
 ERROR_BIN_EDGES = [-8.0 + 0.25 * i for i in range(65)]  # fixed: records' histograms compare
 
@@ -400,9 +402,8 @@ class LGSSMTask(LatentTask):
                 "bayes", "bayes", "posterior predictive mean under the prior of (A, C, Q, R): "
                 "resample-move SMC over the parameters with exact Kalman likelihoods, the mean of "
                 f"{SMC_RUNS} independent runs of bayes_particles particles", self.bayes)
-            for run in range(SMC_RUNS):
-                name = f"bayes_run{run + 1}"
-                refs[name] = Reference(name, "baseline", f"SMC run {run + 1} of the {SMC_RUNS} "
+            for run, name in enumerate(REPLICATES):
+                refs[name] = Reference(name, "replicate", f"SMC run {run + 1} of the {SMC_RUNS} "
                                        "that bayes averages: their spread is its Monte Carlo "
                                        "error", partial(self.bayes_run, run))
         refs["clairvoyant"] = Reference("clairvoyant", "bound", "Kalman filter with the true "
@@ -481,7 +482,7 @@ class LGSSMTask(LatentTask):
           i (L_a - L_b ≈ 2(a - b)·(ŷ - x)/m, twice the spread of L_bayes's fluctuation)."""
         ks = doubling_lengths(8, self.config.seq_len)
         mask = batch.loss_mask.cpu()
-        predictors = [n for n in losses if not n.startswith("bayes_run")]
+        predictors = [n for n in losses if n not in REPLICATES]
         summary: dict = {"context_lengths": ks}
         for base in ("bayes", "clairvoyant"):
             if base not in losses:
@@ -498,8 +499,7 @@ class LGSSMTask(LatentTask):
                                                                    ERROR_CONTEXT - 1)
         if "bayes" not in losses:
             return summary
-        run_a, run_b, bayes = (losses[n].double().cpu() for n in ("bayes_run1", "bayes_run2",
-                                                                  "bayes"))
+        run_a, run_b, bayes = (losses[n].double().cpu() for n in (*REPLICATES, "bayes"))
         inflation = (run_a + run_b - 2 * bayes) / 2
         summary["bayes_mc_inflation"] = binned_means(inflation, mask, ks)[0]
         summary["bayes_mc_inflation_all"] = float((inflation * mask).sum() / mask.sum())

@@ -179,7 +179,13 @@ def test_references_are_finite_where_scored(family):
     task, batch, losses, predictions = scored(family)
     refs = task.references()
     roles = {ref.role for ref in refs.values()}
-    assert roles <= {"bayes", "bound", "baseline"}
+    assert roles <= {"bayes", "bound", "baseline", "replicate"}
+    replicates = [name for name, ref in refs.items() if ref.role == "replicate"]
+    if replicates:  # independent runs of the Monte Carlo Bayes estimate, which is their mean
+        (bayes,) = [name for name, ref in refs.items() if ref.role == "bayes"]
+        assert len(replicates) >= 2 and all(n.startswith(f"{bayes}_run") for n in replicates)
+        mean = sum(predictions[n] for n in replicates) / len(replicates)
+        assert torch.allclose(predictions[bayes], mean, rtol=0, atol=1e-12)
     if task.scoring == "gap":
         assert roles & {"bayes", "bound"}, f"{family} has neither a bayes nor a bound reference"
         assert all(ref.predict is not None for ref in refs.values())

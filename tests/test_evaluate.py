@@ -118,6 +118,9 @@ def test_gap_closed_skips_bounds_and_non_finite_baselines_and_needs_a_gap_to_clo
     assert gap_closed(gaps, roles) == {"baseline": "b", "gap": 0.2, "fraction": pytest.approx(0.75)}
     assert gap_closed({**gaps, "a": 0.0, "b": 0.1}, roles)["fraction"] is None
     assert gap_closed(gaps, {"bayes": "bayes", "oracle": "bound"}) is None
+    # a Monte Carlo run of the Bayes estimate (lgssm's bayes_run1) sits at gap ~0: not a baseline
+    replicated = {**roles, "bayes_run1": "replicate"}
+    assert gap_closed({**gaps, "bayes_run1": -1e-4}, replicated)["baseline"] == "b"
 
 
 @pytest.mark.parametrize("value, kwargs, text", [

@@ -343,7 +343,7 @@ def test_bayes_is_the_mean_of_its_runs_and_they_are_scored_as_computed():
     task = bayes_task(10, 16)
     refs = task.references()
     assert [(name, ref.role) for name, ref in refs.items()] == [
-        ("bayes", "bayes"), ("bayes_run1", "baseline"), ("bayes_run2", "baseline"),
+        ("bayes", "bayes"), ("bayes_run1", "replicate"), ("bayes_run2", "replicate"),
         ("clairvoyant", "bound"), ("lemma41", "bound"), ("lemma41_as_written", "bound"),
         ("erm", "baseline")]
     batch = task.held_out(4)
