@@ -186,6 +186,9 @@ def test_references_are_finite_where_scored(family):
         assert len(replicates) >= 2 and all(n.startswith(f"{bayes}_run") for n in replicates)
         mean = sum(predictions[n] for n in replicates) / len(replicates)
         assert torch.allclose(predictions[bayes], mean, rtol=0, atol=1e-12)
+        # the loss is convex in the prediction: the mean's loss is at most the runs' mean loss
+        runs_loss = sum(losses[n] for n in replicates) / len(replicates)
+        assert (losses[bayes] <= runs_loss + 1e-12).all()
     if task.scoring == "gap":
         assert roles & {"bayes", "bound"}, f"{family} has neither a bayes nor a bound reference"
         assert all(ref.predict is not None for ref in refs.values())
@@ -245,8 +248,9 @@ def assert_not_worse(family: str, losses: dict, mask, better: str, worse: str,
 
 @pytest.mark.parametrize("family", TASK_FAMILIES)
 def test_bound_bayes_baseline_order_in_expectation(family):
-    """bound <= bayes <= every baseline, and bound <= every baseline. The clairvoyant bound is
-    optimal given the latent on any distribution, so it is checked on the held-out set; the
+    """bound <= bayes <= every baseline, and bound <= every baseline and replicate. The
+    clairvoyant bound is optimal given the latent on any distribution, so it is checked on the
+    held-out set; the
     Bayes predictor is optimal only under the training prior, so where the held-out set is not
     drawn from it (lgssm_colored's eval_rho) bayes <= baseline is checked on a sample of the
     prior instead."""
@@ -255,9 +259,9 @@ def test_bound_bayes_baseline_order_in_expectation(family):
         pytest.skip(f"{family} is scored by perplexity: no bayes or bound")
     roles = {name: ref.role for name, ref in task.references().items()}
     by_role = {role: [n for n, r in roles.items() if r == role]
-               for role in ("bound", "bayes", "baseline")}
+               for role in ("bound", "bayes", "baseline", "replicate")}
     for bound in by_role["bound"]:
-        for other in by_role["bayes"] + by_role["baseline"]:
+        for other in by_role["bayes"] + by_role["baseline"] + by_role["replicate"]:
             assert_not_worse(family, losses, batch.loss_mask, bound, other)
     if not task.held_out_from_prior:
         task, batch, losses, predictions = scored(family, prior=True)
