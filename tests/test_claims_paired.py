@@ -258,3 +258,86 @@ def test_resampled_means_are_the_means_of_the_indexed_resamples_bitwise(count):
     other = values.clone()
     other[0] += 1.0
     assert torch.equal(rules._resampled_means(other), other[index].mean(1))
+
+
+REFERENCE_RULE = """\
+paper: "000"
+claims:
+  - id: t-ref
+    section: "Fig. 1"
+    claim: Mamba closes most of the unigram's gap.
+    paper_number: near Bayes
+    where: [task=markov, trainer.max_steps=1000, trainer.lr=0.01, model=mamba]
+    measure:
+      mamba: {}
+      unigram: {metric: metrics.gap.unigram}
+    kind: attainment
+    rule: "mamba <= 0.1 * unigram"
+    scale: paper
+    command: python -m bench suite name=leaderboard
+"""
+
+
+def test_same_on_every_seed_is_one_number_up_to_rounding():
+    from bench.reports.claims.rules import same_on_every_seed
+    assert same_on_every_seed([0.08, 0.08, 0.08]) and same_on_every_seed([0.08])
+    assert same_on_every_seed([1.875, 1.875 - 7.77e-15])  # two code versions' rounding
+    assert not same_on_every_seed([0.08, 0.08 * (1 + 1e-9)])  # trained seeds differ
+    assert not same_on_every_seed([0.0, 1e-300]) and same_on_every_seed([0.0, 0.0])
+    assert not same_on_every_seed([0.08, math.nan]) and not same_on_every_seed([math.inf, 1.0])
+
+
+def test_a_reference_the_same_on_every_seed_brings_its_records_interval(tmp_path):
+    """A reference scored on the held-out set every seed shares has one value on every seed, up
+    to the rounding of two code versions: its spread across seeds is no interval. Its records'
+    own (bootstrap) interval is its held-out noise: the quantity shows it, and a comparison
+    paired across seeds, whose records keep no per-sequence losses, widens by it."""
+    records = seeds(MAMBA, [0.0062, 0.0070, 0.0066])
+    for i, rec in enumerate(records):
+        rec["metrics"]["gap"]["unigram"] = 0.08 - i * 1e-17
+        rec["metrics"]["gap_ci"]["unigram"] = [0.07, 0.09]
+    put(tmp_path / "r", *records)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(REFERENCE_RULE)
+    [d] = decide(tmp_path / "r", rules)
+    assert d.values["unigram"].interval == (0.07, 0.09)
+    test = d.tests[-1]
+    assert test.paired == "3 seeds; the held-out noise of unigram from its own interval"
+    differences = [g - 0.008 for g in (0.0062, 0.0070, 0.0066)]
+    seeds_half = 4.303 * torch.tensor(differences).std().item() / 3 ** 0.5
+    half = (test.interval[1] - test.interval[0]) / 2
+    assert half == pytest.approx(math.hypot(seeds_half, 0.1 * 0.01), rel=1e-3)
+
+
+def reference_records(hard, model_scale, dropped=None):
+    """Three seeds of Mamba records with per-sequence losses (the model's gap about 1% of the
+    Bayes loss, the unigram's 20%), where `dropped` (seed, name) names a loss that an older
+    record lacked."""
+    refs = {"bayes": hard, "unigram": hard * 1.2}
+    records = [with_sequences(MAMBA, hard * (1 + model_scale + 0.001 * s), refs, seed=s)
+               for s in range(3)]
+    gap = float((refs["unigram"] - hard).mean())
+    for rec in records:
+        rec["metrics"]["gap"]["unigram"] = gap
+        rec["metrics"]["gap_ci"]["unigram"] = [gap - 0.01, gap + 0.01]
+    for seed, name in [dropped] if dropped else []:
+        del records[seed]["per_sequence"]["loss"][name]
+    return records
+
+
+def test_a_reference_missing_on_a_seed_pairs_on_another_seeds_sequences(tmp_path):
+    """The held-out noise of a paired difference is a bootstrap over the sequences. An older
+    record of seed 0 lacks the unigram's per-sequence losses, but a reference is the same on
+    every seed, so another seed's stand in (the digests agree): all three seeds pair. Where the
+    model's own losses are missing on seed 0, the bootstrap takes the two seeds that have them
+    and says so."""
+    hard = torch.rand(128, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.5
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(REFERENCE_RULE)
+    put(tmp_path / "reference", *reference_records(hard, 0.01, dropped=(0, "unigram")))
+    [d] = decide(tmp_path / "reference", rules)
+    assert d.tests[-1].paired == "3 seeds and 128 held-out sequences" and d.verdict == "holds"
+    put(tmp_path / "model", *reference_records(hard, 0.01, dropped=(0, "model")))
+    [d] = decide(tmp_path / "model", rules)
+    assert d.tests[-1].paired == "3 seeds and 128 held-out sequences of 2 of the seeds"
+    assert d.verdict == "holds"  # 0.01 against 0.1 x 0.2: apart on either

@@ -237,7 +237,9 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "machine where most quantities have records, then the most seeds, then the newest; "
             "named in the row unless the CPU); several seeds "
             "show the mean and a 95% t-interval across seeds, one seed its record's bootstrap "
-            "interval (or ±1.96 standard errors; per-position slices have none).", "",
+            "interval (or ±1.96 standard errors; per-position slices have none), and a "
+            "reference, one number on every seed (the held-out set they share), its records' "
+            "bootstrap interval.", "",
             "Comparisons are paired: each comparison of a rule (`a < b`, `t1 >= 0.5 * unigram`) "
             "is decided on its difference (left − right), taken seed by seed where the "
             "quantities share seeds — the models of one seed saw the same training batches, and "

@@ -161,6 +161,19 @@ class Test:
 
 
 BOOTSTRAP_RESAMPLES = 2000  # of the held-out sequences, for a comparison on one seed
+# Values this close (relative to the largest) are one number: records of two code versions
+# give a reference on the one held-out set values ~1e-15 apart, trained seeds ~1e-6 or more.
+SAME_NUMBER = 1e-12
+
+
+def same_on_every_seed(values) -> bool:
+    """Whether the seeds' values are one number up to rounding (a reference scored on the one
+    held-out set every seed shares): their spread across seeds says nothing of its noise."""
+    values = list(values)
+    if not all(math.isfinite(v) for v in values):
+        return len(set(values)) == 1
+    largest = max((abs(v) for v in values), default=0.0)
+    return max(values, default=0.0) - min(values, default=0.0) <= SAME_NUMBER * largest
 
 
 class RuleUndefined(ArithmeticError):
@@ -294,7 +307,8 @@ class Rule:
         paired, why, seeds, seed_half, held_out = "", "", 0, math.nan, 0.0
         # quantities that differ between seeds: a comparison of references alone (the same on
         # every seed) has no seed-to-seed spread, only the held-out set's
-        varying = [n for n in names if len({samples[n].per_seed[seed] for seed in common}) > 1]
+        varying = [n for n in names
+                   if not same_on_every_seed(samples[n].per_seed[seed] for seed in common)]
         if len(common) >= 2 and varying:
             differences = [_value(left, env) - _value(right, env) for env in
                            ({n: samples[n].per_seed[seed] for n in names} for seed in common)]
@@ -306,7 +320,8 @@ class Rule:
             else:
                 difference, interval, how = math.nan, (math.nan, math.nan), ""
             paired, seeds = f"{len(common)} seeds{how}", len(common)
-        elif common and (sequences := _sequences(names, samples, common[0])) is not None:
+        elif common and (on_seed := _sequences(names, samples, common[0])) is not None:
+            sequences = on_seed[1]
             difference, interval = _bootstrap(left, right, sequences)
             paired = f"{len(next(iter(sequences.values())))} sequences of seed {common[0]}"
         else:
@@ -386,31 +401,38 @@ def _value(node, env: dict):
     return (min if node.func.id == "min" else max)(args)
 
 
-def _sequences(names: list[str], samples: dict[str, Sample], seed: int
-               ) -> dict[str, Tensor] | None:
-    """Each quantity's per-sequence values on seed, when all of them have them on one held-out
-    set (one digest, one length); None otherwise."""
-    found = [samples[n].sequences.get(seed) for n in names]
+def _sequences(names: list[str], samples: dict[str, Sample], seed: int,
+               constant: tuple[str, ...] = ()) -> tuple[str, dict[str, Tensor]] | None:
+    """(the held-out set's digest, each quantity's per-sequence values on seed), when all of
+    them have them on one held-out set (one digest, one length); None otherwise. A `constant` quantity (one number on every
+    seed: a reference) whose record of seed lacks them takes another seed's: the same
+    sequences scored the same way, where the digests agree."""
+    found = [samples[n].sequences.get(seed) if n not in constant or seed in samples[n].sequences
+             else next(iter(samples[n].sequences.values()), None) for n in names]
     if any(f is None for f in found) or len({(d, len(v)) for d, v in found}) != 1:
         return None
-    return {n: v for n, (_, v) in zip(names, found)}
+    return found[0][0], {n: v for n, (_, v) in zip(names, found)}
 
 
 def _held_out_half(left, right, names, varying, samples, seeds) -> tuple[float, str]:
     """The half-width that the held-out set's sampling adds to a difference paired across
     seeds (the seeds' t-interval is conditional on the one held-out set every model is scored
     on), and how it was found: a bootstrap over the sequences of the seed-averaged per-sequence
-    values, where the records carry them; else the references' own intervals (the quantities
-    that are the same on every seed; the models' held-out noise, common to both sides of a
-    model-to-model comparison, is then left out); NaN where undefined."""
-    per_seed = [_sequences(names, samples, seed) for seed in seeds]
-    if all(found is not None for found in per_seed) and len(
-            {(samples[names[0]].sequences[seed][0], len(found[names[0]]))
-             for seed, found in zip(seeds, per_seed)}) == 1:
-        averaged = {n: torch.stack([found[n] for found in per_seed]).mean(0) for n in names}
+    values, where the records carry them — of the seeds whose records do, where older records
+    of some seeds do not (an average over fewer seeds varies more from sequence to sequence:
+    the estimate errs wide); else the references' own intervals (the quantities that are the
+    same on every seed; paired with nothing, so wider than the difference's own noise; the
+    models' held-out noise, common to both sides of a model-to-model comparison, is then left
+    out); NaN where undefined."""
+    constant = tuple(n for n in names if n not in varying)
+    found = [on_seed for seed in seeds
+             if (on_seed := _sequences(names, samples, seed, constant)) is not None]
+    if found and len({digest for digest, _ in found}) == 1:
+        averaged = {n: torch.stack([sequences[n] for _, sequences in found]).mean(0)
+                    for n in names}
         _, (lo, hi) = _bootstrap(left, right, averaged)
-        return (hi - lo) / 2, f" and {len(averaged[names[0]])} held-out sequences"
-    constant = [n for n in names if n not in varying]
+        some = f" of {len(found)} of the seeds" if len(found) < len(seeds) else ""
+        return (hi - lo) / 2, f" and {len(averaged[names[0]])} held-out sequences{some}"
     if not constant:
         return 0.0, ""
     means = {n: sum(samples[n].per_seed[s] for s in seeds) / len(seeds) for n in varying}

@@ -30,7 +30,7 @@ import torch
 
 from bench.records.store import Environment, environment, record_matches
 from bench.reports.costs import seconds_per_step
-from bench.reports.claims.rules import Interval, Sample, Test
+from bench.reports.claims.rules import Interval, Sample, Test, same_on_every_seed
 from bench.reports.claims.spec import Claim, Quantity, is_reference
 from bench.reports.selection import Selection, current_version, headline, version_label
 from tasks.stats import across_seeds
@@ -293,9 +293,11 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
     read = [read_metric(record, quantity) for record in row]  # MetricMissing: decide's
     values = [v for v, _ in read]
     mean, half = across_seeds(values)
+    if half is not None and same_on_every_seed(values):
+        half = None  # a reference on the held-out set every seed shares: seeds do not vary it
     if half is not None:
         interval = (mean - half, mean + half)
-    else:
+    else:  # one seed, or one number on every seed: the record's own (held-out) interval
         interval = read[0][1]
     if interval is not None and quantity.range is not None:
         # a t-interval of a bounded quantity (a probability) can reach past its bounds
