@@ -12,6 +12,7 @@ from bench.reports.claims import Interval, Rule, load_claims
 from bench.reports.claims.rules import Sample
 from bench.reports.claims.verdicts import read_sequences
 from test_claims import MAMBA, NOCONV, decide, put, record, rules_file
+from test_claims_plan import RULES_REFERENCE as REFERENCE_RULE
 
 SWITCH = """\
 paper: "000"
@@ -258,24 +259,6 @@ def test_resampled_means_are_the_means_of_the_indexed_resamples_bitwise(count):
     other = values.clone()
     other[0] += 1.0
     assert torch.equal(rules._resampled_means(other), other[index].mean(1))
-
-
-REFERENCE_RULE = """\
-paper: "000"
-claims:
-  - id: t-ref
-    section: "Fig. 1"
-    claim: Mamba closes most of the unigram's gap.
-    paper_number: near Bayes
-    where: [task=markov, trainer.max_steps=1000, trainer.lr=0.01, model=mamba]
-    measure:
-      mamba: {}
-      unigram: {metric: metrics.gap.unigram}
-    kind: attainment
-    rule: "mamba <= 0.1 * unigram"
-    scale: paper
-    command: python -m bench suite name=leaderboard
-"""
 
 
 def test_same_on_every_seed_is_one_number_up_to_rounding():
