@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from bench.config import TrainerConfig
 from bench.config.formats import fmt_sig
 from tasks.stats import across_seeds
 import torch
@@ -16,7 +17,7 @@ from bench.reports.compare import compare
 from bench.training.evaluate import score_predictions
 from bench.records.store import SCHEMA, json_safe
 from tasks.markov import MarkovConfig, MarkovTask
-from tasks.stats import paired_difference
+from tasks.stats import bootstrap_ci, paired_difference
 
 RESAMPLES = 400
 
@@ -214,3 +215,43 @@ def test_several_models_over_shared_seeds_are_paired_by_seed_and_the_winner_name
     assert rows["| B = lstm, A = transformer"].endswith("| not distinguishable at 3 seeds |")
     assert "best: mamba (better than every other, paired by seed)" in printed
 
+
+
+def test_seeds_that_agree_on_a_noisy_held_out_set_are_widened_by_its_noise(tmp_path, capsys):
+    """Two models whose per-seed gaps differ by the same 0.004 on every seed: across seeds alone
+    B is worse. But on the 64 held-out sequences the difference swings ±0.1 from sequence to
+    sequence, so the held-out set says little: the interval widens by the bootstrap over its
+    sequences (in quadrature), and the verdict is "not distinguishable". Where the sequences
+    agree with the mean, the verdict stands."""
+    from test_claims import MAMBA, put, record
+    base = [a for a in MAMBA if not a.startswith("model")]
+    generator = torch.Generator().manual_seed(5)
+    hard = (torch.rand(64, generator=generator, dtype=torch.float64) + 0.5).tolist()
+    swing = (torch.randn(64, generator=generator, dtype=torch.float64) * 0.1).tolist()
+
+    def with_losses(model, seed, losses):
+        rec = record([*base, f"model={model}"], seed=seed, gap=sum(losses) / 64 - 0.5)
+        rec["metrics"].update(sequences=64, held_out_digest="d" * 64, gap_by_band=[])
+        rec["per_sequence"] = {"bands": [], "loss": {"model": losses},
+                               "band_loss": {"model": []}}
+        return rec
+
+    def verdict_of(b_losses) -> tuple[str, float]:
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        put(out, *(with_losses("mamba", s, [h + 0.001 * s for h in hard]) for s in range(3)),
+            *(with_losses("transformer", s, [b + 0.001 * s for b in b_losses])
+              for s in range(3)))
+        assert main(["compare", *base, "model=mamba,transformer", f"out_dir={out}"]) == 0
+        row = next(line for line in capsys.readouterr().out.splitlines()
+                   if line.startswith("| B = transformer"))
+        lo, hi = (float(x) for x in row.split(" | ")[2].strip("[]").split(", "))
+        return row.split(" | ")[3].rstrip(" |"), (hi - lo) / 2
+
+    shift = sum(swing) / 64
+    noisy, half = verdict_of([h + 0.004 - shift + w for h, w in zip(hard, swing)])
+    assert noisy == "not distinguishable at 3 seeds"
+    differences = torch.tensor([0.004 - shift + w for w in swing], dtype=torch.float64)
+    lo, hi = bootstrap_ci(differences, TrainerConfig.bootstrap)
+    assert half == pytest.approx((hi - lo) / 2, rel=0.02)  # the seeds add ~0 in quadrature
+    steady, _ = verdict_of([h + 0.004 for h in hard])
+    assert steady == "mamba better"

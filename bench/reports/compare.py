@@ -11,6 +11,7 @@ separate models that the full average does not."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 import sys
@@ -254,11 +255,28 @@ def select_pair(selection: Selection) -> tuple[str, str]:
     return newest[0]["_path"], newest[1]["_path"]
 
 
+def held_out_half(side_a: list[dict], side_b: list[dict], resamples: int) -> float | None:
+    """The half-width that the held-out set's sampling adds to the seed-paired difference B − A
+    (the t-interval of the per-seed differences is conditional on the one held-out set every run
+    is scored on): a bootstrap over the sequences of the per-sequence differences averaged over
+    the seeds; None where a record keeps no per-sequence losses."""
+    if not all(isinstance(r.get("per_sequence"), dict) and well_formed(r)
+               for r in side_a + side_b):
+        return None
+    differences = [[y - x for x, y in zip(a["per_sequence"]["loss"]["model"],
+                                          b["per_sequence"]["loss"]["model"])]
+                   for a, b in zip(side_a, side_b)]
+    averaged = [sum(column) / len(column) for column in zip(*differences)]
+    lo, hi = paired_difference([0.0] * len(averaged), averaged, resamples)["ci"]
+    return (hi - lo) / 2
+
+
 def compare_across_seeds(selection: Selection) -> dict:
     """Every value's mean gap over the seeds all values share (newest record of each) with its
     95% t-interval, and every pair's seed-paired difference of gaps (the runs of one seed saw the
     same training batches' seed and the same held-out sequences) with the t-interval of the
-    per-seed differences, and a verdict naming the better one."""
+    per-seed differences widened by the held-out set's noise (held_out_half, added in
+    quadrature, as claims do), and a verdict naming the better one."""
     common = sorted(set.intersection(*selection.seeds()))
     if len(common) < 2:
         raise ConfigError(f"compare: {selection.key}={','.join(selection.values)} share "
@@ -280,9 +298,14 @@ def compare_across_seeds(selection: Selection) -> dict:
         mean, half = across_seeds(side)
         models.append({"value": value, "gap": mean, "ci": (mean - half, mean + half)})
     pairs = []
+    resamples = max(resamples_of(r) for side in runs for r in side)
     for i, j in itertools.combinations(range(len(runs)), 2):
         mean, half = across_seeds([b - a for a, b in zip(gaps[i], gaps[j])])
-        paired = {"difference": mean, "ci": (mean - half, mean + half), "seeds": len(common)}
+        held_out = held_out_half(runs[i], runs[j], resamples)
+        if held_out is not None:
+            half = math.hypot(half, held_out)
+        paired = {"difference": mean, "ci": (mean - half, mean + half), "seeds": len(common),
+                  "held_out": held_out}
         pairs.append({"a": selection.values[i], "b": selection.values[j], "paired": paired,
                       "verdict": verdict(paired, selection.values[i], selection.values[j])})
     better = {v: sum(p["verdict"] == f"{v} better" for p in pairs) for v in selection.values}
@@ -316,6 +339,11 @@ def print_across_seeds(result: dict) -> None:
     best = result["best"]
     print(f"best: {best} (better than every other, paired by seed)" if best else
           "best: none (no value is better than every other at these seeds)")
+    widened = all(pair["paired"]["held_out"] is not None for pair in result["pairs"])
     print("(B − A: the mean over seeds of the per-seed difference of gaps, with its 95% "
-          "t-interval across seeds, given the one held-out set every run is scored on; one "
-          "seed's two runs compare by sequence with seed=N)")
+          "t-interval across seeds, " + (
+              "widened by the held-out set's noise: a bootstrap over the sequences of the "
+              "differences averaged over the seeds" if widened else
+              "given the one held-out set every run is scored on (records without per-sequence "
+              "losses give no held-out noise to add)") +
+          "; one seed's two runs compare by sequence with seed=N)")
