@@ -239,8 +239,9 @@ def held_out_digest(batch: Batch) -> str:
 def gap_closed(gaps: dict[str, float], roles: dict[str, str]) -> dict | None:
     """The share of the best baseline's gap that the model closes, 1 − gap(model) / gap(best),
     where best is the reference of role `baseline` with the smallest finite gap (the Bayes
-    predictor, bounds and the Bayes estimate's Monte Carlo replicates are not baselines). None when the task has no such baseline; the
-    fraction is None when that baseline's gap is not positive: there is no gap to close."""
+    predictor, bounds and the Bayes estimate's Monte Carlo replicates are not baselines). None
+    when the task has no such baseline; the fraction is None when that baseline's gap is not
+    positive: there is no gap to close."""
     baselines = {name: gap for name, gap in gaps.items()
                  if roles.get(name) == "baseline" and gap is not None and math.isfinite(gap)}
     if not baselines:

@@ -404,9 +404,9 @@ def _value(node, env: dict):
 def _sequences(names: list[str], samples: dict[str, Sample], seed: int,
                constant: tuple[str, ...] = ()) -> tuple[str, dict[str, Tensor]] | None:
     """(the held-out set's digest, each quantity's per-sequence values on seed), when all of
-    them have them on one held-out set (one digest, one length); None otherwise. A `constant` quantity (one number on every
-    seed: a reference) whose record of seed lacks them takes another seed's: the same
-    sequences scored the same way, where the digests agree."""
+    them have them on one held-out set (one digest, one length); None otherwise. A `constant`
+    quantity (one number on every seed: a reference) whose record of seed lacks them takes
+    another seed's: the same sequences scored the same way, where the digests agree."""
     found = [samples[n].sequences.get(seed) if n not in constant or seed in samples[n].sequences
              else next(iter(samples[n].sequences.values()), None) for n in names]
     if any(f is None for f in found) or len({(d, len(v)) for d, v in found}) != 1:
