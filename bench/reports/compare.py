@@ -263,11 +263,11 @@ def held_out_half(side_a: list[dict], side_b: list[dict], resamples: int) -> flo
     if not all(isinstance(r.get("per_sequence"), dict) and well_formed(r)
                for r in side_a + side_b):
         return None
-    differences = [[y - x for x, y in zip(a["per_sequence"]["loss"]["model"],
-                                          b["per_sequence"]["loss"]["model"])]
-                   for a, b in zip(side_a, side_b)]
-    averaged = [sum(column) / len(column) for column in zip(*differences)]
-    lo, hi = paired_difference([0.0] * len(averaged), averaged, resamples)["ci"]
+    def averaged(side: list[dict]) -> list[float]:  # each sequence's loss, the mean over seeds
+        columns = zip(*(r["per_sequence"]["loss"]["model"] for r in side))
+        return [sum(column) / len(column) for column in columns]
+
+    lo, hi = paired_difference(averaged(side_a), averaged(side_b), resamples)["ci"]
     return (hi - lo) / 2
 
 

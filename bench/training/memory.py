@@ -364,10 +364,10 @@ class Estimate:
 
 
 def pool_peak_bytes(task, probe: int = 64, chunk_floats: int = 1 << 24) -> int:
-    """Peak bytes of drawing the pool of training tasks (tasks/base.py LatentTask `_draw_pool`), not just
-    of holding it: the chunks and their concatenation live together (twice the pool), and the
-    chunk being drawn has its sampling temporaries, measured on a draw of `probe` tasks and
-    scaled to a chunk (`chunk_floats`, _draw_pool's default). Counting the pool once let
+    """Peak bytes of drawing the pool of training tasks (tasks/base.py LatentTask `_draw_pool`),
+    not just of holding it: the chunks and their concatenation live together (twice the pool),
+    and the chunk being drawn has its sampling temporaries, measured on a draw of `probe` tasks
+    and scaled to a chunk (`chunk_floats`, _draw_pool's default). Counting the pool once let
     linreg num_tasks=10^9 (18.6 GiB held, 37 GiB at the peak) past the check on a 21 GiB host,
     where the kernel killed it with no record."""
     pool = task.pool_bytes()

@@ -293,12 +293,9 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
     read = [read_metric(record, quantity) for record in row]  # MetricMissing: decide's
     values = [v for v, _ in read]
     mean, half = across_seeds(values)
-    if half is not None and same_on_every_seed(values):
-        half = None  # a reference on the held-out set every seed shares: seeds do not vary it
-    if half is not None:
-        interval = (mean - half, mean + half)
-    else:  # one seed, or one number on every seed: the record's own (held-out) interval
-        interval = read[0][1]
+    if same_on_every_seed(values):  # one seed, or a reference on the held-out set every seed
+        half = None                 # shares: the record's own (held-out) interval
+    interval = (mean - half, mean + half) if half is not None else read[0][1]
     if interval is not None and quantity.range is not None:
         # a t-interval of a bounded quantity (a probability) can reach past its bounds
         low, high = quantity.range
