@@ -53,7 +53,7 @@ from torch import Tensor
 from tasks.base import Batch, LatentTask, Reference, context_bins, doubling_lengths
 from tasks.configs import LGSSMConfig
 from tasks.smc import DiagonalSystem, ParameterPrior, smc_runs
-from tasks.stats import binned_means
+from tasks.stats import binned_means, percentile_interval, resample_counts
 
 SMC_RUNS = 2  # independent runs of the bayes reference: their mean, and their spread as its error
 REPLICATES = tuple(f"bayes_run{run + 1}" for run in range(SMC_RUNS))  # those runs' references
@@ -528,13 +528,15 @@ def error_distribution(errors: dict[str, Tensor], mask: Tensor, position: int) -
     paper's histogram is "centered at zero", which a norm cannot be. `mean` is their mean, with
     its standard error over sequences (`mean_stderr`: a sequence's coordinates are correlated,
     its sequences are independent) and `mean_ci` = mean ± 1.96 standard errors; `std` the
-    standard deviation of the pooled errors; `histogram` the counts on `bin_edges` (fixed for
+    standard deviation of the pooled errors, with its bootstrap interval over sequences
+    (`std_ci`); `histogram` the counts on `bin_edges` (fixed for
     every record; the last bin holds its right edge), `below` and `above` the errors outside."""
     rows = mask[:, position].cpu().bool()
     edges = np.asarray(ERROR_BIN_EDGES)
     out: dict = {"context_length": position + 1, "position": position, "coordinates": "pooled",
                  "bin_edges": ERROR_BIN_EDGES, "count": {}, "mean": {}, "mean_stderr": {},
-                 "mean_ci": {}, "std": {}, "histogram": {}, "below": {}, "above": {}}
+                 "mean_ci": {}, "std": {}, "std_ci": {}, "histogram": {}, "below": {},
+                 "above": {}}
     for name, error in errors.items():
         at = error[:, position].cpu().double()[rows]  # (n, m)
         per_sequence, pooled = at.mean(1), at.flatten().numpy()
@@ -546,10 +548,20 @@ def error_distribution(errors: dict[str, Tensor], mask: Tensor, position: int) -
         out["mean_ci"][name] = [mean - 1.96 * stderr, mean + 1.96 * stderr] \
             if stderr is not None else None
         out["std"][name] = float(pooled.std(ddof=1)) if pooled.size > 1 else None
+        out["std_ci"][name] = pooled_std_interval(at) if n > 1 else None
         out["histogram"][name] = np.histogram(pooled, bins=edges)[0].tolist()
         out["below"][name] = int((pooled < edges[0]).sum())
         out["above"][name] = int((pooled > edges[-1]).sum())
     return out
+
+
+def pooled_std_interval(errors: Tensor) -> list | None:
+    """The bootstrap interval over sequences of the standard deviation of the pooled errors
+    (n sequences, m coordinates each: a sequence is resampled with all its coordinates)."""
+    weights = resample_counts(len(errors))
+    count = weights.sum(1) * errors.shape[1]
+    total, squares = weights @ errors.sum(1), weights @ errors.square().sum(1)
+    return percentile_interval(((squares - total.square() / count) / (count - 1)).sqrt())
 
 
 def _content_key(tensor: Tensor) -> str:

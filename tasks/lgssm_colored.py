@@ -52,6 +52,7 @@ from tasks.base import (TEST_STREAM, Batch, Reference, Task, context_bins, doubl
                         make_generator)
 from tasks.configs import USE_TRAINING_PRIOR, LGSSMColoredConfig
 from tasks.lgssm import kalman_filter, linear_recurrence, pooled_ridge_mean
+from tasks.stats import percentile_interval, resample_counts
 
 SLOPE_MIN_CONTEXT = 32  # the paper fits log(MSE) = β log k + c on k >= 32 (B.2)
 # The grid of `erm_fitted`: the white-noise model's signal coefficient a (evenly over [0, 0.99],
@@ -199,6 +200,21 @@ def loglog_slope(context_lengths: list[int], values: list[float]) -> float | Non
     log_k = np.log([k for k, _ in points])
     log_e = np.log([e for _, e in points])
     return float(np.polyfit(log_k, log_e, 1)[0])
+
+
+def loglog_slope_interval(context_lengths: list[int], per_sequence: Tensor) -> list | None:
+    """The bootstrap interval over sequences of loglog_slope of the bins' means, from each
+    sequence's bin means (B, len(context_lengths)); None where loglog_slope is undefined on
+    some resample (a bin's mean not positive)."""
+    use = [i for i, k in enumerate(context_lengths) if k >= SLOPE_MIN_CONTEXT]
+    if len(use) < 2 or len(per_sequence) < 2:
+        return None
+    weights = resample_counts(len(per_sequence))
+    log_e = (weights @ per_sequence[:, use].double() / len(per_sequence)).log()  # NaN if <= 0
+    log_k = torch.tensor([math.log(context_lengths[i]) for i in use], dtype=torch.float64)
+    centred = log_k - log_k.mean()
+    slopes = ((log_e - log_e.mean(1, keepdim=True)) @ centred) / centred.square().sum()
+    return percentile_interval(slopes)
 
 
 class LGSSMColoredTask(Task):
@@ -376,28 +392,34 @@ class LGSSMColoredTask(Task):
         bins = context_bins(ks, some_loss.shape[1], some_loss.device)
         bins = bins / bins.sum(1, keepdim=True)  # positions t = k//2 + 1 .. k, equal weights
 
-        def per_k(values: Tensor) -> tuple[list, list]:
-            """The mean over sequences of each bin's mean of values (B, T), its standard error."""
+        def per_k(values: Tensor) -> tuple[list, list, list | None]:
+            """The mean over sequences of each bin's mean of values (B, T), its standard error,
+            and the bootstrap interval of their log-log slope."""
             per_sequence = values @ bins.T  # (B, len(ks)); no bin at all at seq_len 1
             stderr = (per_sequence.std(0) / math.sqrt(len(per_sequence))).tolist() \
                 if len(per_sequence) > 1 and ks else [None] * len(ks)
-            return per_sequence.mean(0).tolist(), stderr
+            return (per_sequence.mean(0).tolist(), stderr,
+                    loglog_slope_interval(ks, per_sequence.cpu()))
 
         summary: dict = {"context_lengths": ks, "eval_rho": self.config.eval_rho,
-                         "mse": {}, "mse_stderr": {}, "loglog_slope_of_mse": {}}
+                         "mse": {}, "mse_stderr": {}, "loglog_slope_of_mse": {},
+                         "loglog_slope_of_mse_ci": {}}
         for name, loss in losses.items():
-            summary["mse"][name], summary["mse_stderr"][name] = per_k(loss.double())
+            summary["mse"][name], summary["mse_stderr"][name], ci = per_k(loss.double())
             summary["loglog_slope_of_mse"][name] = loglog_slope(ks, summary["mse"][name])
+            summary["loglog_slope_of_mse_ci"][name] = ci
         for base in ("bayes", "clairvoyant"):
             if base not in losses:
                 continue
-            excess, stderr, slope = {}, {}, {}
+            excess, stderr, slope, slope_ci = {}, {}, {}, {}
             for name, loss in losses.items():
                 if name == base:
                     continue
-                excess[name], stderr[name] = per_k(loss.double() - losses[base].double())
+                excess[name], stderr[name], slope_ci[name] = per_k(
+                    loss.double() - losses[base].double())
                 slope[name] = loglog_slope(ks, excess[name])
             summary[f"excess_over_{base}"] = excess
             summary[f"excess_over_{base}_stderr"] = stderr
             summary[f"loglog_slope_over_{base}"] = slope
+            summary[f"loglog_slope_over_{base}_ci"] = slope_ci
         return summary

@@ -77,6 +77,7 @@ from torch import Tensor
 
 from tasks.base import TEST_STREAM, Batch, LatentTask, Reference, make_generator
 from tasks.configs import LinRegConfig
+from tasks.stats import ratio_interval
 
 
 X_VAR = 1.0 / 3.0  # E[x_i²] for x_i ~ U(-1, 1)
@@ -284,15 +285,30 @@ def comparison_metrics(predict: Predictor, reference: Predictor, inputs: Tensor,
     cosine = torch.nn.functional.cosine_similarity(sens_ours, sens_theirs, dim=-1)
     prediction_l2 = masked_mean((ours - theirs).norm(dim=-1), mask)
     sensitivity_l2 = masked_mean((sens_ours - sens_theirs).norm(dim=-1), mask)
+
+    def interval(values: Tensor, over: Tensor, scale: Tensor | None = None) -> list | None:
+        """The bootstrap interval over sequences of the mean of values where `over`, or of
+        that mean relative to scale's mean there: a ratio of per-sequence sums."""
+        if not over.any():
+            return None
+        denominator = scale if scale is not None else torch.ones_like(values)
+        return ratio_interval(torch.where(over, values, 0.0).sum(1),
+                              torch.where(over, denominator, 0.0).sum(1))
+
     return {
         "loss": masked_mean((ours - targets).pow(2).mean(-1), mask),
         "reference_loss": masked_mean((theirs - targets).pow(2).mean(-1), mask),
         "prediction_l2": prediction_l2,
         "prediction_l2_relative": ratio(prediction_l2, masked_mean(theirs.norm(dim=-1), mask)),
+        "prediction_l2_relative_ci": interval((ours - theirs).norm(dim=-1), mask,
+                                              theirs.norm(dim=-1)),
         "sensitivity_cosine": masked_mean(cosine, defined),
+        "sensitivity_cosine_ci": interval(cosine, defined),
         "sensitivity_l2": sensitivity_l2,
         "sensitivity_l2_relative": ratio(sensitivity_l2,
                                          masked_mean(sens_theirs.norm(dim=-1), mask)),
+        "sensitivity_l2_relative_ci": interval((sens_ours - sens_theirs).norm(dim=-1), mask,
+                                               sens_theirs.norm(dim=-1)),
     }
 
 

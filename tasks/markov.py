@@ -31,6 +31,7 @@ following one picked uniformly; the held-out set still draws a fresh kernel per 
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import torch
 from torch import Tensor
@@ -122,15 +123,34 @@ def add_beta_log_probs(counts: Tensor, beta: float) -> Tensor:
                                                  + beta * counts.shape[-1])
 
 
+def smallest_mean_interval(values: Tensor, level: float = 0.95) -> list | None:
+    """A 95% interval for the smallest of the T position means of values (B, T) over
+    sequences: [min_t (m_t - z s_t), min_t (m_t + z s_t)], s_t the standard error of m_t and z
+    the normal quantile that makes the T intervals hold together (Bonferroni: each misses with
+    probability (1 - level) / T). Where they all hold, so does this one, whichever position has
+    the smallest mean: a bootstrap of the minimum would not (it is biased low, and its interval
+    can miss the estimate itself). None with fewer than two sequences."""
+    count, positions = values.shape
+    if count < 2:
+        return None
+    z = NormalDist().inv_cdf(1 - (1 - level) / (2 * positions))
+    means = values.mean(0)
+    half = z * values.std(0) / math.sqrt(count)
+    return [float((means - half).min()), float((means + half).min())]
+
+
 def decay_summary(decay: Tensor) -> dict:
     """Mamba's decay a_t (B, T, layers, heads) on the held-out inputs (paper 000 Fig. 4): its
     mean per position over sequences, layers and heads (`decay_by_position`), the smallest of
-    those means (`decay_min`: "a_t ≈ 1 for all t" asks it to be near 1), the overall mean and
+    those means (`decay_min`: "a_t ≈ 1 for all t" asks it to be near 1; `decay_min_ci`, its
+    interval: smallest_mean_interval), the overall mean and
     the 5th percentile of all a_t values, and per [layer][head] means."""
     decay = decay.double().cpu()
     by_position, flat = decay.mean((0, 2, 3)), decay.flatten()
     return {"decay_by_position": by_position.tolist(),
-            "decay_min": float(by_position.min()), "decay_mean": float(decay.mean()),
+            "decay_min": float(by_position.min()),
+            "decay_min_ci": smallest_mean_interval(decay.mean((2, 3))),
+            "decay_mean": float(decay.mean()),
             "decay_p05": float(flat.kthvalue(max(1, math.ceil(0.05 * flat.numel())))[0]),
             "decay_per_head": decay.mean((0, 1)).tolist()}
 

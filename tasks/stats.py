@@ -57,6 +57,51 @@ def bootstrap_ci(values: Tensor, resamples: int, seed: int = 0, level: float = 0
     return [float(lo), float(hi)]
 
 
+def position_stderrs(values: Tensor, mask: Tensor) -> list[float | None]:
+    """The standard error over sequences of position_means' mean at each position, to 4
+    significant digits (an error bar); None where fewer than two sequences are scored."""
+    mask = mask.double()
+    counts = mask.sum(0)
+    means = (values * mask).sum(0) / counts.clamp_min(1)
+    spread = ((values - means).square() * mask).sum(0) / (counts - 1).clamp_min(1)
+    stderr = (spread / counts.clamp_min(1)).sqrt()
+    return [float(f"{e:.4g}") if c > 1 else None for e, c in zip(stderr.tolist(), counts)]
+
+
+RESAMPLES = 1000  # bootstrap resamples of the held-out sequences for a summary's interval
+
+
+def resample_counts(count: int, resamples: int = RESAMPLES, seed: int = 0) -> Tensor:
+    """(resamples, count) float64: how often each of `count` sequences is drawn in each resample
+    of the percentile bootstrap over sequences, so that a statistic built from sums over
+    sequences is a matrix product per sum (`counts @ per_sequence_sums`)."""
+    import torch
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.randint(count, (resamples, count), generator=generator)
+    return torch.zeros(resamples, count, dtype=torch.float64).scatter_add_(
+        1, index, torch.ones(resamples, count, dtype=torch.float64))
+
+
+def percentile_interval(values: Tensor, level: float = 0.95) -> list[float] | None:
+    """The percentile interval of a statistic's bootstrap values (resamples,); None where one is
+    not a number (a resample on which it is undefined: the interval would be a guess)."""
+    import torch
+    values = values.double()
+    if len(values) == 0 or not torch.isfinite(values).all():
+        return None
+    tail = (1 - level) / 2
+    lo, hi = torch.quantile(values, torch.tensor([tail, 1 - tail], dtype=values.dtype))
+    return [float(lo), float(hi)]
+
+
+def ratio_interval(sums: Tensor, counts: Tensor, resamples: int = RESAMPLES) -> list[float] | None:
+    """The bootstrap interval over sequences of sum(sums) / sum(counts): a mean over positions
+    (counts: each sequence's positions, sums: its values summed over them), or a ratio of two
+    means over sequences (counts: the denominator's per-sequence values)."""
+    weights = resample_counts(len(sums), resamples)
+    return percentile_interval(weights @ sums.double().cpu() / (weights @ counts.double().cpu()))
+
+
 def band_sequence_means(losses: Tensor, mask: Tensor, band: list[int]) -> tuple[Tensor, Tensor]:
     """Each sequence's mean loss over its scored positions in band, and whether it has any."""
     window = slice(band[0] - 1, band[1])

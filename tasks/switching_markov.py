@@ -42,6 +42,7 @@ from tasks.configs import SwitchingMarkovConfig
 from tasks.distributions import (batch_chunks, categorical, chain_states,
                                  dirichlet, inverse_cdf_table, scan_pays)
 from tasks.markov import add_beta_log_probs, context_ids, context_steps, counts_in_context
+from tasks.stats import ratio_interval
 
 
 def segment_layout(tokens: Tensor, switch: int) -> tuple[Tensor, Tensor]:
@@ -229,7 +230,17 @@ class SwitchingMarkovTask(Task):
         def overall(per_head: list | None) -> float | None:  # mean over layers and heads
             return float(torch.tensor(per_head).mean()) if per_head is not None else None
 
+        def interval(weight: Tensor, count: float) -> list | None:
+            """The overall mean's bootstrap interval over sequences: a ratio of per-sequence
+            sums (of a_t averaged over layers and heads) to per-sequence position counts."""
+            if not count:
+                return None
+            return ratio_interval((decay.mean((2, 3)) * weight[..., 0, 0]).sum(1),
+                                  weight[..., 0, 0].sum(1))
+
         return {"decay_at_switch": at_switch, "decay_elsewhere": elsewhere,
                 "decay_at_switch_mean": overall(at_switch),
+                "decay_at_switch_mean_ci": interval(switch, positions),
                 "decay_elsewhere_mean": overall(elsewhere),
+                "decay_elsewhere_mean_ci": interval(1 - switch, others),
                 "switch_positions": int(positions), "other_positions": int(others)}

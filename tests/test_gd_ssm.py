@@ -314,7 +314,11 @@ def test_comparison_metrics_against_their_definitions():
     assert double["prediction_l2_relative"] == pytest.approx(0.5, rel=1e-12)
     assert double["sensitivity_l2_relative"] == pytest.approx(0.5, rel=1e-12)
     in_threes = comparison_metrics(model, lambda s: 2 * model(s), tokens, y, mask, query, 3)
-    assert in_threes == pytest.approx(double, rel=1e-12)  # batches of 3 sequences: 3 + 3 + 2
+    # every sequence at half the reference's norm: the ratio's bootstrap interval is a point
+    assert double["prediction_l2_relative_ci"] == pytest.approx([0.5, 0.5], rel=1e-12)
+    assert double["sensitivity_cosine_ci"] == pytest.approx([1.0, 1.0], abs=1e-12)
+    for key, value in double.items():  # batches of 3 sequences: 3 + 3 + 2
+        assert in_threes[key] == pytest.approx(value, rel=1e-12)
 
 
 @pytest.mark.parametrize("prompt", ["interleaved", "tokens"])

@@ -182,10 +182,15 @@ def _scored(record: dict) -> str | None:
 
 
 def _per_position(record: dict) -> str | None:
-    table = record.get("per_position")
-    for name, values in table.items():
-        if not isinstance(values, list) or not numbers_or_nulls(values):
-            return f"per_position.{name} is not a list of numbers"
+    """The per-position curves and, where a record has them (since 2026-11-30), their standard
+    errors: one list of numbers per curve."""
+    for key in ("per_position", "per_position_stderr"):
+        table = record.get(key, {})
+        if not isinstance(table, dict):
+            return f"{key} is not a mapping"
+        for name, values in table.items():
+            if not isinstance(values, list) or not numbers_or_nulls(values):
+                return f"{key}.{name} is not a list of numbers"
     return None
 
 

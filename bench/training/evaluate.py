@@ -14,7 +14,8 @@ from torch import Tensor
 
 from bench.training.cross_entropy import chunked_cross_entropy, uses_chunks
 from tasks.base import Batch, Task
-from tasks.stats import band_sequence_means, bootstrap_ci, position_means, sequence_means
+from tasks.stats import (band_sequence_means, bootstrap_ci, position_means, position_stderrs,
+                         ratio_interval, sequence_means)
 
 
 def token_score_chunks(n: int, seq_len: int, vocab: int, floats: int = 1 << 28) -> list[slice]:
@@ -126,24 +127,35 @@ def score_positions(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor
         "gap_ci": {name: bootstrap_ci(v - best, resamples) for name, v in per_sequence.items()},
         "roles": roles,
     }
-    curves = {f"loss.{name}": position_means(loss, mask) for name, loss in losses.items()}
-    curves.update({f"gap.{name}": position_means(loss - losses[reference], mask)
-                   for name, loss in losses.items() if name != reference})
+    positions = {f"loss.{name}": loss for name, loss in losses.items()}
+    positions.update({f"gap.{name}": loss - losses[reference]
+                      for name, loss in losses.items() if name != reference})
     if task.kind == "tokens":
-        metrics["accuracy"], metrics["l1_to_reference"] = {}, {}
+        for name in ("accuracy", "l1_to_reference"):
+            metrics[name], metrics[f"{name}_ci"] = {}, {}
         for name, s in scores.items():
             correct = s["correct"].double()
-            metrics["accuracy"][name] = float(sequence_means(correct, mask).mean())
-            metrics["l1_to_reference"][name] = float(sequence_means(s["l1"], mask).mean())
-            curves[f"accuracy.{name}"] = position_means(correct, mask)
+            for metric, values in (("accuracy", correct), ("l1_to_reference", s["l1"])):
+                means = sequence_means(values, mask)
+                metrics[metric][name] = float(means.mean())
+                metrics[f"{metric}_ci"][name] = bootstrap_ci(means, resamples)
+            positions[f"accuracy.{name}"] = correct
     if "model" in per_sequence:
         metrics["bayes_gap"] = metrics["gap"]["model"]
         metrics["bayes_gap_ci"] = metrics["gap_ci"]["model"]
         metrics["relative_gap"] = metrics["bayes_gap"] / abs(metrics["loss"][reference])
+        # the ratio's own interval: the same bootstrap over sequences, numerator and denominator
+        # resampled together
+        metrics["relative_gap_ci"] = ratio_interval(per_sequence["model"] - best, best.abs(),
+                                                    resamples)
         if task.kind == "tokens":
             metrics["l1_to_bayes"] = metrics["l1_to_reference"]["model"]
     metrics["held_out_digest"] = held_out_digest(batch)
-    result = {"metrics": metrics, "per_position": curves}
+    # each curve's standard error by position, which a claim on one position or a slice of
+    # them reads (bench/reports/claims/verdicts.py)
+    result = {"metrics": metrics,
+              "per_position": {k: position_means(v, mask) for k, v in positions.items()},
+              "per_position_stderr": {k: position_stderrs(v, mask) for k, v in positions.items()}}
     if "model" in per_sequence:
         lo, hi = metrics["bayes_gap_ci"]
         metrics["gap_excludes_zero"] = lo > 0 or hi < 0

@@ -374,8 +374,8 @@ def run(config: RunConfig, weights: dict | None = None, weights_path: str = "",
             # the per-position and per-sequence losses are for boards and comparisons of ok
             # runs: without them a failed record is smaller than the ok one it replaces (which
             # a full disk could not take)
-            record.pop("per_position", None)
-            record.pop("per_sequence", None)
+            for bulky in ("per_position", "per_position_stderr", "per_sequence"):
+                record.pop(bulky, None)
             prior = module.prior_train_time if module is not None else 0.0
             record["wall_time_s"] = prior + time.perf_counter() - start
             if module is not None and "train" not in record and weights is None:
