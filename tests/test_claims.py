@@ -17,6 +17,7 @@ import pytest
 from bench.reports.claims import render as claims_mod
 from bench.cli.main import main
 from bench.reports.claims import Interval, Rule, decide_all, load_claims, write_claims
+from bench.reports.claims.rules import NO_INTERVAL
 from bench.reports.claims.spec import default_rules
 from bench.config import ConfigError, choices, compose, load_suite
 from bench.reports.selection import select_runs
@@ -373,7 +374,24 @@ def test_metric_paths_indices_slices_and_intervals(tmp_path):
     assert v["window"].value == pytest.approx(0.2)  # mean of 0.1 and 0.3
     assert v["second"].value == 0.2 and v["second"].interval == pytest.approx(
         (0.2 - 1.96 * 0.05, 0.2 + 1.96 * 0.05))  # ±1.96 x excess_stderr
-    assert math.isnan(v["slope"].value) and d.verdict == "holds"  # slope is not in the rule
+    assert math.isnan(v["slope"].value)  # slope is not in the rule
+    # acc, last and window have no interval in these records: their noise is unknown, so the
+    # comparisons that read them decide nothing
+    assert d.verdict == "undecided"
+    assert [t.text for t in d.tests if t.why.startswith(NO_INTERVAL)] == [
+        "acc > 0", "last > 0", "window > 0"]
+    # records that carry them: accuracy_ci, and the curves' standard errors beside them
+    with_errors = record(MAMBA, gap=0.001)
+    with_errors["metrics"]["accuracy_ci"] = {"model": [0.68, 0.72], "bayes": [0.69, 0.73]}
+    with_errors["per_position_stderr"] = {"accuracy.model": [0.01, None, 0.03, 0.02, None]}
+    put(tmp_path / "r2", with_errors, record(NOCONV, gap=0.06))
+    _, d = decide(tmp_path / "r2", rules)
+    v = d.values
+    assert v["acc"].interval == (0.68, 0.72)
+    assert v["last"].interval == pytest.approx((0.5 - 1.96 * 0.02, 0.5 + 1.96 * 0.02))
+    # a slice's mean: its standard error is at most the mean of the positions' (0.01, 0.03)
+    assert v["window"].interval == pytest.approx((0.2 - 1.96 * 0.02, 0.2 + 1.96 * 0.02))
+    assert d.verdict == "holds"
 
 
 def test_undefined_or_non_finite_numbers_are_undecided_never_fails(tmp_path):
@@ -500,6 +518,7 @@ def bad_rules(tmp_path: Path, name: str) -> str:
         "paper": good.replace('paper: "000"', 'paper: "007"'),
         "duplicate": good + good.split("claims:\n")[1],
         "long": good.replace("mamba <= 0.01", " and ".join(["mamba <= 0.01"] * 20000)),
+        "exact": good.replace("{where: [model=mamba]}", "{where: [model=mamba], exact: yes please}"),
         "latin1": good,
     }[name])
     if name == "latin1":
@@ -514,6 +533,7 @@ def bad_rules(tmp_path: Path, name: str) -> str:
     ("seed", "task, model and trainer keys only"), ("field", "unknown key 'colour'"),
     ("paper", "paper must be one of 000, 002, 004"), ("duplicate", "claim id 't-conv' also in"),
     ("long", "rule of 360019 characters; at most 2000"), ("latin1", "latin1.yaml: not UTF-8 text"),
+    ("exact", "exact must be true or false"),
 ])
 def test_a_bad_rules_file_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, name,
                                                                  needle):

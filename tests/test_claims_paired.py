@@ -178,13 +178,48 @@ def test_a_ratio_is_paired_seed_by_seed_and_a_zero_divisor_is_undecided():
     assert outcome is None and math.isnan(test.difference)
 
 
-def probe_records(values):
+def probe_records(values, half=0.001):
+    """Records of a_switch on each seed, with its interval ±half (None: without one)."""
     out = []
     for seed, a in enumerate(values):
         rec = record(MAMBA, seed=seed)
         rec["metrics"]["probe"] = {"a_switch": a}
+        if half is not None:
+            rec["metrics"]["probe"]["a_switch_ci"] = [a - half, a + half]
         out.append(rec)
     return out
+
+
+def test_a_number_without_an_interval_decides_nothing_unless_it_is_exact(tmp_path):
+    """a_switch = 0.01 against 0.1, but its records give it no interval: its noise is unknown,
+    so the comparison is undecided and says why; declared exact (a function of the weights
+    alone), the point decides; with an interval, the interval does."""
+    rules = tmp_path / "switch.yaml"
+    rules.write_text(SWITCH)
+    put(tmp_path / "bare", *probe_records([0.01, 0.02, 0.03], half=None))
+    [d] = decide(tmp_path / "bare", rules)
+    assert d.verdict == "undecided"
+    assert d.note == ("per seed: 3 of 3 seeds undecided (0 ? / 1 ? / 2 ?); `a_switch <= 0.1` "
+                      "(no interval: its records give a_switch none)")
+    rules.write_text(SWITCH.replace("range: [0, 1]}", "range: [0, 1], exact: true}"))
+    assert decide(tmp_path / "bare", rules)[0].verdict == "holds at reduced scale"
+    rules.write_text(SWITCH)
+    put(tmp_path / "wide", *probe_records([0.05, 0.05, 0.05], half=0.08))
+    assert decide(tmp_path / "wide", rules)[0].verdict == "undecided"  # [0, 0.13] holds 0.1
+    put(tmp_path / "narrow", *probe_records([0.05, 0.05, 0.05], half=0.01))
+    assert decide(tmp_path / "narrow", rules)[0].verdict == "holds at reduced scale"
+
+
+def test_an_unpaired_comparison_names_the_quantity_whose_noise_it_leaves_out():
+    rule = Rule("a < b", ["a", "b"], "t")
+    outcome, [test] = rule.decide({"a": Sample({0: 0.01}, Interval(0.005, 0.015)),
+                                   "b": Sample({1: 0.05}, Interval.point(0.05), {}, False)})
+    assert outcome is True and test.paired == ""
+    assert test.note == ("; the held-out noise of b not counted (its records give it no "
+                         "interval)")
+    outcome, [test] = rule.decide({"a": Sample({0: 0.01}, Interval.point(0.01), {}, False),
+                                   "b": Sample({1: 0.05}, Interval.point(0.05), {}, False)})
+    assert outcome is None and test.why == "no interval: its records give a, b none"
 
 
 def test_a_claim_about_each_run_counts_seeds(tmp_path):

@@ -27,24 +27,35 @@ def set_metric(rec: dict, quantity, value: float) -> None:
     if index is None:
         node[last] = value
         keep_interval_around(rec, quantity.path, value)
-    elif index == "last":
+        return
+    if index == "last":
         node[last] = [value]
     elif ":" in index:
         node[last] = [value] * int(index.split(":")[1])
     else:
         node[last] = [value] * (int(index) + 1)
+    # a list's standard errors beside it, as records carry them (`per_position_stderr` beside
+    # `per_position`, `excess_stderr` beside `excess`)
+    errors = [0.001 * abs(value) + 1e-7] * len(node[last])
+    beside = rec
+    for key in path[:-2]:
+        beside = beside.setdefault(key, {})
+    beside.setdefault(path[-2] + "_stderr", {})[last] = errors
 
 
 def keep_interval_around(rec: dict, path: list[str], value: float) -> None:
     """A record's own interval of a planted mean moves with it (bench.records.schema refuses a record
     whose value lies far outside its interval)."""
-    metrics, half = rec["metrics"], 0.01 * abs(value) + 1e-6
+    metrics, half = rec["metrics"], 0.002 * abs(value) + 1e-6
     if path == ["metrics", "bayes_gap"]:
         metrics["bayes_gap_ci"] = [value - half, value + half]
     elif len(path) == 3 and path[:2] in (["metrics", "loss"], ["metrics", "gap"]):
-        intervals = metrics.get(f"{path[1]}_ci")
-        if isinstance(intervals, dict) and path[2] in intervals:
-            intervals[path[2]] = [value - half, value + half]
+        metrics.setdefault(f"{path[1]}_ci", {})[path[2]] = [value - half, value + half]
+    else:  # any other metric: its interval beside it, as records carry them (`decay_min_ci`)
+        node = rec
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1] + "_ci"] = [value - half, value + half]
 
 
 def plant(tmp_path, name: str, claim, values: dict[str, list[float]],

@@ -158,7 +158,7 @@ def each_seed_open(decision: Decision) -> str:
     sequences, which narrow one seed's interval, where more seeds do not."""
     held, failed, open_ = [], [], []
     each = judge_seeds(decision.claim, decision.scale == "cpu", decision.values)
-    for seed, (verdict, control) in each.items():
+    for seed, (verdict, control, _) in each.items():
         if control is None or verdict == "undecided":
             open_.append(seed)
         elif control and verdict.startswith("holds"):

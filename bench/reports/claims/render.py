@@ -16,6 +16,7 @@ from bench.records.store import not_written, output_path
 from bench.reports.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules,
                                        is_reference, load_claims, read_rules_text, rules_files,
                                        run_key)
+from bench.reports.claims.rules import NO_INTERVAL
 from bench.reports.claims.verdicts import FAILS, VERDICTS, Decision, Measured, decide_all
 from bench.reports.selection import Selection
 from tasks.files import write_atomic
@@ -237,9 +238,14 @@ def header(selection: Selection, rules: Path, claims: list[Claim],
             "machine where most quantities have records, then the most seeds, then the newest; "
             "named in the row unless the CPU); several seeds "
             "show the mean and a 95% t-interval across seeds, one seed its record's bootstrap "
-            "interval (or ±1.96 standard errors; per-position slices have none), and a "
+            "interval (or ±1.96 standard errors; a slice of a per-position curve ±1.96 times "
+            "the mean of its positions' standard errors, which bounds the standard error of "
+            "their mean from above), and a "
             "reference, one number on every seed (the held-out set they share), its records' "
-            "bootstrap interval.", "",
+            "bootstrap interval. A number whose records give it no interval has unknown noise: "
+            "a comparison that counts no noise at all decides nothing (*no interval*), unless "
+            "its claim declares the quantity exact (a function of the trained weights alone), "
+            "and one that leaves out some quantity's noise says so.", "",
             "Comparisons are paired: each comparison of a rule (`a < b`, `t1 >= 0.5 * unigram`) "
             "is decided on its difference (left − right), taken seed by seed where the "
             "quantities share seeds — the models of one seed saw the same training batches, and "
@@ -374,9 +380,11 @@ def test_text(test) -> str:
     like = max((abs(x) for x in (test.difference, *test.interval) if math.isfinite(x)),
                default=None)
     mark = {True: "✓", False: "✗", None: "?"}[test.outcome]
+    if test.why.startswith(NO_INTERVAL):
+        return f"{mark} `{test.text}`: difference {num(test.difference, like)}, {test.why}"
     how = f"paired, {test.paired}" if test.paired else "unpaired"
     return (f"{mark} `{test.text}`: difference {num(test.difference, like)} "
-            f"[{num(test.interval[0], like)}, {num(test.interval[1], like)}] ({how})")
+            f"[{num(test.interval[0], like)}, {num(test.interval[1], like)}] ({how}{test.note})")
 
 
 def table_row(d: Decision, shared: str | None = None) -> str:

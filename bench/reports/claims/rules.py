@@ -134,6 +134,9 @@ class Sample:
     per_seed: dict[int, float]
     interval: Interval
     sequences: dict[int, tuple[str, Tensor]] = field(default_factory=dict)
+    # False where the interval is a point only because the records give the quantity none
+    # (no bootstrap interval, standard error or spread across seeds): its noise is unknown
+    measured_noise: bool = True
 
     @property
     def defined(self) -> bool:
@@ -158,8 +161,10 @@ class Test:
     seeds: int = 0
     seed_half: float = math.nan
     held_out_half: float = 0.0
+    note: str = ""  # an unpaired comparison's: the quantities whose noise it leaves out
 
 
+NO_INTERVAL = "no interval: its records give "  # a Test's why, when no quantity has noise
 BOOTSTRAP_RESAMPLES = 2000  # of the held-out sequences, for a comparison on one seed
 # Values this close (relative to the largest) are one number: records of two code versions
 # give a reference on the one held-out set values ~1e-15 apart, trained seeds ~1e-6 or more.
@@ -304,7 +309,7 @@ class Rule:
                         if isinstance(n, ast.Name) and n.id not in FUNCTIONS})
         common = sorted(set.intersection(*(set(samples[n].per_seed) for n in names))) \
             if names else []
-        paired, why, seeds, seed_half, held_out = "", "", 0, math.nan, 0.0
+        paired, why, note, seeds, seed_half, held_out = "", "", "", 0, math.nan, 0.0
         # quantities that differ between seeds: a comparison of references alone (the same on
         # every seed) has no seed-to-seed spread, only the held-out set's
         varying = [n for n in names
@@ -333,12 +338,21 @@ class Rule:
                                   f"undefined: {error}", tuple(names)))
                 return None
             difference, interval = (d.lo + d.hi) / 2, (d.lo, d.hi)
+            unknown = [n for n in names if not samples[n].measured_noise]
+            if unknown and len(unknown) == len(names):
+                # no noise counted at all: a point difference that no interval could overturn
+                tests.append(Test(text, difference, interval, "", None, NO_INTERVAL
+                                  + ", ".join(unknown) + " none", tuple(names)))
+                return None
+            if unknown:
+                note = "; the held-out noise of " + ", ".join(unknown) + " not counted (its " \
+                    "records give it no interval)"
         outcome = _sign_decides(type(op), Interval(*interval))
         if outcome is None:
             why = "not a number" if math.isnan(interval[0] + interval[1]) else \
                 "the interval of the difference holds 0"
         tests.append(Test(text, difference, interval, paired, outcome, why, tuple(names), seeds,
-                          seed_half, held_out))
+                          seed_half, held_out, note))
         return outcome
 
 

@@ -4,7 +4,9 @@ loaded (any problem is a ConfigError naming the file and the claim).
 
 A claim: `id`, `section`, `claim` (one sentence), `quote` (the paper's own words), `paper_number`,
 `measure` (quantity name -> {where: overrides selecting records, metric: path into the record
-(default metrics.bayes_gap), suite: origin, range: [lo, hi] the metric's possible values}),
+(default metrics.bayes_gap), suite: origin, range: [lo, hi] the metric's possible values,
+exact: true for a number without sampling noise, which is compared as a point where its records
+give it no interval; any other quantity without one leaves its comparisons undecided}),
 `where` (overrides shared by every quantity), `rule` (what the paper says, as an expression over
 the quantities), `control` (what must have held for the evidence to count: a positive control
 that trained under the same protocol, e.g. "the 2-layer transformer learns"), `kind`: `trained`
@@ -66,7 +68,7 @@ CLAIM_KEYS = {"id", "section", "claim", "quote", "paper_number", "measure", "whe
               "judge_seed"}
 FILE_KEYS = {"paper", "title", "claims"}  # a rules file's top level
 REQUIRED = ("id", "section", "claim", "paper_number", "measure", "rule", "scale", "command")
-QUANTITY_KEYS = {"where", "metric", "suite", "range"}
+QUANTITY_KEYS = {"where", "metric", "suite", "range", "exact"}
 DEFAULT_METRIC = "metrics.bayes_gap"
 PATH = re.compile(r"^(?P<path>[A-Za-z_]\w*(?:\.[\w-]+)*)"  # dotted keys, then [i], [a:b] or [last]
                   r"(?:\[(?P<index>-?\d+|-?\d*:-?\d*|last)\])?$")
@@ -98,6 +100,9 @@ class Quantity:
     path: list[str]
     index: str | None
     range: tuple[float, float] | None = None  # the values the metric can take (a probability)
+    # a number without sampling noise (a function of the trained weights alone): a point where
+    # its records give no interval; a quantity that is not exact needs one to decide
+    exact: bool = False
 
 
 @dataclass
@@ -239,12 +244,15 @@ def make_quantity(name: str, spec, base: list[str], layer: list[str], claim: str
             isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
             and bounds[0] < bounds[1]):
         raise ConfigError(f"{where}: range must be [low, high] with low < high")
+    exact = spec.get("exact", False)
+    if not isinstance(exact, bool):
+        raise ConfigError(f"{where}: exact must be true or false")
     try:
         config = composed(tuple(selector))
     except ConfigError as error:
         raise ConfigError(f"{where}: {error}") from None
     return Quantity(name, selector, metric.strip(), str(suite) if suite else None, config, path,
-                    index, tuple(float(b) for b in bounds) if bounds else None)
+                    index, tuple(float(b) for b in bounds) if bounds else None, exact)
 
 
 def check_command(command, where: str) -> str:

@@ -30,7 +30,7 @@ import torch
 
 from bench.records.store import Environment, environment, record_matches
 from bench.reports.costs import seconds_per_step
-from bench.reports.claims.rules import Interval, Sample, Test, same_on_every_seed
+from bench.reports.claims.rules import NO_INTERVAL, Interval, Sample, Test, same_on_every_seed
 from bench.reports.claims.spec import Claim, Quantity, is_reference
 from bench.reports.selection import Selection, current_version, headline, version_label
 from tasks.stats import across_seeds
@@ -95,27 +95,37 @@ def read_metric(record: dict, quantity: Quantity) -> tuple[float, tuple[float, f
             raise MetricMissing(f"'{quantity.metric}' is a list of {len(value)}: give an index "
                                 "[i], a slice [a:b] (its mean) or [last]")
         items = [number(v) for v in value]
-        if index == "last":
-            present = [v for v in items if v is not None]
-            if not present:
-                raise MetricMissing(f"'{quantity.metric}' has no number")
-            return present[-1], None
-        if ":" in index:
-            lo, hi = (int(x) if x else None for x in index.split(":"))
-            chosen = [v for v in items[lo:hi] if v is not None]
-            if not chosen:
-                raise MetricMissing(f"'{quantity.metric}' selects no number")
-            return sum(chosen) / len(chosen), None
-        i = int(index)
-        if not -len(items) <= i < len(items) or items[i] is None:
-            raise MetricMissing(f"'{quantity.metric}': no number at index {i} of {len(items)}")
+        # the standard errors beside the list (`mse_stderr` beside `mse`, `per_position_stderr`
+        # beside `per_position`), where the record has them
         parent = lookup(record, keys[:-2] + [keys[-2] + "_stderr", keys[-1]]) \
             if len(keys) >= 2 else None
-        if parent is not None and isinstance(parent[0], list) and len(parent[0]) == len(items):
-            se = number(parent[0][i])
-            if se is not None and math.isfinite(se):
-                interval = (items[i] - 1.96 * se, items[i] + 1.96 * se)
-        return items[i], interval
+        errors = [number(v) for v in parent[0]] if parent is not None and isinstance(
+            parent[0], list) and len(parent[0]) == len(items) else [None] * len(items)
+        if index == "last":
+            present = [i for i, v in enumerate(items) if v is not None]
+            if not present:
+                raise MetricMissing(f"'{quantity.metric}' has no number")
+            chosen = present[-1:]
+        elif ":" in index:
+            lo, hi = (int(x) if x else None for x in index.split(":"))
+            chosen = [i for i in range(len(items))[lo:hi] if items[i] is not None]
+            if not chosen:
+                raise MetricMissing(f"'{quantity.metric}' selects no number")
+        else:
+            i = int(index)
+            if not -len(items) <= i < len(items) or items[i] is None:
+                raise MetricMissing(f"'{quantity.metric}': no number at index {i} of "
+                                    f"{len(items)}")
+            chosen = [i]
+        mean = sum(items[i] for i in chosen) / len(chosen)
+        ses = [errors[i] for i in chosen]
+        if all(se is not None and math.isfinite(se) for se in ses):
+            # a slice's mean over positions: the standard error of a mean of correlated means
+            # is at most the mean of their standard errors (the triangle inequality for standard
+            # deviations), so the interval errs wide, never narrow
+            bound = sum(ses) / len(ses)
+            interval = (mean - 1.96 * bound, mean + 1.96 * bound)
+        return mean, interval
     if index is not None:
         raise MetricMissing(f"'{quantity.metric}' is not a list: drop the [{index}]")
     if isinstance(value, dict):
@@ -156,6 +166,7 @@ class Measured:
     twins: dict[int, tuple[float, list[float]]] = field(default_factory=dict)
     train_ended: list[float | None] = field(default_factory=list)  # by seed: final_train_loss
     train_halfway: list[float | None] = field(default_factory=list)  # by seed: at ½ of its steps
+    exact: bool = False  # the quantity's claim declares it free of sampling noise
 
     def as_interval(self) -> Interval:
         """What an unpaired comparison uses: the 95% interval, or the value where there is
@@ -165,7 +176,8 @@ class Measured:
         return Interval(*self.interval)
 
     def as_sample(self) -> Sample:
-        return Sample(dict(zip(self.seeds, self.per_seed)), self.as_interval(), self.sequences)
+        return Sample(dict(zip(self.seeds, self.per_seed)), self.as_interval(), self.sequences,
+                      self.interval is not None or self.exact)
 
     def seed_sample(self, seed: int) -> Sample:
         """The quantity on one seed: its record's value and own interval."""
@@ -173,7 +185,8 @@ class Measured:
         value, interval = self.per_seed[i], self.seed_intervals[i]
         return Sample({seed: value}, Interval(*interval) if interval is not None and
                       math.isfinite(value) else Interval.point(value),
-                      {seed: self.sequences[seed]} if seed in self.sequences else {})
+                      {seed: self.sequences[seed]} if seed in self.sequences else {},
+                      interval is not None or self.exact)
 
 
 def pick(quantity: Quantity, rows: list[list[dict]]) -> list[dict] | None:
@@ -295,7 +308,9 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
     mean, half = across_seeds(values)
     if same_on_every_seed(values):  # one seed, or a reference on the held-out set every seed
         half = None                 # shares: the record's own (held-out) interval
-    interval = (mean - half, mean + half) if half is not None else read[0][1]
+    # one number: the interval of any record that has one (older records may lack it)
+    interval = (mean - half, mean + half) if half is not None else next(
+        (own for _, own in read if own is not None), None)
     if interval is not None and quantity.range is not None:
         # a t-interval of a bounded quantity (a probability) can reach past its bounds
         low, high = quantity.range
@@ -310,7 +325,7 @@ def measure(quantity: Quantity, row: list[dict], claim: str) -> Measured:
                     {r["seed"]: (headline(r), [headline(t) for t in r["_twins"]])
                      for r in row if r.get("_twins")},
                     [final_train_loss(row[i]) for i in order],
-                    [final_train_loss(row[i], upto=0.5) for i in order])
+                    [final_train_loss(row[i], upto=0.5) for i in order], quantity.exact)
 
 
 @dataclass
@@ -359,9 +374,12 @@ def _evaluate(rule, samples: dict[str, Sample], tests: list[Test]
     if outcome is not None:
         return outcome, ""
     undefined = sorted({t.why for t in done if t.why.startswith("undefined")})
-    open_ = [f"`{t.text}`" for t in done if t.outcome is None and not t.why.startswith("undefined")]
-    return None, "; ".join(undefined) or (
-        f"the interval of a difference holds 0 ({', '.join(open_)})")
+    unmeasured = [f"`{t.text}` ({t.why})" for t in done if t.why.startswith(NO_INTERVAL)]
+    open_ = [f"`{t.text}`" for t in done if t.outcome is None
+             and not t.why.startswith(("undefined", NO_INTERVAL))]
+    reasons = undefined + unmeasured + (
+        [f"the interval of a difference holds 0 ({', '.join(open_)})"] if open_ else [])
+    return None, "; ".join(reasons)
 
 
 def judge(claim: Claim, reduced: bool, samples: dict[str, Sample],
@@ -398,14 +416,14 @@ def judge(claim: Claim, reduced: bool, samples: dict[str, Sample],
 
 
 def judge_seeds(claim: Claim, reduced: bool, values: dict[str, Measured]
-                ) -> dict[int, tuple[str, bool | None]]:
+                ) -> dict[int, tuple[str, bool | None, str]]:
     """Each seed the quantities share (in order): the claim's verdict on that seed's records
-    alone, and whether its control held there (None: open)."""
+    alone, whether its control held there (None: open), and why it is undecided where it is."""
     each = {}
     for seed in sorted(set.intersection(*(set(m.seeds) for m in values.values()))):
-        verdict, _, control, _ = judge(claim, reduced, {name: m.seed_sample(seed)
-                                                        for name, m in values.items()})
-        each[seed] = verdict, control
+        verdict, why, control, _ = judge(claim, reduced, {name: m.seed_sample(seed)
+                                                          for name, m in values.items()})
+        each[seed] = verdict, control, why
     return each
 
 
@@ -423,8 +441,8 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     if not each:
         return "undecided", "per seed: the quantities share no seed", None, []
     seeds = list(each)
-    verdicts = {seed: verdict for seed, (verdict, _) in each.items()}
-    controls = {seed: control for seed, (_, control) in each.items()}
+    verdicts = {seed: verdict for seed, (verdict, _, _) in each.items()}
+    controls = {seed: control for seed, (_, control, _) in each.items()}
     open_control = {}
     for seed in seeds:
         if controls[seed] is None:  # what the rule says of it, were its model trained
@@ -433,6 +451,10 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     held = set(controls.values())
     control = held.pop() if len(held) == 1 else None  # the same on every seed, or open
     note = seeds_note(verdicts)
+    # a number whose noise the records do not give decides no seed: say which
+    unmeasured = sorted({why for _, _, why in each.values() if NO_INTERVAL in why})
+    if unmeasured:
+        note += "; " + "; ".join(unmeasured)
     trained = {verdicts[seed] for seed in seeds if controls[seed] is True}
     if len(trained) == 1 and open_control and set(open_control.values()) <= trained:
         note += (f"; the control is open on seed{'s' * (len(open_control) != 1)} "
