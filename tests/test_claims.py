@@ -911,6 +911,34 @@ def test_a_verdict_that_rests_on_which_draw_of_a_seed_is_used_is_undecided(tmp_p
             "newest, undecided on the oldest): more seeds") in capsys.readouterr().out
 
 
+def test_older_draws_without_the_interval_a_claim_needs_leave_the_newest_to_decide(tmp_path):
+    """A seed drawn twice, the older record made before records carried the interval the rule
+    needs: on the oldest draws the claim is undecided for want of it, which is no verdict to set
+    against the newest's (the rule reads the probe's value a_switch on one seed)."""
+    rules = tmp_path / "switch.yaml"
+    rules.write_text(rules_file(tmp_path).read_text().split("claims:")[0] + "claims:\n" + """\
+  - id: t-probe
+    section: s
+    claim: c
+    paper_number: p
+    where: [task=markov, model=mamba, trainer.max_steps=1000, trainer.lr=0.01]
+    measure:
+      a: {metric: metrics.probe.a, range: [0, 1]}
+    kind: attainment
+    rule: "a <= 0.1"
+    scale: paper
+    command: python -m bench suite name=leaderboard
+""")
+    older = record(MAMBA, seed=0, gap=0.001, stamp="20260101-100000")
+    older["metrics"]["probe"] = {"a": 0.02}  # no interval: made before they were written
+    newer = record(MAMBA, seed=0, gap=0.0012, stamp="20260102-100000")  # another draw
+    newer["metrics"]["probe"] = {"a": 0.03, "a_ci": [0.025, 0.035]}
+    put(tmp_path / "r", older, newer)
+    [d] = decide_all(load_claims(rules), select_runs(str(tmp_path / "r")))
+    assert d.values["a"].twins and d.verdict == "holds" and d.on_draws is None
+    assert "the oldest draws decide nothing (their records give no interval)" in d.note
+
+
 def test_a_reference_without_an_interval_adds_no_held_out_noise_and_the_row_says_so(tmp_path):
     """A reference whose records give it no interval (zero width) cannot add its held-out noise
     to a paired comparison: the pairing says it was not counted, not that it was."""

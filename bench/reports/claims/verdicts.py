@@ -625,10 +625,15 @@ def decide_all(claims: list[Claim], selection: Selection) -> list[Decision]:
         decision = decide(claim, rows)
         if any(m.twins for m in decision.values.values()):
             older = oldest_draws(rows) if older is None else older
-            other = decide(claim, older).verdict
-            if other != decision.verdict:
+            other = decide(claim, older)
+            if other.verdict == "undecided" and NO_INTERVAL in other.note:
+                # older draws made before their records carried an interval the claim needs
+                # give no verdict to set against the newest: not another one
+                decision.note += ("; the oldest draws decide nothing (their records give "
+                                  "no interval), so the newest do")
+            elif other.verdict != decision.verdict:
                 decision = replace(decision, verdict="undecided",
-                                   on_draws=(decision.verdict, other))
+                                   on_draws=(decision.verdict, other.verdict))
         if decision.verdict == "not reached at reduced scale" and decision.machine is not None:
             decision.budgets = {name: other_budgets(claim.quantities[name], rows,
                                                     decision.machine, claim.id)
