@@ -213,8 +213,10 @@ class SwitchingMarkovTask(Task):
 
     def summarize_probes(self, batch: Batch, probes: dict[str, Tensor]) -> dict:
         """Mean decay a_t at the input positions that hold the switch token and elsewhere, per
-        layer and head ([layer][head]), with the number of positions of each kind; {} when the
-        model has no "decay" probe. Fig. 13's mechanism: ≈ 0 at switches, ≈ 1 elsewhere."""
+        layer and head ([layer][head]), their means over layers and heads with a bootstrap
+        interval over sequences (`decay_at_switch_mean_ci`), and the number of positions of
+        each kind; {} when the model has no "decay" probe. Fig. 13's mechanism: ≈ 0 at
+        switches, ≈ 1 elsewhere."""
         if "decay" not in probes:
             return {}
         decay = probes["decay"].double().cpu()  # (B, T, layers, heads)

@@ -629,8 +629,9 @@ def decide_all(claims: list[Claim], selection: Selection) -> list[Decision]:
             if other.verdict == "undecided" and NO_INTERVAL in other.note:
                 # older draws made before their records carried an interval the claim needs
                 # give no verdict to set against the newest: not another one
-                decision.note += ("; the oldest draws decide nothing (their records give "
-                                  "no interval), so the newest do")
+                decision.note = "; ".join(filter(None, [
+                    decision.note, "the oldest draws decide nothing (their records give no "
+                    "interval), so the newest do"]))
             elif other.verdict != decision.verdict:
                 decision = replace(decision, verdict="undecided",
                                    on_draws=(decision.verdict, other.verdict))
