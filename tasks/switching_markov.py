@@ -232,12 +232,14 @@ class SwitchingMarkovTask(Task):
         def overall(per_head: list | None) -> float | None:  # mean over layers and heads
             return float(torch.tensor(per_head).mean()) if per_head is not None else None
 
+        per_position = decay.mean((2, 3))  # (B, T): a_t averaged over layers and heads
+
         def interval(weight: Tensor, count: float) -> list | None:
             """The overall mean's bootstrap interval over sequences: a ratio of per-sequence
-            sums (of a_t averaged over layers and heads) to per-sequence position counts."""
+            sums of a_t to per-sequence position counts."""
             if not count:
                 return None
-            return ratio_interval((decay.mean((2, 3)) * weight[..., 0, 0]).sum(1),
+            return ratio_interval((per_position * weight[..., 0, 0]).sum(1),
                                   weight[..., 0, 0].sum(1))
 
         return {"decay_at_switch": at_switch, "decay_elsewhere": elsewhere,
