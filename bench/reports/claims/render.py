@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.config import ConfigError, RunConfig, conf_file, load_suite
+from bench.config import ConfigError, conf_file, load_suite
 from bench.config.formats import plural
 from bench.records.store import not_written, output_path
 from bench.reports.claims.spec import (PAPERS, Claim, Quantity, composed, default_rules,
@@ -315,14 +315,11 @@ def evidence(decision: Decision) -> str:
     return f"- **{claim.id}** ({claim.section}): {claim.contradicts}{measured}"
 
 
-def same_run(a: RunConfig, b: RunConfig) -> bool:
-    """Whether two configurations would make records that pool (seed aside)."""
-    return run_key(a) == run_key(b)
-
-
 @functools.lru_cache(maxsize=None)
-def suite_configs(name: str) -> list[RunConfig]:
-    return [composed(tuple(entry)) for entry in load_suite(name)]
+def suite_run_keys(name: str) -> frozenset[str]:
+    """The run keys (spec.run_key: what makes records pool, seed aside) of a suite's entries:
+    computed once a suite, as every claim not measured asks each of its suites for them."""
+    return frozenset(run_key(composed(tuple(entry))) for entry in load_suite(name))
 
 
 def producing(command: str, quantity: Quantity) -> bool:
@@ -332,7 +329,7 @@ def producing(command: str, quantity: Quantity) -> bool:
     if words[3] != "suite":
         return True
     name = next(a.split("=", 1)[1] for a in words[4:] if a.startswith("name="))
-    return any(same_run(config, quantity.config) for config in suite_configs(name))
+    return run_key(quantity.config) in suite_run_keys(name)
 
 
 def commands_for(decision: Decision) -> list[str]:
