@@ -154,3 +154,24 @@ def test_a_figure_is_drawn_again_only_when_its_inputs_or_its_file_changed(tmp_pa
     path.unlink()
     path.symlink_to(target)  # a link, even to the right figure, is not the board's file
     assert board() == 7 and not path.is_symlink() and target.read_bytes() == first
+
+
+def test_a_figure_is_stamped_with_what_its_statistics_compute_not_their_source(monkeypatch):
+    """The stamp covers plot.py, matplotlib's version and across_seeds' values on probes (not
+    tasks/stats.py's bytes, whose bootstraps no figure draws): a band computed otherwise draws
+    every figure again, and the same band again stamps as before."""
+    import bench.reports.plot as plot
+    import tasks.stats
+    inputs = ("markov: gap to bayes", {"mamba": [[0.1, 0.05]]}, {}, "gap")
+    plot.drawing_code.cache_clear()
+    before = plot.figure_inputs(*inputs)
+
+    def wider(values):
+        mean, half = tasks.stats.across_seeds(values)
+        return mean, None if half is None else 1.01 * half
+    monkeypatch.setattr(plot, "across_seeds", wider)
+    plot.drawing_code.cache_clear()
+    assert plot.figure_inputs(*inputs) != before
+    monkeypatch.undo()
+    plot.drawing_code.cache_clear()
+    assert plot.figure_inputs(*inputs) == before
