@@ -138,3 +138,30 @@ def test_plan_measures_the_step_here_once_a_setup_when_asked(tmp_path, monkeypat
         "6 min of wall time at workers=1" in out
     assert main(["suite", f"name={suite}", "measure=true"]) == 2
     assert capsys.readouterr().err.strip().endswith("give plan=true too")
+
+
+def test_prices_read_only_the_runs_of_their_task_and_model(tmp_path):
+    """entry_prices reads the records named as runs of its configs' task and model pairs: every
+    level of a price asks for those, so the prices of the published records are the same as
+    from all of them, and a file of another pair is not even opened."""
+    import shutil
+    from pathlib import Path
+
+    from bench.cli.suites import entry_prices
+    from bench.records.store import read_records
+    published = tmp_path / "published"
+    published.mkdir()
+    for pair in ("markov--mamba--", "lgssm--transformer--", "markov--transformer--", "linreg--"):
+        for path in sorted(Path("results").glob(f"{pair}*.json"))[:4]:
+            shutil.copy(path, published)
+    configs = [compose(["trainer.max_steps=100", "seed=77"]),
+               compose(["task=lgssm", "model=transformer", "trainer.max_steps=100"])]
+    every = [r for r in read_records(published)[0] if r.get("status") == "ok"]
+    assert len(every) == 16
+    assert entry_prices(configs, 1, [str(published)]) == [price(c, every, "cpu", 1)
+                                                           for c in configs]
+    (tmp_path / "markov--mamba--s0--20261129-120000-abcdef.json").write_text("{")
+    (tmp_path / "linreg--gd_ssm--s0--20261129-120000-abcdef.json").write_text("{")
+    found, bad = read_records(tmp_path, {("markov", "mamba"), ("markov", "mamba_lm14m")})
+    assert found == [] and [path.split("/")[-1] for path, _ in bad] == [
+        "markov--mamba--s0--20261129-120000-abcdef.json"]

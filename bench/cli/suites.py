@@ -186,11 +186,12 @@ def pricing_folders(configs: list) -> list[str]:
 def entry_prices(configs: list, share: int | None, folders: list[str]) -> list:
     """Each config's Price (bench/reports/costs.py) from the records in `folders`, on its planned
     device; a CPU run at its trainer.threads, else at `share` threads (a launcher worker's share
-    of the cores)."""
+    of the cores). A price reads only runs of its own task and model, so only theirs are read."""
     from bench.reports.costs import price
     from bench.training.checks import planned_environment
+    runs_of = {(config.task_name, config.model_name) for config in configs}
     records = [r for folder in folders if os.path.isdir(folder)
-               for r in read_records(folder)[0] if r.get("status") == "ok"]
+               for r in read_records(folder, runs_of)[0] if r.get("status") == "ok"]
     prices = []
     for config in configs:
         device = planned_environment(config).device
