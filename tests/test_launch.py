@@ -92,9 +92,14 @@ def test_two_workers_make_the_sequential_runs_records(tmp_path):
     assert all(e["status"] == "ok" and 0 < e["seconds"] < 600 for e in settled)
 
 
+# Steps enough that a run is still training when the test has found it started (a poll of
+# 0.2 s; 150 steps take 3 s here): the runs interrupted by these tests are of this length.
+LONG = "trainer.max_steps=150"
+
+
 def test_a_worker_killed_mid_entry_is_replaced_and_its_entry_runs_again(tmp_path):
     out = tmp_path / "out"
-    parent = bench("sweep", "seed=0-2", "trainer.max_steps=400", *TINY, f"out_dir={out}",
+    parent = bench("sweep", "seed=0-2", LONG, *TINY, f"out_dir={out}",
                    "launcher=local", "workers=2")
     owner = json.loads(wait_for_lock(out).read_text())
     time.sleep(1.0)
@@ -110,8 +115,8 @@ def test_a_worker_killed_mid_entry_is_replaced_and_its_entry_runs_again(tmp_path
 def test_sigterm_to_the_launcher_stops_every_worker_and_a_rerun_completes(tmp_path):
     out = tmp_path / "out"
     shown = [a for a in TINY if a != "trainer.progress=false"] + ["trainer.progress=true"]
-    sweep = ["sweep", "seed=0-2", "trainer.max_steps=400", *shown, f"out_dir={out}",
-             "launcher=local", "workers=2"]
+    sweep = ["sweep", "seed=0-1", LONG, *shown, f"out_dir={out}", "launcher=local",
+             "workers=2"]
     parent = bench(*sweep)
     wait_for_training(out)
     parent.send_signal(signal.SIGTERM)
@@ -126,7 +131,7 @@ def test_sigterm_to_the_launcher_stops_every_worker_and_a_rerun_completes(tmp_pa
     rerun = bench(*sweep)
     output = rerun.communicate(timeout=600)[0]
     assert rerun.returncode == 0, output[-3000:]
-    assert sorted(gaps(out)) == [0, 1, 2]
+    assert sorted(gaps(out)) == [0, 1]
 
 
 @pytest.mark.skipif(not clean_checkout(), reason="done runs are skipped only for committed code")
