@@ -2,6 +2,7 @@
 ranks and gathered back exactly, the batch size is global, and a failed run writes one record."""
 import json
 import os
+import runpy
 import subprocess
 import sys
 import textwrap
@@ -47,17 +48,19 @@ EVAL_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_sharded_evaluation_gathers_exactly_the_single_process_predictions(tmp_path):
+def test_sharded_evaluation_gathers_exactly_the_single_process_predictions(tmp_path,
+                                                                          monkeypatch):
     """37 held-out sequences over 2 ranks (19 + 18, batches of 5): every sequence comes back
-    once, in order, with the predictions one process makes (to float32 rounding)."""
+    once, in order, with the predictions one process makes (to float32 rounding). The one
+    process is this one (a process costs seconds of imports)."""
     script = tmp_path / "evaluate.py"
     script.write_text(EVAL_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for devices in (1, 2):
-        done = subprocess.run([sys.executable, str(script), str(devices),
-                               str(tmp_path / f"{devices}.pt")], capture_output=True, text=True,
-                              env=env, cwd=tmp_path, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.setattr(sys, "argv", [str(script), "1", str(tmp_path / "1.pt")])
+    runpy.run_path(str(script), run_name="__main__")
+    done = subprocess.run([sys.executable, str(script), "2", str(tmp_path / "2.pt")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     one, two = (torch.load(tmp_path / f"{d}.pt") for d in (1, 2))
     assert one["world"] == 1 and two["world"] == 2
     assert one["predictions"].shape == (37, 24, 2)
@@ -128,9 +131,10 @@ def test_a_ddp_run_evaluates_on_both_ranks(tmp_path):
         record["metrics"]["loss"]["model"] - record["metrics"]["loss"]["bayes"])
 
 
-def test_sharded_text_evaluation_equals_one_process(tmp_path):
+def test_sharded_text_evaluation_equals_one_process(tmp_path, capsys):
     """A text task gathers per-token losses, not predictions: two gloo ranks score the whole
-    split once and report what one process reports (lr 1e-12: the weights stay as initialised)."""
+    split once and report what one process reports (lr 1e-12: the weights stay as initialised;
+    the one process is this one)."""
     pytest.importorskip("datasets")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     common = ["task=pydoc", "task.seq_len=32", "model.d_model=16",
@@ -140,11 +144,14 @@ def test_sharded_text_evaluation_equals_one_process(tmp_path):
     metrics = {}
     for devices in (1, 2):
         out = tmp_path / str(devices)
-        ranks = ["trainer.devices=2", "trainer.strategy=ddp"] if devices == 2 else []
-        done = subprocess.run([sys.executable, "-m", "bench", "run", *common, *ranks,
-                               f"out_dir={out}"], capture_output=True, text=True, cwd=tmp_path,
-                              env=env, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
+        if devices == 1:
+            assert main(["run", *common, f"out_dir={out}"]) == 0, capsys.readouterr().err
+        else:
+            done = subprocess.run([sys.executable, "-m", "bench", "run", *common,
+                                   "trainer.devices=2", "trainer.strategy=ddp", f"out_dir={out}"],
+                                  capture_output=True, text=True, cwd=tmp_path, env=env,
+                                  timeout=300)
+            assert done.returncode == 0, done.stderr[-3000:]
         record = json.loads(next(out.glob("*.json")).read_text())
         assert record["eval"]["world_size"] == devices
         metrics[devices] = record["metrics"]
