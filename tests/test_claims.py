@@ -230,6 +230,10 @@ def test_judge_seed_names_a_model_judged_on_its_best_run(tmp_path, extra, rule, 
     ([[0, 5.0]], 5.0),  # one point: itself
     ([[i * 10, float(i)] for i in range(20)], 18.5),  # the last tenth: the mean of 18 and 19
     ([[0, 4.0], [10, "NaN"], [20, 2.0]], 2.0),  # a non-finite loss is no point of the curve
+    ([[0, 4], [10, 3]], 3.0),  # integers, as JSON may parse a loss: the fast path
+    ([[0, 4.0], [10, True]], 4.0), ([[0, 4.0], [10, None]], 4.0),  # no number: no point
+    ([[0, 4.0], [10, 3.0, 1]], 4.0), ([[0, 4.0], 3.0], 4.0),  # not a [step, loss] pair
+    ([[0, 4.0], [10, math.inf]], 4.0),  # a non-finite float on the fast path
     ([], None), (None, None)])
 def test_final_training_loss_is_the_mean_of_the_curves_last_tenth(curve, ended):
     from bench.reports.claims.verdicts import final_train_loss

@@ -359,3 +359,15 @@ def test_a_reference_missing_on_a_seed_pairs_on_another_seeds_sequences(tmp_path
     [d] = decide(tmp_path / "model", rules)
     assert d.tests[-1].paired == "3 seeds and 128 held-out sequences of 2 of the seeds"
     assert d.verdict == "holds"  # 0.01 against 0.1 x 0.2: apart on either
+
+
+def test_per_sequence_values_are_read_only_where_every_one_is_a_number():
+    """read_sequences' check (verdicts.plain_numbers): ints and floats, also of a float subclass
+    (looked at one by one); a bool, a null or a string anywhere leaves the record unpaired."""
+    from bench.reports.claims.verdicts import plain_numbers
+
+    class Loss(float):
+        pass
+    assert plain_numbers([1, 2.5]) and plain_numbers([Loss(1.0), 2.0]) and plain_numbers([])
+    for odd in (True, None, "NaN", [1.0]):
+        assert not plain_numbers([1.0, odd, 2.0])
