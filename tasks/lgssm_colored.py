@@ -383,10 +383,11 @@ class LGSSMColoredTask(Task):
         (`loglog_slope_of_mse`, B.2); and its excess risk over `bayes` and over `clairvoyant`
         (the irreducible error at a fixed ρ) with the same slope of log(excess), which Thm. 2's
         c/k rates are about (undefined where an excess is not positive). Standard errors are
-        over sequences, and each slope has its bootstrap interval over them (`*_ci`). The paper scores the single position k on 100 sequences; here the value
-        "at k" averages the context lengths k/2 < t <= k (the loss at position t predicts
-        x_{t+1} from x_1..x_t): the bins tile the axis on a log scale, so a power law keeps its
-        exponent, and the estimate is far less noisy."""
+        over sequences, and each slope has its bootstrap interval over them (`*_ci`). The paper
+        scores the single position k on 100 sequences; here the value "at k" averages the
+        context lengths k/2 < t <= k (the loss at position t predicts x_{t+1} from x_1..x_t):
+        the bins tile the axis on a log scale, so a power law keeps its exponent, and the
+        estimate is far less noisy."""
         ks = self.context_lengths()
         some_loss = next(iter(losses.values()))
         bins = context_bins(ks, some_loss.shape[1], some_loss.device)

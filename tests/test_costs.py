@@ -152,7 +152,7 @@ def test_prices_read_only_the_runs_of_their_task_and_model(tmp_path):
     published = tmp_path / "published"
     published.mkdir()
     for pair in ("markov--mamba--", "lgssm--transformer--", "markov--transformer--", "linreg--"):
-        for path in sorted(Path("results").glob(f"{pair}*.json"))[:4]:
+        for path in sorted((Path(__file__).parents[1] / "results").glob(f"{pair}*.json"))[:4]:
             shutil.copy(path, published)
     configs = [compose(["trainer.max_steps=100", "seed=77"]),
                compose(["task=lgssm", "model=transformer", "trainer.max_steps=100"])]
