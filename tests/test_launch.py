@@ -1,8 +1,8 @@
 """Suites and sweeps over several processes (bench/cli/launch.py, bench/records/locks.py):
 workers that match the sequential run record for record, a worker killed mid-entry, SIGTERM to
-the launcher, two launchers on one out_dir, an interrupted entry resumed from its checkpoint,
-and the SLURM path through submitit (a stand-in sbatch, and submitit's local executor running an
-array task for real, preempted and requeued)."""
+the launcher, a launcher and a sequential runner on one out_dir, an interrupted entry resumed
+from its checkpoint, and the SLURM path through submitit (a stand-in sbatch, and submitit's local
+executor running an array task for real, preempted and requeued)."""
 from __future__ import annotations
 
 import json
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli.launch import ArrayTask, Plan, take_launcher
+from bench.cli.main import main
 from bench.config import ConfigError
 from bench.records import locks, store
 
@@ -65,13 +66,13 @@ def clean_checkout() -> bool:
     return store.provenance()["dirty"] is False
 
 
-def test_two_workers_make_the_sequential_runs_records(tmp_path):
-    """The same gaps to the last digit, one ok record per seed."""
+def test_two_workers_make_the_sequential_runs_records(tmp_path, capsys):
+    """The same gaps to the last digit, one ok record per seed. The sequential sweep runs in
+    this process while the launcher's workers run (a process costs seconds of imports)."""
     sweep = ["sweep", "seed=0-3", "trainer.max_steps=6", *TINY]
-    alone = bench(*sweep, f"out_dir={tmp_path / 'one'}")
     two = bench(*sweep, f"out_dir={tmp_path / 'two'}", "launcher=local", "workers=2")
-    out_alone, out_two = alone.communicate(timeout=600)[0], two.communicate(timeout=600)[0]
-    assert alone.returncode == 0, out_alone[-3000:]
+    assert main([*sweep, f"out_dir={tmp_path / 'one'}"]) == 0, capsys.readouterr().err[-3000:]
+    out_two = two.communicate(timeout=600)[0]
     assert two.returncode == 0, out_two[-3000:]
     assert "4 entries on 2 workers (cores " in out_two
     assert "[4/4 settled: 4 ok or done already, 0 failed" in out_two
@@ -135,16 +136,22 @@ def test_sigterm_to_the_launcher_stops_every_worker_and_a_rerun_completes(tmp_pa
 
 
 @pytest.mark.skipif(not clean_checkout(), reason="done runs are skipped only for committed code")
-def test_two_launchers_on_one_out_dir_run_no_entry_twice(tmp_path):
+def test_a_launcher_and_a_sequential_runner_on_one_out_dir_run_no_entry_twice(tmp_path, capsys):
+    """A launcher's two workers and a sequential runner (this process, started once a worker
+    holds an entry) on one out_dir: every entry runs once. The runner passes an entry a worker
+    holds and comes back to it when it is free, finding it done."""
     out = tmp_path / "out"
-    sweep = ["sweep", "seed=0-3", "trainer.max_steps=100", *TINY, f"out_dir={out}",
-             "launcher=local", "workers=2"]
-    first, second = bench(*sweep), bench(*sweep)
-    for launcher in (first, second):
-        output = launcher.communicate(timeout=600)[0]
-        assert launcher.returncode == 0, output[-3000:]
+    sweep = ["sweep", "seed=0-3", "trainer.max_steps=100", *TINY, f"out_dir={out}"]
+    launcher = bench(*sweep, "launcher=local", "workers=2")
+    wait_for_lock(out)
+    assert main(sweep) == 0, capsys.readouterr().err[-3000:]
+    printed = capsys.readouterr().out
+    output = launcher.communicate(timeout=600)[0]
+    assert launcher.returncode == 0, output[-3000:]
     found = gaps(out)
     assert sorted(found) == [0, 1, 2, 3] and all(len(v) == 1 for v in found.values()), found
+    # the runner met the entry a worker held when it began: running, or done by then
+    assert "another process runs it" in printed or "done already" in printed, printed
 
 
 def test_a_stale_lock_is_taken_over_and_a_living_one_is_not(tmp_path):
@@ -234,23 +241,23 @@ def records(out_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
 
 
-def test_a_killed_runs_entry_goes_on_from_its_newest_checkpoint(tmp_path):
+def test_a_killed_runs_entry_goes_on_from_its_newest_checkpoint(tmp_path, capsys):
     """A run killed after its step-10 checkpoint (no record: its ok record never came) is
     resumed by the sweep from that checkpoint, not from step 0; the record it makes is the
     uninterrupted run's. A diverged run's checkpoints are not resumed (it would diverge again),
-    nor are any with rerun=true."""
+    nor are any with rerun=true. Both commands run in this process: nothing here is a signal."""
     out = tmp_path / "out"
     config = ["trainer.max_steps=20", "trainer.checkpoint_every=10", *TINY, f"out_dir={out}"]
-    whole = bench("run", *config)
-    assert whole.communicate(timeout=600) and whole.returncode == 0
+    assert main(["run", *config]) == 0, capsys.readouterr().err[-3000:]
     (first,) = records(out)
     (out / f"{first['run_id']}.json").unlink()  # as if killed before its record was written
     for path in (out / "checkpoints" / first["run_id"]).glob("*.ckpt"):
         if "step=10" not in path.name:
             path.unlink()
-    sweep = bench("sweep", "seed=0,1", *config)  # seed 1: nothing to resume
-    output = sweep.communicate(timeout=600)[0]
-    assert sweep.returncode == 0, output[-3000:]
+    capsys.readouterr()
+    code = main(["sweep", "seed=0,1", *config])  # seed 1: nothing to resume
+    output = "".join(capsys.readouterr())
+    assert code == 0, output[-3000:]
     assert output.count("resuming the interrupted run from") == 1 and "step=10" in output
     (resumed,) = [r for r in records(out) if r["seed"] == 0]
     assert resumed["resumed_from"].endswith("step=10.ckpt")
@@ -265,8 +272,7 @@ def test_a_run_that_finished_or_diverged_is_not_resumed(tmp_path):
     from bench.config import compose
     out = tmp_path / "out"
     config = ["trainer.max_steps=20", "trainer.checkpoint_every=10", *TINY, f"out_dir={out}"]
-    whole = bench("run", *config)
-    assert whole.communicate(timeout=600) and whole.returncode == 0
+    assert main(["run", *config]) == 0
     composed = compose(config)
     assert interrupted_checkpoint(composed) == ""  # its ok record: finished
     (path,) = out.glob("*.json")
@@ -314,8 +320,7 @@ def test_a_preempted_array_task_is_requeued_and_resumes_from_its_checkpoint(tmp_
     assert ok["resumed_run_id"] == by_status["failed"]["run_id"]
     assert ok["resumed_from"].endswith(".ckpt") and ok["train"]["steps"] == 300
     assert "Requeued" in job.stderr() or "Requeued" in (job.stdout() or "")
-    whole = bench("run", *config, f"out_dir={alone}")
-    assert whole.communicate(timeout=600) and whole.returncode == 0
+    assert main(["run", *config, f"out_dir={alone}"]) == 0  # here: nothing to interrupt
     (uninterrupted,) = records(alone)
     assert ok["metrics"]["bayes_gap"] == uninterrupted["metrics"]["bayes_gap"]
 

@@ -4,8 +4,9 @@ worker, is the sequential runner of bench/cli/suites.py.
 
 Every worker (a process here, an array task there) goes through the entries in its own order and
 runs each one that is neither finished (suites.finished_runs: an ok record, as the sequential
-runner skips) nor locked by another living worker (bench/records/locks.py), so two workers, or
-two launchers on one out_dir, never run one entry, and records are written as a lone run writes
+runner skips) nor locked by another living worker (bench/records/locks.py), so two workers, two
+launchers, or a launcher and a sequential runner (which takes the same locks) on one out_dir
+never run one entry, and records are written as a lone run writes
 them. A worker killed mid-run leaves no ok record: its lock dies with it and the entry runs
 again (here at once, by the worker that replaces it; on SLURM in the requeued task), from the
 interrupted run's newest checkpoint where its trainer writes them (trainer.checkpoint_every),
@@ -28,10 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.cli.options import positive_int, take_option
-from bench.cli.suites import (entry_prices, finished_runs, pricing_folders, print_sweep_table,
-                              run_entry)
+from bench.cli.suites import (entry_prices, finished_runs, finished_since, listings,
+                              pricing_folders, print_sweep_table, run_entry)
 from bench.config import ConfigError, compose
-from bench.records.locks import lock_key, remove_locks_of, try_lock
+from bench.records.locks import remove_locks_of, run_lock_key, try_lock
 from bench.records.store import RunFailed, SignalAfterRecord
 
 LAUNCHES = ".launch"  # <out_dir>/.launch/<stamp>-<pid>/: the plan, worker logs and results
@@ -106,10 +107,6 @@ class Plan:
         return configs
 
 
-def lock_key_of(config) -> str:
-    return lock_key(config.describe(), config.out_dir)
-
-
 def dispatcher(launcher: Launcher):
     """What suites.run_entries hands its checked entries to: None for the sequential runner,
     else a function that runs them in workers here or submits them to SLURM."""
@@ -152,12 +149,14 @@ def work(plan: Plan, index: int, folder: Path, workers: int = 1,
     def finished(i: int) -> bool:
         if plan.numbers[i] in read_results(folder):  # settled in this launch (a failed run too)
             return True
-        done = {} if plan.rerun else finished_runs([configs[i]])
-        if done:
-            settle(i, "done already", done[0])
-        return bool(done)
+        path = "" if plan.rerun else finished_since(configs[i], listed[configs[i].out_dir])
+        if path:
+            settle(i, "done already", path)
+        return bool(path)
 
-    # what is finished at the start, in one reading of the out_dirs (not one an entry)
+    # what is finished at the start, in one reading of the out_dirs (not one an entry); what
+    # another launcher finishes later is a new file (finished_since)
+    listed = listings(configs)
     done = {} if plan.rerun else finished_runs(configs)
     settled = read_results(folder)
     for i, path in done.items():
@@ -170,7 +169,7 @@ def work(plan: Plan, index: int, folder: Path, workers: int = 1,
             config = configs[i]
             if plan.numbers[i] in read_results(folder):
                 continue
-            lock = try_lock(config.out_dir, lock_key_of(config))
+            lock = try_lock(config.out_dir, run_lock_key(config))
             if lock is None:  # another worker runs it, maybe another launcher's: seen again
                 held_elsewhere.append(i)  # when it lets go (done, or to run if it failed)
                 continue

@@ -4,6 +4,7 @@ at the end. `python -m bench suite` and `sweep` (bench/cli/main.py) parse their 
 call run_entries."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -50,11 +51,14 @@ def finished_runs(configs: list) -> dict[int, str]:
         return {}
     by_dir: dict[str, list[dict]] = {}
     candidates: dict[int, list[dict]] = {}  # config -> its records, by whatever code
+    pairs: dict[str, set] = {}  # a record matches only runs of its task and model: only
+    for config in configs:  # theirs are read (results/ is 1,000 records, 8 s to read whole)
+        pairs.setdefault(config.out_dir, set()).add((config.task_name, config.model_name))
     for i, config in enumerate(configs):
         planned = planned_environment(config)
         if config.out_dir not in by_dir:
-            found, bad = read_records(config.out_dir) if os.path.isdir(config.out_dir) \
-                else ([], [])
+            found, bad = read_records(config.out_dir, pairs[config.out_dir]) \
+                if os.path.isdir(config.out_dir) else ([], [])
             for path, reason in bad:  # a damaged record's run runs again: say which file
                 print(f"warning: skipped {path}: {reason}; it finishes no run", file=sys.stderr)
             by_dir[config.out_dir] = [r for r in found if r.get("status") == "ok"]
@@ -305,22 +309,57 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
     """Runs the entries of a suite or sweep in turn (one process group for all of them under
     DDP), each unless finished_runs finds it done; `tasks`: each entry's task as the checks
     built it (checked_task_of), which its run trains on and then lets go (a pool of training
-    tasks can be large)."""
+    tasks can be large).
+
+    Each entry runs under its lock (bench/records/locks.py), as a launcher's workers' do: two
+    runners on one out_dir (the same suite started twice, on two machines sharing a folder, or
+    beside a launcher) never run one entry. An entry another living process holds is passed
+    and come back to when its lock goes: skipped if that run finished it (unless rerun), else
+    run. A DDP run's ranks run every entry together and take no lock."""
+    from bench.records.locks import run_lock_key, try_lock
+    from bench.training.devices import world_size
+    listed = listings(configs)  # before the reading: a record written after it is seen new
     done = {} if rerun else finished_runs(configs)
     tasks = dict(enumerate(tasks)) if tasks is not None else {}
-    failed, paths = [], []
-    for i, (number, entry, config) in enumerate(zip(numbers, suite, configs)):
-        print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}", flush=True)
-        if i in done:
-            print(f"    done already -> {done[i]}", flush=True)
-            paths.append(done[i])
-            tasks.pop(i, None)
-            continue
-        status, path = run_entry(config, tasks.pop(i, None), resume=not rerun)
-        if status == "failed":
-            failed.append(number)
-        elif path:  # a DDP rank other than 0 has none: rank 0 reports
-            paths.append(path)
+    failed, paths, announced = [], [], set()
+
+    def skip(i: int, path: str) -> None:
+        print(f"    done already -> {path}", flush=True)
+        paths.append(path)
+        tasks.pop(i, None)
+
+    pending = list(range(len(configs)))
+    while pending:
+        held_elsewhere = []
+        for i in pending:
+            number, entry, config = numbers[i], suite[i], configs[i]
+            if i in done:
+                print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}", flush=True)
+                skip(i, done[i])
+                continue
+            alone = world_size(config) == 1
+            lock = try_lock(config.out_dir, run_lock_key(config)) if alone else None
+            if alone and lock is None:
+                if i not in announced:
+                    announced.add(i)
+                    print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}: another "
+                          "process runs it; back to it when it is done", flush=True)
+                held_elsewhere.append(i)
+                continue
+            with lock or contextlib.nullcontext():
+                print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}", flush=True)
+                elsewhere = "" if rerun else finished_since(config, listed[config.out_dir])
+                if elsewhere:  # another runner finished it since this one began
+                    skip(i, elsewhere)
+                    continue
+                status, path = run_entry(config, tasks.pop(i, None), resume=not rerun)
+            if status == "failed":
+                failed.append(number)
+            elif path:  # a DDP rank other than 0 has none: rank 0 reports
+                paths.append(path)
+        pending = held_elsewhere
+        if pending:
+            time.sleep(1.0)
     if what == "the sweep" and paths:  # what a sweep is for: its table, seeds pooled per config
         print_sweep_table(paths)
     if failed:
@@ -328,6 +367,23 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
               f"{', '.join(map(str, failed))}); their failed records say why", file=sys.stderr)
         return 1
     return 0
+
+
+def listings(configs: list) -> dict[str, frozenset[str]]:
+    """The names of the files in each config's out_dir now (none where it does not exist)."""
+    return {out_dir: frozenset(os.listdir(out_dir)) if os.path.isdir(out_dir) else frozenset()
+            for out_dir in {config.out_dir for config in configs}}
+
+
+def finished_since(config, names_before: frozenset[str]) -> str:
+    """The record that finishes config (finished_runs) among those written since out_dir held
+    `names_before`, by another runner or worker; "" when none. Only a new file named as a run of
+    its task, model and seed is worth reading, so a runner that finds none reads nothing."""
+    prefix = f"{config.task_name}--{config.model_name}--s{config.seed}--"
+    if not any(name.startswith(prefix) and name.endswith(".json") and name not in names_before
+               for name in listings([config])[config.out_dir]):
+        return ""
+    return finished_runs([config]).get(0, "")
 
 
 def interrupted_checkpoint(config) -> str:

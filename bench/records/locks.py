@@ -1,5 +1,6 @@
 """Entry locks: what keeps two workers (processes of `suite launcher=local workers=N`, tasks of a
-SLURM job array, or two launchers started on one out_dir) from running the same run at once.
+SLURM job array, sequential runners, or any of them started on one out_dir) from running the same
+run at once.
 
 A lock is a file `<out_dir>/.locks/<key>.lock`, made with O_CREAT | O_EXCL (atomic on a local
 file system and on NFSv3+), holding its owner's host, pid and start time. Its owner refreshes the
@@ -30,6 +31,11 @@ def lock_key(described: dict, out_dir: str) -> str:
     run = {k: v for k, v in described.items() if k not in ("overrides", "origin", "name")}
     return hashlib.sha1(json.dumps([run, os.path.abspath(out_dir)], sort_keys=True,
                                    default=str).encode()).hexdigest()[:20]
+
+
+def run_lock_key(config) -> str:
+    """lock_key of a composed run config (bench.config.RunConfig)."""
+    return lock_key(config.describe(), config.out_dir)
 
 
 def lock_path(out_dir: str, key: str) -> Path:
