@@ -141,9 +141,10 @@ def test_plan_measures_the_step_here_once_a_setup_when_asked(tmp_path, monkeypat
 
 
 def test_prices_read_only_the_runs_of_their_task_and_model(tmp_path):
-    """entry_prices reads the records named as runs of its configs' task and model pairs: every
-    level of a price asks for those, so the prices of the published records are the same as
-    from all of them, and a file of another pair is not even opened."""
+    """entry_prices reads the records of its configs' task and model pairs: every level of a
+    price asks for those, so the prices of the published records are the same as from all of
+    them; a file named as a run of another pair is not even opened, and one named otherwise is
+    read."""
     import shutil
     from pathlib import Path
 
@@ -162,6 +163,7 @@ def test_prices_read_only_the_runs_of_their_task_and_model(tmp_path):
                                                            for c in configs]
     (tmp_path / "markov--mamba--s0--20261129-120000-abcdef.json").write_text("{")
     (tmp_path / "linreg--gd_ssm--s0--20261129-120000-abcdef.json").write_text("{")
+    (tmp_path / "renamed--by-hand.json").write_text("{")  # not named as a run: whose, it says
     found, bad = read_records(tmp_path, {("markov", "mamba"), ("markov", "mamba_lm14m")})
     assert found == [] and [path.split("/")[-1] for path, _ in bad] == [
-        "markov--mamba--s0--20261129-120000-abcdef.json"]
+        "markov--mamba--s0--20261129-120000-abcdef.json", "renamed--by-hand.json"]

@@ -154,6 +154,34 @@ def test_a_launcher_and_a_sequential_runner_on_one_out_dir_run_no_entry_twice(tm
     assert "another process runs it" in printed or "done already" in printed, printed
 
 
+def test_a_sequential_runner_passes_an_entry_another_process_holds(tmp_path, monkeypatch,
+                                                                  capsys):
+    """The sequential runner takes each entry's lock: an entry held elsewhere (here by this
+    test, which lets go once the runner has found it held) is passed, the next one runs, and
+    the runner comes back to it when it is free (and runs it: nobody finished it)."""
+    from bench.config import compose
+    out = tmp_path / "out"
+    args = ["trainer.max_steps=4", *TINY, f"out_dir={out}"]
+    key = locks.run_lock_key(compose(["seed=0", *args]))
+    held = locks.try_lock(str(out), key)
+    assert held is not None
+    take = locks.try_lock
+
+    def taking(out_dir, wanted):
+        lock = take(out_dir, wanted)
+        if lock is None and wanted == key:
+            held.release()  # found held: free from now on
+        return lock
+    monkeypatch.setattr(locks, "try_lock", taking)
+    assert main(["sweep", "seed=0,1", *args]) == 0, capsys.readouterr().err[-3000:]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert lines[0].startswith("[1/2] seed=0") and lines[0].endswith(
+        ": another process runs it; back to it when it is done"), lines
+    assert lines[1].startswith("[2/2] seed=1") and lines[2].startswith("[1/2] seed=0"), lines
+    assert sorted(gaps(out)) == [0, 1] and all(len(v) == 1 for v in gaps(out).values())
+    assert not list((out / locks.LOCKS).glob("*.lock"))
+
+
 def test_a_stale_lock_is_taken_over_and_a_living_one_is_not(tmp_path):
     key = "k"
     held = locks.try_lock(str(tmp_path), key)

@@ -292,14 +292,14 @@ def read_records(out_dir: str | Path, runs_of: set[tuple[str, str]] | None = Non
     that is not one: not valid JSON, not a JSON object, or another schema. Callers report the
     latter; nothing is skipped silently. Hidden files are write_record's temporaries;
     IDENTITY_INDEX is the folder's identity index (bench/reports/identities.py), not a record.
-    runs_of: only the files named as runs of these (task, model) pairs are read (new_run_id),
-    for a caller that keeps no other record anyway: results/ is 180 MB of JSON, 7 s to read."""
+    runs_of: files named as runs of other (task, model) pairs (new_run_id) are not read, for a
+    caller that keeps no other record anyway: results/ is 180 MB of JSON, 7 s to read. A file
+    named otherwise (a record renamed by hand) is read: its content says whose run it is."""
     records, bad = [], []
-    prefixes = None if runs_of is None else tuple(f"{task}--{model}--s" for task, model in runs_of)
     for path in sorted(Path(out_dir).glob("*.json")):
         if path.name.startswith(".") or path.name == IDENTITY_INDEX or not path.is_file():
             continue
-        if prefixes is not None and not path.name.startswith(prefixes):
+        if runs_of is not None and named_pair(path.name) not in (None, *runs_of):
             continue
         record, reason = read_record(path)
         if record is None:
@@ -307,6 +307,15 @@ def read_records(out_dir: str | Path, runs_of: set[tuple[str, str]] | None = Non
         else:
             records.append(record)
     return records, bad
+
+
+def named_pair(file_name: str) -> tuple[str, str] | None:
+    """(task, model) of a file named as a run (new_run_id: <task>--<model>--s<seed>--...), else
+    None."""
+    parts = file_name.split("--")
+    if len(parts) >= 4 and parts[2][:1] == "s" and parts[2][1:].isdigit():
+        return parts[0], parts[1]
+    return None
 
 
 def read_record(path: Path) -> tuple[dict | None, str]:
