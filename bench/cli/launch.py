@@ -6,13 +6,13 @@ Every worker (a process here, an array task there) goes through the entries in i
 runs each one that is neither finished (suites.finished_runs: an ok record, as the sequential
 runner skips) nor locked by another living worker (bench/records/locks.py), so two workers, two
 launchers, or a launcher and a sequential runner (which takes the same locks) on one out_dir
-never run one entry, and records are written as a lone run writes
-them. A worker killed mid-run leaves no ok record: its lock dies with it and the entry runs
-again (here at once, by the worker that replaces it; on SLURM in the requeued task), from the
-interrupted run's newest checkpoint where its trainer writes them (trainer.checkpoint_every),
-else from its start. The parent here pins each worker to a GPU or to
-its share of the cores, reports progress from the workers' result files, replaces a worker that
-dies, and on Ctrl-C or SIGTERM stops them all; a rerun of the same command completes the rest."""
+never run one entry, and records are written as a lone run writes them. A worker killed mid-run
+leaves no ok record: its lock dies with it and the entry runs again (here at once, by the worker
+that replaces it; on SLURM in the requeued task), from the interrupted run's newest checkpoint
+where its trainer writes them (trainer.checkpoint_every), else from its start. The parent here
+pins each worker to a GPU or to its share of the cores, reports progress from the workers'
+result files, replaces a worker that dies, and on Ctrl-C or SIGTERM stops them all; a rerun of
+the same command completes the rest."""
 from __future__ import annotations
 
 import contextlib
