@@ -332,9 +332,10 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
     while pending:
         held_elsewhere = []
         for i in pending:
-            number, entry, config = numbers[i], suite[i], configs[i]
+            number, config = numbers[i], configs[i]
+            header = f"[{number}/{size}] {' '.join(suite[i]) or '(defaults)'}"
             if i in done:
-                print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}", flush=True)
+                print(header, flush=True)
                 skip(i, done[i])
                 continue
             alone = world_size(config) == 1
@@ -342,12 +343,12 @@ def run_suite(what: str, size: int, numbers: list[int], suite: list[list[str]],
             if alone and lock is None:
                 if i not in announced:
                     announced.add(i)
-                    print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}: another "
-                          "process runs it; back to it when it is done", flush=True)
+                    print(f"{header}: another process runs it; back to it when it is done",
+                          flush=True)
                 held_elsewhere.append(i)
                 continue
             with lock or contextlib.nullcontext():
-                print(f"[{number}/{size}] {' '.join(entry) or '(defaults)'}", flush=True)
+                print(header, flush=True)
                 elsewhere = "" if rerun else finished_since(config, listed[config.out_dir])
                 if elsewhere:  # another runner finished it since this one began
                     skip(i, elsewhere)

@@ -296,10 +296,11 @@ def read_records(out_dir: str | Path, runs_of: set[tuple[str, str]] | None = Non
     caller that keeps no other record anyway: results/ is 180 MB of JSON, 7 s to read. A file
     named otherwise (a record renamed by hand) is read: its content says whose run it is."""
     records, bad = [], []
+    read = None if runs_of is None else {*runs_of, None}  # None: a name of no run
     for path in sorted(Path(out_dir).glob("*.json")):
         if path.name.startswith(".") or path.name == IDENTITY_INDEX or not path.is_file():
             continue
-        if runs_of is not None and named_pair(path.name) not in (None, *runs_of):
+        if read is not None and named_pair(path.name) not in read:
             continue
         record, reason = read_record(path)
         if record is None:
