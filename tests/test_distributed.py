@@ -22,133 +22,24 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=37",
         "trainer.bootstrap=200", "trainer.progress=false"]
 
-# Evaluates a freshly initialised model (no training, so both runs hold the same weights) with
-# Trainer.test on `devices` CPU processes; rank 0 saves the gathered predictions. Lightning's
-# DDP launcher starts the other rank by running this file again.
-EVAL_SCRIPT = textwrap.dedent("""
-    import sys, torch, lightning as L
-    from bench.config import compose
-    from bench.training.datamodule import TaskData
-    from bench.training.module import ICLModule
-    from bench.training.train import build, quiet_lightning
-    devices, out = int(sys.argv[1]), sys.argv[2]
-    quiet_lightning()
-    config = compose(["trainer.accelerator=cpu", f"trainer.devices={devices}",
-                      "trainer.strategy=ddp" if devices > 1 else "trainer.strategy=auto",
-                      "task.seq_len=24", "trainer.batch_size=4", "trainer.eval_batch_size=5"])
-    task, model = build(config)
-    module = ICLModule(model, task, config.trainer)
-    task.set_held_out(37, 5)
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=config.trainer.strategy,
-                        logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        use_distributed_sampler=False)
-    trainer.test(module, datamodule=TaskData(task), verbose=False)
-    if trainer.is_global_zero:
-        torch.save({"predictions": module.test_predictions, "world": trainer.world_size}, out)
-""")
-
-
-def test_sharded_evaluation_gathers_exactly_the_single_process_predictions(tmp_path,
-                                                                          monkeypatch):
-    """37 held-out sequences over 2 ranks (19 + 18, batches of 5): every sequence comes back
-    once, in order, with the predictions one process makes (to float32 rounding). The one
-    process is this one (a process costs seconds of imports)."""
-    script = tmp_path / "evaluate.py"
-    script.write_text(EVAL_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    monkeypatch.setattr(sys, "argv", [str(script), "1", str(tmp_path / "1.pt")])
-    runpy.run_path(str(script), run_name="__main__")
-    done = subprocess.run([sys.executable, str(script), "2", str(tmp_path / "2.pt")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    one, two = (torch.load(tmp_path / f"{d}.pt") for d in (1, 2))
-    assert one["world"] == 1 and two["world"] == 2
-    assert one["predictions"].shape == (37, 24, 2)
-    torch.testing.assert_close(two["predictions"], one["predictions"], rtol=0, atol=1e-6)
-
-    # ... and they are the model's own predictions on the held-out set, made without Lightning
-    config = compose(["task.seq_len=24", "trainer.batch_size=4"])
-    task, model = build(config)
-    direct = model.predict(task.held_out(37).inputs).double()
-    torch.testing.assert_close(one["predictions"], direct, rtol=0, atol=1e-6)
-
-
-def test_batch_size_is_the_global_batch():
-    config = compose_checked(["trainer.accelerator=cpu", "trainer.devices=2",
-                              "trainer.strategy=ddp", "trainer.batch_size=32"])
-    task, _ = build(config)
-    assert task.batch_size == 16
-    single, _ = build(compose_checked(["trainer.batch_size=32"]))
-    assert single.batch_size == 32
-
-
-def test_a_batch_that_does_not_split_over_the_ranks_is_refused(capsys):
-    assert main(["run", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
-                 "trainer.batch_size=33"]) == 2
-    assert "must split evenly over the 2 training processes" in capsys.readouterr().err
-
-
-def test_a_failed_ddp_run_writes_one_failed_record(tmp_path):
-    """Both ranks diverge at once (lr 1e30); rank 0 alone writes the record."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "bench", "run", "trainer.accelerator=cpu",
-                           "trainer.devices=2", "trainer.strategy=ddp", "trainer.lr=1e30",
-                           "trainer.max_steps=50", f"out_dir={tmp_path}", *TINY],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
-    assert done.returncode == 1, done.stderr[-3000:]
-    records = list(tmp_path.glob("*.json"))
-    assert len(records) == 1
-    record = json.loads(records[0].read_text())
-    assert record["status"] == "failed" and record["reason"].startswith("diverged at step")
-
-
-def test_sharded_text_evaluation_equals_one_process(tmp_path, capsys):
-    """A text task gathers per-token losses, not predictions: two gloo ranks score the whole
-    split once and report what one process reports (lr 1e-12: the weights stay as initialised;
-    the one process is this one)."""
-    pytest.importorskip("datasets")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    common = ["task=pydoc", "task.seq_len=32", "model.d_model=16",
-              "trainer.max_steps=1", "trainer.lr=1e-12", "trainer.warmup_steps=0",
-              "trainer.batch_size=4", "trainer.bootstrap=100", "trainer.progress=false",
-              "trainer.logger=none", "trainer.accelerator=cpu"]
-    metrics = {}
-    for devices in (1, 2):
-        out = tmp_path / str(devices)
-        if devices == 1:
-            assert main(["run", *common, f"out_dir={out}"]) == 0, capsys.readouterr().err
-        else:
-            done = subprocess.run([sys.executable, "-m", "bench", "run", *common,
-                                   "trainer.devices=2", "trainer.strategy=ddp", f"out_dir={out}"],
-                                  capture_output=True, text=True, cwd=tmp_path, env=env,
-                                  timeout=300)
-            assert done.returncode == 0, done.stderr[-3000:]
-        record = json.loads(next(out.glob("*.json")).read_text())
-        assert record["eval"]["world_size"] == devices
-        metrics[devices] = record["metrics"]
-    one, two = metrics[1], metrics[2]
-    assert one["sequences"] == two["sequences"] and one["scored_positions"] == two["scored_positions"]
-    assert two["loss"]["model"] == pytest.approx(one["loss"]["model"], abs=1e-6)
-    assert two["accuracy"]["model"] == pytest.approx(one["accuracy"]["model"], abs=1e-9)
-    assert two["loss"]["bigram"] == one["loss"]["bigram"]
-
-
-# --- leaving a run together: signals, failures, suites (two CPU ranks, launched as torchrun
-# would: each process is told its rank, so the test sees every rank's exit status) -------------
-
+# A DDP run that trains until it is stopped, logging every 5 steps.
 LONG = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
         "trainer.max_steps=100000", "trainer.log_every=5", "trainer.logger=csv", *TINY]
 
 
+# Two CPU ranks, launched as torchrun would: each process is told its rank, so a test sees every
+# rank's exit status.
 def launch_ranks(args: list[str], out: Path, script: Path | None = None) -> list[subprocess.Popen]:
     """Both ranks of a 2-process job, started the way torchrun or SLURM start them (Lightning
-    then launches nothing itself), running `python -m bench <args>` (or `script <args>`)."""
+    then launches nothing itself), running `python -m bench <args> out_dir=<out>` (or
+    `script <args>`), in out's parent. Both import at once: Lightning's own launcher starts
+    rank 1 only once rank 0 has imported everything, seconds later."""
     import socket
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, *([str(script)] if script else ["-m", "bench"]), *args,
-               f"out_dir={out}"]
+    command = ([sys.executable, str(script), *args] if script else
+               [sys.executable, "-m", "bench", *args, f"out_dir={out}"])
     return [subprocess.Popen(command, cwd=out.parent, text=True, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE,
                              env={**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
@@ -183,6 +74,118 @@ def finish(ranks: list[subprocess.Popen], timeout: float = 60) -> list[tuple[int
             raise AssertionError(f"a rank did not exit within {timeout} s")
         results.append((rank.returncode, err))
     return results
+
+
+# Evaluates a freshly initialised model (no training, so both runs hold the same weights) with
+# Trainer.test on `devices` CPU processes; rank 0 saves the gathered predictions. On two, the
+# test starts both ranks (launch_ranks).
+EVAL_SCRIPT = textwrap.dedent("""
+    import sys, torch, lightning as L
+    from bench.config import compose
+    from bench.training.datamodule import TaskData
+    from bench.training.module import ICLModule
+    from bench.training.train import build, quiet_lightning
+    devices, out = int(sys.argv[1]), sys.argv[2]
+    quiet_lightning()
+    config = compose(["trainer.accelerator=cpu", f"trainer.devices={devices}",
+                      "trainer.strategy=ddp" if devices > 1 else "trainer.strategy=auto",
+                      "task.seq_len=24", "trainer.batch_size=4", "trainer.eval_batch_size=5"])
+    task, model = build(config)
+    module = ICLModule(model, task, config.trainer)
+    task.set_held_out(37, 5)
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=config.trainer.strategy,
+                        logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        use_distributed_sampler=False)
+    trainer.test(module, datamodule=TaskData(task), verbose=False)
+    if trainer.is_global_zero:
+        torch.save({"predictions": module.test_predictions, "world": trainer.world_size}, out)
+""")
+
+
+def test_sharded_evaluation_gathers_exactly_the_single_process_predictions(tmp_path,
+                                                                          monkeypatch):
+    """37 held-out sequences over 2 ranks (19 + 18, batches of 5): every sequence comes back
+    once, in order, with the predictions one process makes (to float32 rounding). The one
+    process is this one (a process costs seconds of imports)."""
+    script = tmp_path / "evaluate.py"
+    script.write_text(EVAL_SCRIPT)
+    monkeypatch.setattr(sys, "argv", [str(script), "1", str(tmp_path / "1.pt")])
+    runpy.run_path(str(script), run_name="__main__")
+    results = finish(launch_ranks(["2", str(tmp_path / "2.pt")], tmp_path / "ranks", script),
+                     timeout=240)
+    assert [code for code, _ in results] == [0, 0], [err[-2000:] for _, err in results]
+    one, two = (torch.load(tmp_path / f"{d}.pt") for d in (1, 2))
+    assert one["world"] == 1 and two["world"] == 2
+    assert one["predictions"].shape == (37, 24, 2)
+    torch.testing.assert_close(two["predictions"], one["predictions"], rtol=0, atol=1e-6)
+
+    # ... and they are the model's own predictions on the held-out set, made without Lightning
+    config = compose(["task.seq_len=24", "trainer.batch_size=4"])
+    task, model = build(config)
+    direct = model.predict(task.held_out(37).inputs).double()
+    torch.testing.assert_close(one["predictions"], direct, rtol=0, atol=1e-6)
+
+
+def test_batch_size_is_the_global_batch():
+    config = compose_checked(["trainer.accelerator=cpu", "trainer.devices=2",
+                              "trainer.strategy=ddp", "trainer.batch_size=32"])
+    task, _ = build(config)
+    assert task.batch_size == 16
+    single, _ = build(compose_checked(["trainer.batch_size=32"]))
+    assert single.batch_size == 32
+
+
+def test_a_batch_that_does_not_split_over_the_ranks_is_refused(capsys):
+    assert main(["run", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
+                 "trainer.batch_size=33"]) == 2
+    assert "must split evenly over the 2 training processes" in capsys.readouterr().err
+
+
+def test_a_failed_ddp_run_writes_one_failed_record(tmp_path):
+    """Both ranks diverge at once (lr 1e30); rank 0 alone writes the record, and both exit 1.
+    The ranks start together, as torchrun starts them (Lightning starting rank 1 once rank 0
+    has imported everything is test_sigterm_to_a_run_that_lightning_launched's)."""
+    out = tmp_path / "runs"
+    ranks = launch_ranks(["run", "trainer.accelerator=cpu", "trainer.devices=2",
+                          "trainer.strategy=ddp", "trainer.lr=1e30", "trainer.max_steps=50",
+                          *TINY], out)
+    results = finish(ranks, timeout=240)
+    assert [code for code, _ in results] == [1, 1], [err[-2000:] for _, err in results]
+    records = list(out.glob("*.json"))
+    assert len(records) == 1
+    record = json.loads(records[0].read_text())
+    assert record["status"] == "failed" and record["reason"].startswith("diverged at step")
+
+
+def test_sharded_text_evaluation_equals_one_process(tmp_path, capsys):
+    """A text task gathers per-token losses, not predictions: two gloo ranks score the whole
+    split once and report what one process reports (lr 1e-12: the weights stay as initialised;
+    the one process is this one)."""
+    pytest.importorskip("datasets")
+    common = ["task=pydoc", "task.seq_len=32", "model.d_model=16",
+              "trainer.max_steps=1", "trainer.lr=1e-12", "trainer.warmup_steps=0",
+              "trainer.batch_size=4", "trainer.bootstrap=100", "trainer.progress=false",
+              "trainer.logger=none", "trainer.accelerator=cpu"]
+    metrics = {}
+    for devices in (1, 2):
+        out = tmp_path / str(devices)
+        if devices == 1:
+            assert main(["run", *common, f"out_dir={out}"]) == 0, capsys.readouterr().err
+        else:
+            results = finish(launch_ranks(["run", *common, "trainer.devices=2",
+                                           "trainer.strategy=ddp"], out), timeout=240)
+            assert [code for code, _ in results] == [0, 0], [err[-2000:] for _, err in results]
+        record = json.loads(next(out.glob("*.json")).read_text())
+        assert record["eval"]["world_size"] == devices
+        metrics[devices] = record["metrics"]
+    one, two = metrics[1], metrics[2]
+    assert one["sequences"] == two["sequences"] and one["scored_positions"] == two["scored_positions"]
+    assert two["loss"]["model"] == pytest.approx(one["loss"]["model"], abs=1e-6)
+    assert two["accuracy"]["model"] == pytest.approx(one["accuracy"]["model"], abs=1e-9)
+    assert two["loss"]["bigram"] == one["loss"]["bigram"]
+
+
+# --- leaving a run together: signals, failures, suites ---------------------------------------
 
 
 @pytest.mark.parametrize("signalled", [(1,), (0,), (0, 1)], ids=["rank1", "rank0", "both"])
@@ -225,7 +228,8 @@ def test_a_ddp_suite_whose_first_entry_diverges_writes_both_records(tmp_path):
     script.write_text(SUITE_SCRIPT)
     out = tmp_path / "runs"
     ranks = launch_ranks(["suite", "name=two", "trainer.accelerator=cpu", "trainer.devices=2",
-                          "trainer.strategy=ddp", "trainer.max_steps=12", *TINY], out, script)
+                          "trainer.strategy=ddp", "trainer.max_steps=12", *TINY,
+                          f"out_dir={out}"], out, script)
     results = finish(ranks, timeout=240)
     assert [code for code, _ in results] == [1, 1], [err[-2000:] for _, err in results]
     records = sorted((json.loads(p.read_text()) for p in out.glob("*.json")),

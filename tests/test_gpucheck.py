@@ -74,18 +74,24 @@ emit(args, {"label": "child", "pid": child.pid})
 time.sleep(300)
 """
 
+QUICK_SECTION = """
+import json, sys
+from bench.perf.gpucheck.rows import emit
+emit(json.loads(sys.argv[1]), {"label": "the next section"})
+"""
+
 
 def test_a_section_killed_at_its_cap_keeps_its_rows_and_leaves_no_process(tmp_path, monkeypatch,
                                                                          capsys):
     """A planted section that measures a row, starts a child and hangs: at its cap the whole
     process group goes (the child too), its rows are in rows.jsonl and gpucheck.json, the
-    driver goes on to the next section."""
+    driver goes on to the next section (a planted env: the real one is the test above's, and
+    costs a process's imports)."""
     monkeypatch.setitem(plan.CAPS, "tiny", 6)
     monkeypatch.setitem(plan.NEEDS, "tiny", 1)
-    real = plan.section_command
+    planted = {"tiny": HANGING_SECTION, "env": QUICK_SECTION}
     patch_all(monkeypatch, "section_command", lambda name, args: (
-        [sys.executable, "-c", HANGING_SECTION, json.dumps(args)] if name == "tiny"
-        else real(name, args)))
+        [sys.executable, "-c", planted[name], json.dumps(args)]))
     start = time.monotonic()
     assert main(["gpucheck", "sections=tiny,env", "budget=60", f"out={tmp_path}"]) == 0
     assert time.monotonic() - start < 40
@@ -96,6 +102,7 @@ def test_a_section_killed_at_its_cap_keeps_its_rows_and_leaves_no_process(tmp_pa
     assert tiny["rows"][0]["ms_per_step"] == 1.5
     assert gone_within(tiny["rows"][1]["pid"], 5), "the section's child outlived its cap"
     assert result["sections"]["env"]["status"] == "ok"  # the next section ran
+    assert [r["label"] for r in result["sections"]["env"]["rows"]] == ["the next section"]
     assert "measured before the hang" in capsys.readouterr().out  # in the final table
 
 

@@ -113,7 +113,9 @@ def test_a_worker_killed_mid_entry_is_replaced_and_its_entry_runs_again(tmp_path
     assert not list((out / locks.LOCKS).glob("*.lock"))
 
 
-def test_sigterm_to_the_launcher_stops_every_worker_and_a_rerun_completes(tmp_path):
+def test_sigterm_to_the_launcher_stops_every_worker_and_a_rerun_completes(tmp_path, capsys):
+    """The rerun is the sequential runner, in this process (a launcher and its workers cost
+    seconds of imports each; a launcher passing finished entries is the tests above)."""
     out = tmp_path / "out"
     shown = [a for a in TINY if a != "trainer.progress=false"] + ["trainer.progress=true"]
     sweep = ["sweep", "seed=0-1", LONG, *shown, f"out_dir={out}", "launcher=local",
@@ -129,9 +131,7 @@ def test_sigterm_to_the_launcher_stops_every_worker_and_a_rerun_completes(tmp_pa
     assert all(r["status"] in ("ok", "failed") for r in interrupted)
     assert any(r["status"] == "failed" and r["reason"].startswith("interrupted (SIGTERM)")
                for r in interrupted)
-    rerun = bench(*sweep)
-    output = rerun.communicate(timeout=600)[0]
-    assert rerun.returncode == 0, output[-3000:]
+    assert main(sweep[:-2]) == 0, capsys.readouterr().err[-3000:]
     assert sorted(gaps(out)) == [0, 1]
 
 
@@ -248,23 +248,6 @@ def test_launcher_slurm_without_slurm_is_one_line(tmp_path):
         "of the cluster")
 
 
-def test_an_array_task_runs_its_entries_under_submitits_local_executor(tmp_path):
-    """What a SLURM array task runs, in a real subprocess of submitit's local executor."""
-    submitit = pytest.importorskip("submitit")
-    out = tmp_path / "out"
-    overrides = [[f"seed={s}", "trainer.max_steps=4", *TINY, f"out_dir={out}"] for s in (0, 1)]
-    plan = Plan("the sweep", 2, [1, 2], overrides, "sweep", False)
-    folder = tmp_path / "launch"
-    folder.mkdir()
-    executor = submitit.LocalExecutor(folder=tmp_path / "submitit")
-    executor.update_parameters(timeout_min=10)
-    job = executor.submit(ArrayTask(plan, str(folder), 1), 0)
-    assert job.result() == 0
-    assert sorted(gaps(out)) == [0, 1]
-    settled = [json.loads(line) for line in (folder / "results-0.jsonl").read_text().splitlines()]
-    assert sorted(entry["number"] for entry in settled) == [1, 2]
-
-
 def records(out_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
 
@@ -320,33 +303,39 @@ def test_a_run_that_finished_or_diverged_is_not_resumed(tmp_path):
 
 
 def test_a_preempted_array_task_is_requeued_and_resumes_from_its_checkpoint(tmp_path):
-    """SLURM's preemption, under submitit's local executor: the preemption signal (SIGUSR2) to
-    the task mid-run stops the run at its next step (a failed record that says so), submitit
-    requeues the task, and the requeued task resumes the entry from its newest checkpoint; the
-    ok record has the uninterrupted run's numbers."""
+    """What a SLURM array task runs, in a real subprocess of submitit's local executor: its
+    entries, one after another. The preemption signal (SIGUSR2) to the task mid-run stops the
+    first entry's run at its next step (a failed record that says so), submitit requeues the
+    task, and the requeued task resumes that entry from its newest checkpoint, then runs the
+    second; the ok record has the uninterrupted run's numbers."""
     submitit = pytest.importorskip("submitit")
     out, alone = tmp_path / "out", tmp_path / "alone"
-    config = ["seed=0", "trainer.max_steps=300", "trainer.checkpoint_every=50", *TINY]
-    plan = Plan("the sweep", 1, [1], [[*config, f"out_dir={out}"]], "sweep", False)
+    config = ["seed=0", "trainer.max_steps=120", "trainer.checkpoint_every=20", *TINY]
+    second = ["seed=1", "trainer.max_steps=4", *TINY]
+    plan = Plan("the sweep", 2, [1, 2], [[*config, f"out_dir={out}"], [*second, f"out_dir={out}"]],
+                "sweep", False)
     folder = tmp_path / "launch"
     folder.mkdir()
     executor = submitit.LocalExecutor(folder=tmp_path / "submitit")
     executor.update_parameters(timeout_min=20)
     job = executor.submit(ArrayTask(plan, str(folder), 1), 0)
     deadline = time.monotonic() + 300
-    while not list(out.glob("checkpoints/*/*step=50*.ckpt")):
+    while not list(out.glob("checkpoints/*/*step=20*.ckpt")):
         assert time.monotonic() < deadline and not job.done(), job.stderr()
         time.sleep(0.05)
     owner = json.loads(locks.lock_path(str(out), next(iter(
         p.stem for p in (out / locks.LOCKS).glob("*.lock")))).read_text())
     os.kill(owner["pid"], signal.SIGUSR2)
     assert job.result() == 0, job.stderr()
-    by_status = {r["status"]: r for r in records(out)}
+    assert sorted(gaps(out)) == [0, 1]  # both entries ran, each once
+    settled = [json.loads(line) for line in (folder / "results-0.jsonl").read_text().splitlines()]
+    assert sorted(entry["number"] for entry in settled if entry["status"] == "ok") == [1, 2]
+    by_status = {r["status"]: r for r in records(out) if r["seed"] == 0}
     assert sorted(by_status) == ["failed", "ok"], [r["status"] for r in records(out)]
     assert by_status["failed"]["reason"].startswith("interrupted (SIGUSR2) at step ")
     ok = by_status["ok"]
     assert ok["resumed_run_id"] == by_status["failed"]["run_id"]
-    assert ok["resumed_from"].endswith(".ckpt") and ok["train"]["steps"] == 300
+    assert ok["resumed_from"].endswith(".ckpt") and ok["train"]["steps"] == 120
     assert "Requeued" in job.stderr() or "Requeued" in (job.stdout() or "")
     assert main(["run", *config, f"out_dir={alone}"]) == 0  # here: nothing to interrupt
     (uninterrupted,) = records(alone)
@@ -355,19 +344,18 @@ def test_a_preempted_array_task_is_requeued_and_resumes_from_its_checkpoint(tmp_
 
 def test_a_foreign_sys_exit_mid_run_exits_the_process_after_its_failed_record(tmp_path):
     """Another library's signal handler calling sys.exit mid-step (submitit's requeue does): the
-    run records itself failed and the process exits with that status, instead of the exit being
-    swallowed as one run's failure while a suite carries on."""
-    probe = (  # seed 1 would run if the exit were swallowed
-        "import signal, sys\n"
-        "from bench.cli.main import main\n"
-        "import bench.training.train\n"
-        "signal.signal(signal.SIGALRM, lambda *a: sys.exit(7))\n"
-        "signal.setitimer(signal.ITIMER_REAL, 4.0)\n"
-        f"sys.exit(main(['sweep', 'seed=0,1', 'trainer.max_steps=100000', "
-        f"{', '.join(repr(a) for a in TINY)}, 'out_dir={tmp_path}']))\n")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, timeout=600)
-    assert done.returncode == 7, done.stderr[-3000:]
+    run records itself failed and the exit goes on out of main, instead of being swallowed as
+    one run's failure while a suite carries on. The alarm repeats: an exit swallowed would stop
+    seed 1 too, 4 s later, with a second record."""
+    previous = signal.signal(signal.SIGALRM, lambda *a: sys.exit(7))
+    signal.setitimer(signal.ITIMER_REAL, 4.0, 4.0)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main(["sweep", "seed=0,1", "trainer.max_steps=100000", *TINY, f"out_dir={tmp_path}"])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert exited.value.code == 7
     (record,) = records(tmp_path)  # seed 1 never started
     assert record["status"] == "failed" and record["reason"].startswith("SystemExit: 7")
 

@@ -4,10 +4,6 @@ train.val_curve, scored by the final evaluation's code; it changes nothing of th
 a resumed run keeps the curve up to its checkpoint's step; the log also gets the composed config
 (hparams.yaml) and the final headline (test/...)."""
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -15,9 +11,9 @@ import yaml
 import bench.training.validation
 from bench.cli.main import main
 from tasks.base import TEST_STREAM
+from test_distributed import finish, launch_ranks
 from test_logging import read_log, records, with_overrides
 
-REPO = Path(__file__).resolve().parents[1]
 # 14 steps, validation every 4 (and at the last), a checkpoint at step 8
 RUN = ["task.seq_len=24", "trainer.max_steps=14", "trainer.warmup_steps=2",
        "trainer.eval_sequences=32", "trainer.bootstrap=200", "trainer.progress=false",
@@ -184,17 +180,16 @@ def test_tensorboard_gets_the_val_and_final_tags_and_the_hparams(tmp_path):
 
 
 def test_a_ddp_run_validates_on_rank_0_without_stalling_the_other(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "bench", "run", "trainer.accelerator=cpu",
-                           "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=4",
-                           "trainer.val_every=2", "trainer.val_sequences=8",
-                           f"out_dir={tmp_path}", *RUN[:1], *RUN[2:6]],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (record,) = records(tmp_path)
+    out = tmp_path / "runs"
+    results = finish(launch_ranks(["run", "trainer.accelerator=cpu", "trainer.devices=2",
+                                   "trainer.strategy=ddp", "trainer.max_steps=4",
+                                   "trainer.val_every=2", "trainer.val_sequences=8",
+                                   *RUN[:1], *RUN[2:6]], out), timeout=240)
+    assert [code for code, _ in results] == [0, 0], [err[-2000:] for _, err in results]
+    (record,) = records(out)
     assert record["train"]["world_size"] == 2
     assert [step for step, _ in record["train"]["val_curve"]] == [2, 4]
-    rows = read_log(tmp_path / record["log_dir"] / "metrics.csv")
+    rows = read_log(out / record["log_dir"] / "metrics.csv")
     assert [r["step"] for r in rows if r["val/bayes_gap"] is not None] == [2, 4]
 
 
