@@ -43,8 +43,9 @@ def test_the_results_are_the_jobs_in_order_from_processes_of_their_own():
     (fails, "a worker process failed: ValueError: no 2"),
     (dies, "a worker process ended without its results (exit code 7)")])
 def test_a_worker_that_fails_or_dies_is_one_line_raised_in_the_caller(function, message):
+    """One worker, its fourth job (a process costs seconds of imports)."""
     with pytest.raises(WorkerFailed) as raised:
-        map_in_processes(function, [(value,) for value in range(4)], 2)
+        map_in_processes(function, [(value,) for value in range(4)], 1)
     assert str(raised.value) == message
 
 
