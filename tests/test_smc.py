@@ -194,13 +194,23 @@ def test_runs_computed_together_are_the_runs_computed_alone(monkeypatch):
 def test_runs_in_worker_processes_are_the_runs_in_one(monkeypatch):
     """Worker processes advance the groups of chunks that one process would (two here), each
     with its chunks' generators: the runs are bitwise the same. Where there are more processes
-    than such groups, the groups are smaller, which is the side-by-side difference above."""
+    than such groups, the groups are smaller, which is the side-by-side difference above: that
+    case's groups are computed here, in turn (the two processes have shown that a group in a
+    worker is the group computed here; four would cost seconds of imports each)."""
     monkeypatch.setattr(tasks.smc, "SYSTEMS_PER_CHUNK", 64)  # 4 sequences of 16 particles
     monkeypatch.setattr(tasks.smc, "SYSTEMS_TOGETHER", 128)  # 2 chunks a group
     prior = LGSSMPrior(LGSSMConfig())
     x = torch.randn(8, 24, 2, generator=make_generator(18), dtype=torch.float64)
     one = smc_runs(x, prior, 16, 2, [3, 4], processes=1)  # 2 runs x 2 chunks: 2 groups
+    groups = []
+
+    def here(function, jobs, processes):
+        groups.append((len(jobs), processes))
+        return [function(*job) for job in jobs]
+
     for processes, exact in ((2, True), (4, False)):
+        if not exact:
+            monkeypatch.setattr(tasks.smc, "map_in_processes", here)
         workers = smc_runs(x, prior, 16, 2, [3, 4], processes=processes)
         for a, b in zip(one, workers):
             assert torch.equal(a.resamplings, b.resamplings) and a.resamplings.sum() > 10
@@ -208,6 +218,7 @@ def test_runs_in_worker_processes_are_the_runs_in_one(monkeypatch):
                 assert torch.equal(a.prediction, b.prediction) and a.acceptance == b.acceptance
             else:
                 torch.testing.assert_close(a.prediction, b.prediction, rtol=0, atol=1e-10)
+    assert groups == [(4, 4)]  # a chunk a group, for four workers
 
 
 def test_worker_processes_are_taken_for_work_of_many_seconds_only(monkeypatch):
