@@ -15,7 +15,8 @@ from pathlib import Path
 from bench.config import MAX_RUNS, ConfigError, compose, entry_numbers, shown
 from bench.config.formats import plural
 from bench.records import store
-from bench.records.store import RunFailed, environment, read_record, read_records, record_matches
+from bench.records.store import (RunFailed, environment, read_record, read_records, record_matches,
+                                 run_id_prefix)
 from bench.reports.identities import fill_current, load_index
 from bench.reports.report import config_table, headline
 from bench.reports.selection import code_version
@@ -380,7 +381,7 @@ def finished_since(config, names_before: frozenset[str]) -> str:
     """The record that finishes config (finished_runs) among those written since out_dir held
     `names_before`, by another runner or worker; "" when none. Only a new file named as a run of
     its task, model and seed is worth reading, so a runner that finds none reads nothing."""
-    prefix = f"{config.task_name}--{config.model_name}--s{config.seed}--"
+    prefix = run_id_prefix(config.task_name, config.model_name, config.seed)
     if not any(name.startswith(prefix) and name.endswith(".json") and name not in names_before
                for name in listings([config])[config.out_dir]):
         return ""
@@ -398,7 +399,7 @@ def interrupted_checkpoint(config) -> str:
     if config.resume or config.trainer.checkpoint_every <= 0:
         return ""
     from bench.training.checks import check_resume  # torch: not at the CLI's import
-    prefix = f"{config.task_name}--{config.model_name}--s{config.seed}--"
+    prefix = run_id_prefix(config.task_name, config.model_name, config.seed)
     runs = Path(config.out_dir) / "checkpoints"
     candidates = []
     for folder in runs.glob(f"{prefix}*") if runs.is_dir() else []:

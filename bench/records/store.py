@@ -172,7 +172,12 @@ def new_run_id(task: str, model: str, seed: int, evaluation: bool = False) -> st
     (python -m bench eval) says so in its name, so no glob of training runs picks it up."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     kind = "eval--" if evaluation else ""
-    return f"{task}--{model}--s{seed}--{kind}{stamp}-{secrets.token_hex(3)}"
+    return f"{run_id_prefix(task, model, seed)}{kind}{stamp}-{secrets.token_hex(3)}"
+
+
+def run_id_prefix(task: str, model: str, seed: int) -> str:
+    """How every run id of this task, model and seed begins (new_run_id; named_pair reads it)."""
+    return f"{task}--{model}--s{seed}--"
 
 
 def json_safe(value):
