@@ -17,6 +17,7 @@ from bench.config import compose
 from bench.training.evaluate import masked_loss
 from bench.training.train import build
 from tasks.base import TRAIN_STREAM, make_generator
+from warm_processes import WarmProcess
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=37",
@@ -29,22 +30,22 @@ LONG = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
 
 # Two CPU ranks, launched as torchrun would: each process is told its rank, so a test sees every
 # rank's exit status.
-def launch_ranks(args: list[str], out: Path, script: Path | None = None) -> list[subprocess.Popen]:
+def launch_ranks(args: list[str], out: Path, script: Path | None = None) -> list[WarmProcess]:
     """Both ranks of a 2-process job, started the way torchrun or SLURM start them (Lightning
     then launches nothing itself), running `python -m bench <args> out_dir=<out>` (or
-    `script <args>`), in out's parent. Both import at once: Lightning's own launcher starts
-    rank 1 only once rank 0 has imported everything, seconds later."""
+    `script <args>`), in out's parent. Both start at once (Lightning's own launcher starts rank 1
+    only once rank 0 has imported everything) and warm: forked with the bench imported
+    (tests/warm_processes.py; a fresh `python -m bench` is
+    test_sigterm_to_a_run_that_lightning_launched's)."""
     import socket
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = ([sys.executable, str(script), *args] if script else
-               [sys.executable, "-m", "bench", *args, f"out_dir={out}"])
-    return [subprocess.Popen(command, cwd=out.parent, text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE,
-                             env={**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
-                                  "MASTER_PORT": str(port), "WORLD_SIZE": "2", "NODE_RANK": "0",
-                                  "LOCAL_RANK": str(rank)})
+    args = list(args) if script else [*args, f"out_dir={out}"]
+    return [WarmProcess(args, out.parent, {**os.environ, "PYTHONPATH": str(REPO),
+                                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                           "WORLD_SIZE": "2", "NODE_RANK": "0",
+                                           "LOCAL_RANK": str(rank)}, script)
             for rank in (0, 1)]
 
 
@@ -211,32 +212,22 @@ def test_sigterm_stops_every_rank_at_one_step_with_one_failed_record(tmp_path, s
     assert f"error: run failed: interrupted (SIGTERM) at step {step} (rank 1)" in results[1][1]
 
 
-SUITE_SCRIPT = textwrap.dedent("""
-    import sys
-    import bench.config
-    # entry 1 diverges (lr 1e30), entry 2 trains
-    bench.config.load_suite = lambda name: [["trainer.lr=1e30", "seed=1"], ["seed=2"]]
-    from bench.cli.main import main
-    sys.exit(main(sys.argv[1:]))
-""")
-
-
 def test_a_ddp_suite_whose_first_entry_diverges_writes_both_records(tmp_path):
     """Two ranks launched as torchrun launches them: the first entry diverges on both, the
     second trains on both and evaluates on both (its record's loss curve the mean over ranks)."""
-    script = tmp_path / "suite.py"
-    script.write_text(SUITE_SCRIPT)
+    suite = tmp_path / "two.yaml"  # entry 1 diverges (lr 1e30), entry 2 trains
+    suite.write_text("runs:\n  - [trainer.lr=1e30, seed=1]\n  - [seed=2]\n")
     out = tmp_path / "runs"
-    ranks = launch_ranks(["suite", "name=two", "trainer.accelerator=cpu", "trainer.devices=2",
-                          "trainer.strategy=ddp", "trainer.max_steps=12", *TINY,
-                          f"out_dir={out}"], out, script)
+    ranks = launch_ranks(["suite", f"name={suite}", "trainer.accelerator=cpu",
+                          "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=12",
+                          *TINY], out)
     results = finish(ranks, timeout=240)
     assert [code for code, _ in results] == [1, 1], [err[-2000:] for _, err in results]
     records = sorted((json.loads(p.read_text()) for p in out.glob("*.json")),
                      key=lambda r: r["seed"])
     assert [(r["seed"], r["status"]) for r in records] == [(1, "failed"), (2, "ok")]
     assert records[0]["reason"].startswith("diverged at step")
-    assert "1 of 2 runs of suite two failed (entries 1)" in results[0][1]
+    assert f"1 of 2 runs of suite {suite} failed (entries 1)" in results[0][1]
     # the run after it trained and evaluated on both ranks
     trained = records[1]
     assert trained["metrics"]["sequences"] == 37

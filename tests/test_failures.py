@@ -25,6 +25,7 @@ from bench.training.checks import compose_checked
 from bench.config import compose
 from bench.records.store import SCHEMA, RunFailed, write_record
 from conftest import nan_loss_from
+from warm_processes import WarmProcess
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["task.seq_len=24", "trainer.max_steps=4", "trainer.warmup_steps=2",
@@ -163,15 +164,15 @@ def test_other_ranks_write_no_record(tmp_path, monkeypatch):
 # --- signals -------------------------------------------------------------------------------
 
 def test_a_signal_during_training_ends_the_process_with_a_failed_record(tmp_path):
-    """A real process: started for 100000 steps, signalled once it has written a checkpoint
-    (so it is surely training), it must end promptly with 128 + signal number. SIGTERM here;
-    every stop signal takes the same path, in this process below (a process costs seconds of
-    imports)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    args = [sys.executable, "-m", "bench", "run", f"out_dir={tmp_path}",
-            *tiny("trainer.max_steps=100000", "trainer.checkpoint_every=2")]
-    process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    """A process of its own: started for 100000 steps, signalled once it has written a
+    checkpoint (so it is surely training), it must end promptly with 128 + signal number.
+    SIGTERM here; every stop signal takes the same path, in this process below. The process
+    starts warm (tests/warm_processes.py: a fresh one costs seconds of imports); a fresh
+    `python -m bench` stopped by SIGTERM is tests/test_distributed.py's
+    test_sigterm_to_a_run_that_lightning_launched."""
+    process = WarmProcess(["run", f"out_dir={tmp_path}",
+                           *tiny("trainer.max_steps=100000", "trainer.checkpoint_every=2")],
+                          REPO, {**os.environ, "PYTHONPATH": str(REPO)})
     try:
         deadline = time.monotonic() + 240  # a loaded 2-core machine starts Python slowly
         while not list(tmp_path.glob("checkpoints/*/*.ckpt")):

@@ -1,0 +1,89 @@
+"""Processes that start with Lightning and the bench already imported: forked from a server that
+imported them once (multiprocessing's forkserver, one per test worker), where a fresh
+`python -m bench` imports them again, about 10 s of CPU on the 2-core test machine.
+
+For tests of what processes do together (DDP ranks, the signals that stop them), not of what a
+fresh interpreter does: a forked process finds every module imported, reads the environment
+only where the code reads it at run time, and leaves through os._exit after its own cleanup
+(multiprocessing's), so no atexit hook runs. Tests of imports, start-up and the shell's exit
+status start `python -m bench` themselves."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# What the server imports before it forks: everything a run or a suite needs.
+PRELOAD = ["bench.cli.main", "bench.training.train", "warm_processes"]
+
+_context = None
+
+
+def _warm_context():
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def _run(argv: list[str], script: str | None, cwd: str, env: dict[str, str], out: str,
+         err: str) -> None:
+    """In the forked process: what `python -m bench argv` (or `python script argv`) does, in
+    cwd, with env, its standard output and error written to the files out and err."""
+    # the server (this process's parent) forks with one thread: a forked copy of a lock that
+    # another thread held could hang this process
+    server_threads = len(os.listdir(f"/proc/{os.getppid()}/task"))
+    assert server_threads == 1, f"the warm server has {server_threads} threads: unsafe to fork"
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        sys.stdout.flush(), sys.stderr.flush()
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(handle, fd)
+        os.close(handle)
+    sys.argv = [script or "-m", *argv]
+    if script:
+        runpy.run_path(script, run_name="__main__")
+    else:
+        runpy.run_module("bench", run_name="__main__", alter_sys=True)
+
+
+class WarmProcess:
+    """A Popen-like handle (pid, poll, send_signal, kill, communicate, returncode) of a warm
+    process: `python -m bench args` (or `python script args`) with stdout and stderr captured
+    as text."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str],
+                 script: Path | None = None):
+        self._captured = tempfile.TemporaryDirectory(prefix="warm-process-")
+        self._out, self._err = (Path(self._captured.name) / name for name in ("out", "err"))
+        self._process = _warm_context().Process(
+            target=_run, args=(list(args), str(script) if script else None, str(cwd), dict(env),
+                               str(self._out), str(self._err)))
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode  # as Popen's: -N when a signal N ended it
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, signal_number: int) -> None:
+        os.kill(self.pid, signal_number)
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"warm process {self.pid}", timeout)
+        return self._out.read_text(), self._err.read_text()
