@@ -35,10 +35,6 @@ def _run(argv: list[str], script: str | None, cwd: str, env: dict[str, str], out
          err: str) -> None:
     """In the forked process: what `python -m bench argv` (or `python script argv`) does, in
     cwd, with env, its standard output and error written to the files out and err."""
-    # the server (this process's parent) forks with one thread: a forked copy of a lock that
-    # another thread held could hang this process
-    server_threads = len(os.listdir(f"/proc/{os.getppid()}/task"))
-    assert server_threads == 1, f"the warm server has {server_threads} threads: unsafe to fork"
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -47,6 +43,12 @@ def _run(argv: list[str], script: str | None, cwd: str, env: dict[str, str], out
         handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(handle, fd)
         os.close(handle)
+    # the server (this process's parent) forks with one thread: a forked copy of a lock that
+    # another thread held could hang this process (Linux shows the threads; elsewhere unchecked)
+    tasks = Path(f"/proc/{os.getppid()}/task")
+    if tasks.is_dir():
+        server_threads = len(os.listdir(tasks))
+        assert server_threads == 1, f"the warm server has {server_threads} threads: unsafe to fork"
     sys.argv = [script or "-m", *argv]
     if script:
         runpy.run_path(script, run_name="__main__")
@@ -86,4 +88,6 @@ class WarmProcess:
         self._process.join(timeout)
         if self._process.exitcode is None:
             raise subprocess.TimeoutExpired(f"warm process {self.pid}", timeout)
-        return self._out.read_text(), self._err.read_text()
+        # a child that failed before it took its output over (its traceback went to the
+        # server's stderr) wrote neither file
+        return tuple(path.read_text() if path.exists() else "" for path in (self._out, self._err))
