@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from bench.cli.launch import ArrayTask, Plan, take_launcher
 from bench.cli.main import main
 from bench.config import ConfigError
 from bench.records import locks, store
+from warm_processes import WarmProcess
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=32",
@@ -26,10 +26,12 @@ TINY = ["task.seq_len=24", "trainer.warmup_steps=2", "trainer.eval_sequences=32"
         "trainer.save_weights=false"]
 
 
-def bench(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:
-    environment = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+def bench(*args: str, env: dict | None = None) -> WarmProcess:
+    """`python -m bench args`, started warm (tests/warm_processes.py: the launcher's own
+    imports are not what these tests test; its workers are fresh processes, as always), its
+    stderr in its stdout."""
+    return WarmProcess(list(args), REPO, {**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+                       merge_stderr=True)
 
 
 def gaps(out_dir: Path) -> dict[int, list[float]]:

@@ -32,13 +32,14 @@ def _warm_context():
 
 
 def _run(argv: list[str], script: str | None, cwd: str, env: dict[str, str], out: str,
-         err: str) -> None:
+         err: str | None) -> None:
     """In the forked process: what `python -m bench argv` (or `python script argv`) does, in
-    cwd, with env, its standard output and error written to the files out and err."""
+    cwd, with env, its standard output and error written to the files out and err (None: both
+    to out)."""
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    for fd, path in ((1, out), (2, err)):
+    for fd, path in ((1, out), (2, err or out)):
         sys.stdout.flush(), sys.stderr.flush()
         handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(handle, fd)
@@ -59,15 +60,18 @@ def _run(argv: list[str], script: str | None, cwd: str, env: dict[str, str], out
 class WarmProcess:
     """A Popen-like handle (pid, poll, send_signal, kill, communicate, returncode) of a warm
     process: `python -m bench args` (or `python script args`) with stdout and stderr captured
-    as text."""
+    as text; merge_stderr: stderr into stdout, as Popen's stderr=STDOUT (communicate gives
+    (output, None))."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str],
-                 script: Path | None = None):
+                 script: Path | None = None, merge_stderr: bool = False):
         self._captured = tempfile.TemporaryDirectory(prefix="warm-process-")
         self._out, self._err = (Path(self._captured.name) / name for name in ("out", "err"))
+        if merge_stderr:
+            self._err = None
         self._process = _warm_context().Process(
             target=_run, args=(list(args), str(script) if script else None, str(cwd), dict(env),
-                               str(self._out), str(self._err)))
+                               str(self._out), self._err and str(self._err)))
         self._process.start()
         self.pid = self._process.pid
 
@@ -90,4 +94,5 @@ class WarmProcess:
             raise subprocess.TimeoutExpired(f"warm process {self.pid}", timeout)
         # a child that failed before it took its output over (its traceback went to the
         # server's stderr) wrote neither file
-        return tuple(path.read_text() if path.exists() else "" for path in (self._out, self._err))
+        return tuple(None if path is None else path.read_text() if path.exists() else ""
+                     for path in (self._out, self._err))
