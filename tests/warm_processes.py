@@ -2,11 +2,11 @@
 imported them once (multiprocessing's forkserver, one per test worker), where a fresh
 `python -m bench` imports them again, about 10 s of CPU on the 2-core test machine.
 
-For tests of what processes do together (DDP ranks, the signals that stop them), not of what a
-fresh interpreter does: a forked process finds every module imported, reads the environment
-only where the code reads it at run time, and leaves through os._exit after its own cleanup
-(multiprocessing's), so no atexit hook runs. Tests of imports, start-up and the shell's exit
-status start `python -m bench` themselves."""
+For tests of what processes do together (DDP ranks, a launcher and its workers, the signals
+that stop them), not of what a fresh interpreter does: a forked process finds every module
+imported, reads the environment only where the code reads it at run time, and leaves through
+os._exit after its own cleanup (multiprocessing's), so no atexit hook runs. Tests of imports,
+start-up and the shell's exit status start `python -m bench` themselves."""
 from __future__ import annotations
 
 import multiprocessing
