@@ -39,8 +39,11 @@ def _run(argv: list[str], script: str | None, cwd: str, env: dict[str, str], out
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    for fd, path in ((1, out), (2, err or out)):
-        sys.stdout.flush(), sys.stderr.flush()
+    sys.stdout.flush(), sys.stderr.flush()
+    for fd, path in ((1, out), (2, err)):
+        if path is None:  # stderr into stdout's open file (one offset, as stderr=STDOUT)
+            os.dup2(1, 2)
+            continue
         handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(handle, fd)
         os.close(handle)
@@ -88,7 +91,7 @@ class WarmProcess:
     def kill(self) -> None:
         self._process.kill()
 
-    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
         self._process.join(timeout)
         if self._process.exitcode is None:
             raise subprocess.TimeoutExpired(f"warm process {self.pid}", timeout)
