@@ -49,7 +49,8 @@ def launch_ranks(args: list[str], out: Path, script: Path | None = None) -> list
             for rank in (0, 1)]
 
 
-def wait_for_training(out: Path, ranks: list[subprocess.Popen], timeout: float = 120) -> None:
+def wait_for_training(out: Path, ranks: list[WarmProcess | subprocess.Popen],
+                      timeout: float = 120) -> None:
     """Until rank 0's training log has rows after step 0 (both ranks are in the training loop)."""
     import time
     deadline = time.monotonic() + timeout
@@ -62,7 +63,8 @@ def wait_for_training(out: Path, ranks: list[subprocess.Popen], timeout: float =
     raise AssertionError("training did not start")
 
 
-def finish(ranks: list[subprocess.Popen], timeout: float = 60) -> list[tuple[int, str]]:
+def finish(ranks: list[WarmProcess | subprocess.Popen], timeout: float = 60
+           ) -> list[tuple[int, str]]:
     """Every rank's exit status and stderr; a rank still running after `timeout` seconds fails
     the test (a hang)."""
     results = []

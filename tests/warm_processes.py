@@ -9,6 +9,7 @@ os._exit after its own cleanup (multiprocessing's), so no atexit hook runs. Test
 start-up and the shell's exit status start `python -m bench` themselves."""
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import runpy
@@ -20,15 +21,11 @@ from pathlib import Path
 # What the server imports before it forks: everything a run or a suite needs.
 PRELOAD = ["bench.cli.main", "bench.training.train", "warm_processes"]
 
-_context = None
-
-
+@functools.cache
 def _warm_context():
-    global _context
-    if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(PRELOAD)
-    return _context
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
 
 
 def _run(argv: list[str], script: str | None, cwd: str, env: dict[str, str], out: str,
@@ -69,9 +66,8 @@ class WarmProcess:
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str],
                  script: Path | None = None, merge_stderr: bool = False):
         self._captured = tempfile.TemporaryDirectory(prefix="warm-process-")
-        self._out, self._err = (Path(self._captured.name) / name for name in ("out", "err"))
-        if merge_stderr:
-            self._err = None
+        self._out = Path(self._captured.name) / "out"
+        self._err = None if merge_stderr else Path(self._captured.name) / "err"
         self._process = _warm_context().Process(
             target=_run, args=(list(args), str(script) if script else None, str(cwd), dict(env),
                                str(self._out), self._err and str(self._err)))
