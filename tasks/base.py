@@ -225,6 +225,14 @@ class Task(abc.ABC):
         with CIs and per-position curves."""
         return {}
 
+    def summarize_sequences(self, batch: Batch, scores: dict[str, dict[str, Tensor]]) -> dict:
+        """The per-sequence values behind those of summarize's metrics that are means over the
+        held-out sequences, or functions of such means, for comparisons paired by sequence
+        between records of one held-out set (bench/reports/claims): nested dicts whose leaves
+        are tensors (B,), one value per held-out sequence, or plain numbers. Recorded under
+        per_sequence.task; {} where the task has none."""
+        return {}
+
     def summarize_probes(self, batch: Batch, probes: dict[str, Tensor]) -> dict:
         """The record's metrics.probe from the model's probes on the held-out batch: `probes` holds
         those of the names in `probes` (the class attribute) that the model has, each (B, T, ...)

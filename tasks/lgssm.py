@@ -491,12 +491,9 @@ class LGSSMTask(LatentTask):
                       for name in predictors if name != base}
             summary[f"excess_over_{base}"] = {name: e[0] for name, e in excess.items()}
             summary[f"excess_over_{base}_stderr"] = {name: e[1] for name, e in excess.items()}
-        if scores and self.config.seq_len >= ERROR_CONTEXT:
-            errors = {name: scores[name]["error"] for name in predictors
-                      if "error" in scores.get(name, {})}
-            if errors:
-                summary["error_distribution"] = error_distribution(errors, mask,
-                                                                   ERROR_CONTEXT - 1)
+        errors = self._signed_errors(scores)
+        if errors:
+            summary["error_distribution"] = error_distribution(errors, mask, ERROR_CONTEXT - 1)
         if "bayes" not in losses:
             return summary
         run_a, run_b, bayes = (losses[n].double().cpu() for n in (*REPLICATES, "bayes"))
@@ -518,6 +515,37 @@ class LGSSMTask(LatentTask):
         summary["bayes_mc_stderr"] = [float(e) if c > 0 else None
                                       for e, c in zip(stderr, sequences)]
         return summary
+
+    def summarize_sequences(self, batch: Batch, scores: dict[str, dict[str, Tensor]]) -> dict:
+        errors = self._signed_errors(scores)
+        moments = error_moments(errors, batch.loss_mask.cpu(), ERROR_CONTEXT - 1) \
+            if errors else None
+        return {"error_distribution": moments} if moments else {}
+
+    def _signed_errors(self, scores: dict[str, dict[str, Tensor]] | None) -> dict[str, Tensor]:
+        """Each predictor's signed errors (B, T, m) where scores have them and the sequences
+        reach the error distribution's context (the SMC's replicate runs left out)."""
+        if not scores or self.config.seq_len < ERROR_CONTEXT:
+            return {}
+        return {name: s["error"] for name, s in scores.items()
+                if name not in REPLICATES and "error" in s}
+
+
+def error_moments(errors: dict[str, Tensor], mask: Tensor, position: int) -> dict | None:
+    """The per-sequence values behind error_distribution's `mean` and `std` at one position: each
+    sequence's mean signed error over its m coordinates (`mean`: their mean over sequences is
+    error_distribution's mean) and its mean squared error (`square`; tasks.stats.pooled_std of
+    the two means, count = sequences × m, is its std), for comparisons of records paired by
+    sequence (bench/reports/claims). None unless every sequence is scored there: one value per
+    held-out sequence, or none."""
+    if not bool(mask[:, position].all()):
+        return None
+    out: dict = {"coordinates": None, "mean": {}, "square": {}}
+    for name, error in errors.items():
+        at = error[:, position].cpu().double()  # (B, m)
+        out["coordinates"] = at.shape[1]
+        out["mean"][name], out["square"][name] = at.mean(1), at.square().mean(1)
+    return out
 
 
 def error_distribution(errors: dict[str, Tensor], mask: Tensor, position: int) -> dict:

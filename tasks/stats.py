@@ -98,6 +98,14 @@ def percentile_interval(values: Tensor, level: float = 0.95) -> list[float] | No
     return [float(lo), float(hi)]
 
 
+def pooled_std(mean: Tensor, square: Tensor, count: int) -> Tensor:
+    """The standard deviation (ddof 1) of `count` values pooled from held-out sequences that each
+    give equally many, from two means over the sequences: of each sequence's mean value (`mean`)
+    and of its mean square (`square`): sqrt(count / (count - 1) · (square - mean²)). Any shape:
+    a bootstrap passes each resample's means."""
+    return ((square - mean * mean) * (count / (count - 1))).clamp_min(0).sqrt()
+
+
 def ratio_interval(sums: Tensor, counts: Tensor, resamples: int = RESAMPLES) -> list[float] | None:
     """The bootstrap interval over sequences of sum(sums) / sum(counts): a mean over positions
     (counts: each sequence's positions, sums: its values summed over them), or a ratio of two

@@ -210,6 +210,24 @@ def _per_sequence(record: dict) -> str | None:
     digest = record["metrics"].get("held_out_digest")
     if digest is not None and not isinstance(digest, str):
         return "metrics.held_out_digest is not a string"
+    return _task_sequences(table.get("task", {}), n, "per_sequence.task")
+
+
+def _task_sequences(tree, n: int, where: str) -> str | None:
+    """per_sequence.task (tasks' summarize_sequences): mappings whose leaves are lists of n
+    numbers, or plain numbers and nulls."""
+    if not isinstance(tree, dict):
+        return f"{where} is not a mapping"
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            why = _task_sequences(value, n, f"{where}.{key}")
+            if why:
+                return why
+        elif isinstance(value, list):
+            if len(value) != n or not numbers_or_nulls(value):
+                return f"{where}.{key} is not {n} numbers (metrics.sequences)"
+        elif not number_or_null(value):
+            return f"{where}.{key} is neither numbers nor a mapping"
     return None
 
 

@@ -175,7 +175,26 @@ def score_positions(task: Task, batch: Batch, scores: dict[str, dict[str, Tensor
             "loss": {name: rounded(values) for name, values in per_sequence.items()},
             "band_loss": {"model": [rounded(means, scored) for means, scored in model_bands]}}
     metrics["task"] = task.summarize(batch, {n: l.detach() for n, l in losses.items()}, scores)
+    if "per_sequence" in result and (sequences := task.summarize_sequences(batch, scores)):
+        result["per_sequence"]["task"] = recorded_sequences(sequences, len(batch))
     return result
+
+
+def recorded_sequences(tree: dict, n: int) -> dict:
+    """summarize_sequences' values as a record keeps them: each tensor of n per-sequence values
+    rounded as the per-sequence losses are (`rounded`), plain numbers as they are."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out[key] = recorded_sequences(value, n)
+        elif isinstance(value, Tensor):
+            if value.shape != (n,):
+                raise ValueError(f"summarize_sequences: '{key}' has shape {tuple(value.shape)}, "
+                                 f"not one value per held-out sequence ({n})")
+            out[key] = rounded(value.double())
+        else:
+            out[key] = value
+    return out
 
 
 # 1-based positions where the context-length bands of gap_by_band begin: models whose

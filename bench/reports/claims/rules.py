@@ -27,6 +27,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache, reduce
+from typing import Callable, Union
 
 import torch
 from torch import Tensor
@@ -125,6 +126,42 @@ def _or(values) -> bool | None:
         return True
     return False if all(v is False for v in values) else None
 
+@dataclass(frozen=True, eq=False)
+class SequenceStatistic:
+    """A quantity that is a function of means over the held-out sequences rather than one such
+    mean (a standard deviation of pooled values): the per-sequence vectors whose means it takes
+    (`columns`, each one value per sequence) and the function (`of_means`) of those means. A
+    bootstrap resamples the sequences of every column together, and of every other quantity
+    compared with it: paired."""
+
+    columns: tuple[Tensor, ...]
+    of_means: Callable[..., Tensor]
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def value(self) -> float:
+        return float(self.of_means(*(column.mean() for column in self.columns)))
+
+    def resampled(self) -> Tensor:
+        """Its value on each of the bootstrap's resamples (_resamples)."""
+        return self.of_means(*(_resampled_means(column) for column in self.columns))
+
+
+# What a quantity's per-sequence values are: a vector whose mean it is (a mean loss), or a
+# statistic of several vectors' means
+PerSequence = Union[Tensor, SequenceStatistic]
+
+
+def _point_value(values: PerSequence) -> float:
+    return values.value() if isinstance(values, SequenceStatistic) else float(values.mean())
+
+
+def _resampled_value(values: PerSequence) -> Tensor:
+    return values.resampled() if isinstance(values, SequenceStatistic) \
+        else _resampled_means(values)
+
+
 @dataclass(frozen=True)
 class Sample:
     """A quantity as a comparison sees it: its value on each seed; where the records carry them,
@@ -133,7 +170,7 @@ class Sample:
 
     per_seed: dict[int, float]
     interval: Interval
-    sequences: dict[int, tuple[str, Tensor]] = field(default_factory=dict)
+    sequences: dict[int, tuple[str, PerSequence]] = field(default_factory=dict)
     # False where the interval is a point only because the records give the quantity none
     # (no bootstrap interval, standard error or spread across seeds): its noise is unknown
     measured_noise: bool = True
@@ -416,7 +453,7 @@ def _value(node, env: dict):
 
 
 def _sequences(names: list[str], samples: dict[str, Sample], seed: int,
-               constant: tuple[str, ...] = ()) -> tuple[str, dict[str, Tensor]] | None:
+               constant: tuple[str, ...] = ()) -> tuple[str, dict[str, PerSequence]] | None:
     """(the held-out set's digest, each quantity's per-sequence values on seed), when all of
     them have them on one held-out set (one digest, one length); None otherwise. A `constant`
     quantity (one number on every seed: a reference) whose record of seed lacks them takes
@@ -442,8 +479,7 @@ def _held_out_half(left, right, names, varying, samples, seeds) -> tuple[float, 
     found = [on_seed for seed in seeds
              if (on_seed := _sequences(names, samples, seed, constant)) is not None]
     if found and len({digest for digest, _ in found}) == 1:
-        averaged = {n: torch.stack([sequences[n] for _, sequences in found]).mean(0)
-                    for n in names}
+        averaged = {n: _seed_average([sequences[n] for _, sequences in found]) for n in names}
         _, (lo, hi) = _bootstrap(left, right, averaged)
         some = f" of {len(found)} of the seeds" if len(found) < len(seeds) else ""
         return (hi - lo) / 2, f" and {len(averaged[names[0]])} held-out sequences{some}"
@@ -461,6 +497,26 @@ def _held_out_half(left, right, names, varying, samples, seeds) -> tuple[float, 
             "records give it no interval)"
     return (d.hi - d.lo) / 2, "; the held-out noise of " + ", ".join(constant) + \
         " from its own interval"
+
+
+def _seed_average(per_seed: list[PerSequence]) -> PerSequence:
+    """The per-sequence values of a quantity's mean over seeds: of a mean, the mean vector; of a
+    statistic, the statistic averaged over the seeds on every resample (it is not linear in its
+    means, so averaging their vectors first would be another quantity)."""
+    if not any(isinstance(values, SequenceStatistic) for values in per_seed):
+        return torch.stack(per_seed).mean(0)
+    statistics = [values if isinstance(values, SequenceStatistic)
+                  else SequenceStatistic((values,), lambda mean: mean) for values in per_seed]
+    columns = tuple(column for statistic in statistics for column in statistic.columns)
+    widths = [len(statistic.columns) for statistic in statistics]
+
+    def of_means(*means: Tensor) -> Tensor:
+        values, start = [], 0
+        for statistic, width in zip(statistics, widths):
+            values.append(statistic.of_means(*means[start:start + width]))
+            start += width
+        return torch.stack(values).mean(0)
+    return SequenceStatistic(columns, of_means)
 
 
 def _interval_value(node, values: dict[str, Interval]) -> Interval:
@@ -485,12 +541,13 @@ def _interval_value(node, values: dict[str, Interval]) -> Interval:
     return Interval(pick(a.lo for a in args), pick(a.hi for a in args))
 
 
-def _bootstrap(left, right, sequences: dict[str, Tensor]) -> tuple[float, tuple[float, float]]:
-    """left − right on the sequences' means, and its 95% percentile interval resampling the
-    held-out sequences (one resample for every quantity: paired)."""
-    means = {n: float(v.mean()) for n, v in sequences.items()}
+def _bootstrap(left, right, sequences: dict[str, PerSequence]
+               ) -> tuple[float, tuple[float, float]]:
+    """left − right on the quantities from the sequences' means, and its 95% percentile interval
+    resampling the held-out sequences (one resample for every quantity: paired)."""
+    means = {n: _point_value(v) for n, v in sequences.items()}
     estimate = _value(left, means) - _value(right, means)
-    resampled = {n: _resampled_means(v) for n, v in sequences.items()}  # once for both sides
+    resampled = {n: _resampled_value(v) for n, v in sequences.items()}  # once for both sides
     d = _value(left, resampled) - _value(right, resampled)
     if not torch.isfinite(d).all():
         return math.nan, (math.nan, math.nan)

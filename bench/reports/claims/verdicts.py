@@ -25,16 +25,18 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import partial
 from operator import itemgetter
 
 import torch
 
 from bench.records.store import Environment, environment, record_matches
 from bench.reports.costs import seconds_per_step
-from bench.reports.claims.rules import NO_INTERVAL, Interval, Sample, Test, same_on_every_seed
+from bench.reports.claims.rules import (NO_INTERVAL, Interval, PerSequence, Sample,
+                                        SequenceStatistic, Test, same_on_every_seed)
 from bench.reports.claims.spec import Claim, Quantity, is_reference
 from bench.reports.selection import Selection, current_version, headline, version_label
-from tasks.stats import across_seeds
+from tasks.stats import across_seeds, pooled_std
 
 VERDICTS = ("holds", "holds at reduced scale", "fails", "fails at reduced scale",
             "task cannot separate", "not reached at reduced scale", "undecided", "not measured")
@@ -159,7 +161,7 @@ class Measured:
     per_seed: list[float] = field(default_factory=list)  # in the order of seeds
     runs: list[str] = field(default_factory=list)  # the run ids of its records
     # seed -> (held-out digest, per-sequence values), where the records carry them
-    sequences: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
+    sequences: dict[int, tuple[str, PerSequence]] = field(default_factory=dict)
     seed_intervals: list[tuple[float, float] | None] = field(default_factory=list)  # own, by seed
     wall_time_s: float | None = None  # a record's mean wall time (what one more seed costs)
     # seed -> (the headline of the record used, those of older records of the same seed and
@@ -233,15 +235,22 @@ def on_one_machine(quantities: dict[str, Quantity], rows: list[list[dict]]
     return best
 
 
-def read_sequences(record: dict, quantity: Quantity) -> tuple[str, torch.Tensor] | None:
+def read_sequences(record: dict, quantity: Quantity) -> tuple[str, PerSequence] | None:
     """(held-out digest, per-sequence values) of quantity's metric in record, where it is a mean
-    over held-out sequences that the record keeps per sequence: a predictor's loss
-    (metrics.loss.<name>), its gap to the gap reference (metrics.gap.<name>) or the model's
-    (metrics.bayes_gap); None otherwise (an older record keeps only the model's losses)."""
+    over held-out sequences, or a statistic of such means, that the record keeps per sequence: a
+    predictor's loss (metrics.loss.<name>), its gap to the gap reference (metrics.gap.<name>) or
+    the model's (metrics.bayes_gap), and the metrics.task values that the task's
+    summarize_sequences keeps (task_sequences); None otherwise (an older record keeps only the
+    model's losses)."""
     metrics, per_sequence = record.get("metrics"), record.get("per_sequence")
     if quantity.index is not None or not isinstance(metrics, dict) \
             or not isinstance(per_sequence, dict) or not isinstance(per_sequence.get("loss"), dict):
         return None
+    digest = metrics.get("held_out_digest")
+    if quantity.path[:2] == ["metrics", "task"]:
+        found = task_sequences(per_sequence.get("task"), quantity.path[2:],
+                               metrics.get("sequences"))
+        return (digest, found) if found is not None and isinstance(digest, str) else None
     path, losses = quantity.path, per_sequence["loss"]
     reference = metrics.get("gap_reference")
     if path == ["metrics", "bayes_gap"]:
@@ -252,7 +261,6 @@ def read_sequences(record: dict, quantity: Quantity) -> tuple[str, torch.Tensor]
         return None
     wanted = [name] + ([minus] if minus is not None else [])
     vectors = [losses.get(n) for n in wanted]
-    digest = metrics.get("held_out_digest")
     if not isinstance(digest, str) or not all(
             isinstance(v, list) and v and len(v) == len(vectors[0]) and plain_numbers(v)
             for v in vectors):
@@ -261,6 +269,31 @@ def read_sequences(record: dict, quantity: Quantity) -> tuple[str, torch.Tensor]
     if minus is not None:
         values = values - torch.tensor(vectors[1], dtype=torch.float64)
     return digest, values
+
+
+def task_sequences(table, path: list[str], n) -> PerSequence | None:
+    """The per-sequence values behind metrics.task.<path> in a record's per_sequence.task, for
+    the task metrics whose definition says how: error_distribution's `mean.<name>` (the mean of
+    the sequences' mean errors) and `std.<name>` (the pooled standard deviation, tasks.stats.
+    pooled_std of the mean errors' and mean squared errors' means; tasks/lgssm.py
+    error_moments); None for any other path or a table that does not hold them."""
+    if not isinstance(table, dict) or len(path) != 3 or path[0] != "error_distribution" \
+            or path[1] not in ("mean", "std"):
+        return None
+    moments = table.get("error_distribution")
+    if not isinstance(moments, dict):
+        return None
+    coordinates = moments.get("coordinates")
+    vectors = [moments.get(part, {}).get(path[2]) if isinstance(moments.get(part), dict)
+               else None for part in ("mean", "square")]
+    if not (isinstance(coordinates, int) and coordinates >= 1 and isinstance(n, int) and n >= 1
+            and all(isinstance(v, list) and len(v) == n and plain_numbers(v) for v in vectors)
+            and n * coordinates > 1):
+        return None
+    mean, square = (torch.tensor(v, dtype=torch.float64) for v in vectors)
+    if path[1] == "mean":
+        return mean
+    return SequenceStatistic((mean, square), partial(pooled_std, count=n * coordinates))
 
 
 def plain_numbers(values: list) -> bool:
