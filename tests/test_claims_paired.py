@@ -371,3 +371,117 @@ def test_per_sequence_values_are_read_only_where_every_one_is_a_number():
     assert plain_numbers([1, 2.5]) and plain_numbers([Loss(1.0), 2.0]) and plain_numbers([])
     for odd in (True, None, "NaN", [1.0]):
         assert not plain_numbers([1.0, odd, 2.0])
+
+
+SPREAD = """\
+paper: "004"
+claims:
+  - id: t-spread
+    section: "Fig. 2 right"
+    claim: Without convolution the errors spread wider.
+    paper_number: a larger variance
+    where: [task=markov, trainer.max_steps=1000, trainer.lr=0.01]
+    measure:
+      mamba_std: {where: [model=mamba], metric: metrics.task.error_distribution.std.model}
+      noconv_std: {where: [model=mamba, model.conv=false], metric: metrics.task.error_distribution.std.model}
+      mamba: {where: [model=mamba]}
+    control: "mamba <= 0.05"
+    rule: "noconv_std >= 1.01 * mamba_std"
+    scale: cpu
+    per_seed: true
+    command: python -m bench suite name=leaderboard
+"""
+
+
+def with_errors(selector, errors: torch.Tensor, seed=0, digest="e" * 64, moments=True):
+    """A record whose error distribution at one position is that of `errors` (sequences,
+    coordinates): its std and the std's bootstrap interval as tasks/lgssm.py writes them, and
+    (moments) the per-sequence mean and mean square behind them."""
+    from tasks.lgssm import error_distribution, error_moments
+    model = errors[:, None, :]  # (B, T=1, m)
+    mask = torch.ones(len(errors), 1, dtype=torch.bool)
+    rec = record(selector, seed=seed)
+    rec["metrics"]["task"] = {"error_distribution": error_distribution({"model": model}, mask, 0)}
+    rec["metrics"]["held_out_digest"] = digest
+    rec["metrics"]["sequences"] = len(errors)
+    rec["per_sequence"] = {"bands": [], "loss": {"model": [0.5] * len(errors)}}
+    if moments:
+        found = error_moments({"model": model}, mask, 0)
+        rec["per_sequence"]["task"] = {"error_distribution": {
+            "coordinates": found["coordinates"],
+            **{part: {"model": found[part]["model"].tolist()} for part in ("mean", "square")}}}
+    return rec
+
+
+def test_the_spreads_of_two_models_compare_paired_by_sequence(tmp_path):
+    """Two models' errors share the sequences' hard noise (sd 1.4) and add a small one of their
+    own: each std has a bootstrap interval of about ±4%. With noise of the same size the
+    spreads are equal, and `noconv_std >= 1.01 * mamba_std` fails on each seed when they are
+    paired by sequence; with noconv's own noise three times larger (4% wider) it holds.
+    Unpaired (records without per-sequence moments) no seed is decided either way."""
+    rules = tmp_path / "spread.yaml"
+    rules.write_text(SPREAD)
+    generator = torch.Generator().manual_seed(4)
+
+    def draw(extra: float):
+        shared = torch.randn(1024, 2, generator=generator, dtype=torch.float64) * 1.4
+        own = torch.randn(1024, 2, generator=generator, dtype=torch.float64)
+        return shared + 0.15 * own, shared + extra * own
+
+    for name, extra, verdict in (("same", 0.15, "fails at reduced scale"),
+                                 ("wide", 0.45, "holds at reduced scale")):
+        pairs = [draw(extra) for _ in range(3)]
+        put(tmp_path / name, *(with_errors(MAMBA, m, seed=s) for s, (m, _) in enumerate(pairs)),
+            *(with_errors(NOCONV, n, seed=s) for s, (_, n) in enumerate(pairs)))
+        [d] = decide(tmp_path / name, rules)
+        assert d.verdict == verdict, d.note
+        put(tmp_path / f"{name}-unpaired",
+            *(with_errors(MAMBA, m, seed=s, moments=False) for s, (m, _) in enumerate(pairs)),
+            *(with_errors(NOCONV, n, seed=s, moments=False) for s, (_, n) in enumerate(pairs)))
+        [d] = decide(tmp_path / f"{name}-unpaired", rules)
+        assert d.verdict == "undecided"
+        assert d.note.startswith("per seed: 3 of 3 seeds undecided")
+
+
+def test_a_pooled_std_read_per_sequence_is_the_records_std():
+    """read_sequences of metrics.task.error_distribution.{std,mean}.model: the statistic of the
+    per-sequence moments' means is the record's std and mean (to the records' 7 digits), and on
+    each bootstrap resample it is the std of the resampled sequences' pooled errors."""
+    from bench.reports.claims import rules
+    from bench.reports.claims.spec import load_claims
+    errors = torch.randn(300, 3, generator=torch.Generator().manual_seed(5),
+                         dtype=torch.float64) + 0.2
+    rec = with_errors(MAMBA, errors)
+    ed = rec["metrics"]["task"]["error_distribution"]
+    claims = load_claims(None)
+    [quantities] = [c.quantities for c in claims if c.id == "004-fig2-error-histogram"]
+    digest, std = read_sequences(rec, quantities["ssm_std"])
+    assert digest == "e" * 64 and len(std) == 300
+    assert std.value() == pytest.approx(ed["std"]["model"], rel=1e-12)
+    _, mean = read_sequences(rec, quantities["ssm_mean"])
+    assert float(mean.mean()) == pytest.approx(ed["mean"]["model"], rel=1e-12, abs=1e-15)
+    index = torch.randint(300, (rules.BOOTSTRAP_RESAMPLES, 300),
+                          generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(std.resampled(), errors[index].flatten(1).std(1), rtol=1e-12)
+    # a record whose moments are not one number per sequence keeps no per-sequence std
+    rec["per_sequence"]["task"]["error_distribution"]["square"]["model"].pop()
+    assert read_sequences(rec, quantities["ssm_std"]) is None
+
+
+def test_a_statistic_averaged_over_seeds_is_its_seeds_mean_on_every_resample():
+    """_seed_average of pooled stds: each resample's value is the mean of the seeds' stds on
+    that resample (not the std of averaged moments); of plain vectors, the mean vector."""
+    from bench.reports.claims import rules
+    from tasks.stats import pooled_std
+    generator = torch.Generator().manual_seed(6)
+    per_seed = []
+    for scale in (1.0, 2.0):
+        errors = torch.randn(200, 2, generator=generator, dtype=torch.float64) * scale
+        per_seed.append(rules.SequenceStatistic(
+            (errors.mean(1), errors.square().mean(1)), lambda m, s: pooled_std(m, s, 400)))
+    averaged = rules._seed_average(per_seed)
+    assert torch.equal(averaged.resampled(),
+                       torch.stack([p.resampled() for p in per_seed]).mean(0))
+    assert averaged.value() == pytest.approx(sum(p.value() for p in per_seed) / 2, rel=1e-14)
+    vectors = [torch.arange(4.0, dtype=torch.float64), torch.ones(4, dtype=torch.float64)]
+    assert torch.equal(rules._seed_average(vectors), torch.stack(vectors).mean(0))

@@ -15,7 +15,7 @@ from bench.training.evaluate import score
 from tasks import task_families
 from tasks.base import Batch, make_generator
 from tasks.lgssm import (ERROR_BIN_EDGES, LGSSMConfig, LGSSMPrior, LGSSMTask, eigh_where,
-                         error_distribution, kalman_filter, linear_recurrence, pooled_ridge_mean,
+                         error_distribution, error_moments, kalman_filter, linear_recurrence, pooled_ridge_mean,
                          random_orthogonal, simulate, simulate_sequential, stationary_covariance,
                          symmetric_from_upper, upper_of_symmetric)
 from tasks.smc import Particles, Streams, _independent_metropolis_move, kalman_start
@@ -449,6 +449,41 @@ def test_the_evaluation_gives_summarize_the_signed_errors_at_k_32():
     batch = short.held_out(4)
     predictions = {name: ref.predict(batch) for name, ref in short.references().items()}
     assert "error_distribution" not in score(short, batch, predictions, 10)["metrics"]["task"]
+
+
+def test_error_moments_give_the_distributions_mean_and_std():
+    """Each sequence's mean error and mean squared error at the position: the mean of the first
+    is error_distribution's mean, and pooled_std of the two means (count = sequences x
+    coordinates) its std; only where every sequence is scored there."""
+    from tasks.stats import pooled_std
+    generator = torch.Generator().manual_seed(7)
+    errors = torch.randn(50, 40, 3, generator=generator) * 1.7 + 0.3
+    mask = torch.ones(50, 40, dtype=torch.bool)
+    out, moments = error_distribution({"m": errors}, mask, 31), error_moments({"m": errors}, mask, 31)
+    assert moments["coordinates"] == 3 and moments["mean"]["m"].shape == (50,)
+    assert float(moments["mean"]["m"].mean()) == pytest.approx(out["mean"]["m"], rel=1e-12)
+    std = pooled_std(moments["mean"]["m"].mean(), moments["square"]["m"].mean(), 150)
+    assert float(std) == pytest.approx(out["std"]["m"], rel=1e-12)
+    mask[7, 31] = False
+    assert error_moments({"m": errors}, mask, 31) is None
+
+
+def test_the_evaluation_records_the_error_moments_per_sequence():
+    """score keeps summarize_sequences' values in per_sequence.task, one rounded number per
+    held-out sequence, and a value of the wrong shape is an error, not a record."""
+    from bench.training.evaluate import recorded_sequences
+    task = LGSSMTask(LGSSMConfig(seq_len=32, bayes_particles=0))
+    batch = task.held_out(16)
+    predictions = {name: ref.predict(batch) for name, ref in task.references().items()}
+    predictions["model"] = (predictions["clairvoyant"] + 0.5).float()
+    found = score(task, batch, predictions, resamples=10)["per_sequence"]["task"]
+    moments = found["error_distribution"]
+    assert moments["coordinates"] == 2 and set(moments["mean"]) == set(moments["square"])
+    error = predictions["clairvoyant"][:, 31] - batch.targets[:, 31].double()
+    assert moments["square"]["clairvoyant"] == pytest.approx(error.square().mean(1).tolist(),
+                                                             rel=1e-6)
+    with pytest.raises(ValueError, match="one value per held-out sequence"):
+        recorded_sequences({"x": {"y": torch.zeros(3, 2)}}, 3)
 
 
 def test_eigh_where_decomposes_the_chosen_matrices_as_eigh_of_all():
