@@ -497,6 +497,11 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     held = set(controls.values())
     control = held.pop() if len(held) == 1 else None  # the same on every seed, or open
     note = seeds_note(verdicts)
+    # what keeps the open seeds open, where it is one thing on all of them
+    open_why = {why for verdict, _, why in each.values() if verdict == "undecided"}
+    if len(open_why) == 1 and (why := open_why.pop()) and NO_INTERVAL not in why:
+        note += f"; on {'each' if set(verdicts.values()) == {'undecided'} else 'each open one'}" \
+                f": {why}"
     # a number whose noise the records do not give decides no seed: say which
     unmeasured = sorted({why for _, _, why in each.values() if NO_INTERVAL in why})
     if unmeasured:
