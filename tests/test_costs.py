@@ -11,7 +11,7 @@ import bench.records.store
 import bench.training.train
 from bench.cli.main import main
 from bench.config import compose
-from bench.reports.costs import launcher_wall, price
+from bench.reports.costs import launcher_wall, price, references_price, run_time
 
 TINY = ["task.seq_len=16", "trainer.max_steps=2", "trainer.warmup_steps=1",
         "trainer.eval_sequences=16", "trainer.bootstrap=50", "trainer.progress=false",
@@ -51,6 +51,37 @@ def test_a_run_is_priced_from_the_closest_records_first():
     found = price(config, [other_model, on_a_gpu], "cpu")
     assert found.seconds is None and "no record of markov mamba on cpu" in found.source
     assert price(config, [on_a_gpu], "cuda").seconds == 1.0  # a GPU run from GPU records
+
+
+def computed(rec: dict, seconds: float | None, sequences: int = 512) -> dict:
+    """rec as a run that computed its references in `seconds` (None: read them from the cache)."""
+    rec["eval"] = {"references_cached": seconds is None,
+                   "time_s": {"references": seconds if seconds is not None else 1e-5}}
+    rec["metrics"] = {"sequences": sequences}
+    return rec
+
+
+def test_a_price_leaves_out_the_references_a_record_computed_and_prices_them_apart():
+    """A held-out set's first run computes its references for the others: its price is its wall
+    time less them, and references_price gives them from the records that computed them (the
+    median time a sequence, times the run's sequences), of its task config on its device only."""
+    config = compose(["task=lgssm", "trainer.max_steps=100", "trainer.eval_sequences=1024"])
+    first = computed(record(["task=lgssm", "trainer.max_steps=100"], 100.0), 60.0)
+    after = computed(record(["task=lgssm", "trainer.max_steps=100", "seed=1"], 41.0), None)
+    older = record(["task=lgssm", "trainer.max_steps=100", "seed=2"], 70.0)  # says nothing
+    assert (run_time(first), run_time(after), run_time(older)) == (40.0, 41.0, 70.0)
+    assert price(config, [first], "cpu").seconds == 40.0
+    assert price(config, [first, after, older], "cpu").seconds == 41.0  # the seeds' median
+    other_seed = computed(record(["task=lgssm", "trainer.max_steps=800", "seed=3"], 90.0), 30.0)
+    other_config = computed(record(["task=lgssm", "task.seq_len=64"], 10.0), 9.0)
+    on_a_gpu = computed(record(["task=lgssm"], 10.0, device="cuda"), 1.0)
+    found = references_price(config, [first, after, older, other_seed, other_config, on_a_gpu],
+                             "cpu")
+    assert found.seconds == pytest.approx((60.0 + 30.0) / 2 / 512 * 1024)
+    assert found.source == "2 records that computed them, scaled to 1024 sequences"
+    found = references_price(config, [after, older, other_config], "cpu")
+    assert found.seconds is None and found.source == ("no record of lgssm that computed its "
+                                                      "references")
 
 
 def test_records_of_the_planned_thread_count_come_first_where_there_are_any():
@@ -112,6 +143,30 @@ def test_suite_plan_prices_the_runs_left_and_trains_nothing(tmp_path, monkeypatc
         assert capsys.readouterr().err.count("\n") == 1
 
 
+def test_the_plan_prices_the_references_a_run_would_compute(tmp_path, monkeypatch, capsys):
+    """After entry 1 cached its held-out set's references in out_dir: a run of another held-out
+    set (more sequences) computes them, priced from entry 1's record and scaled, and the next run
+    of that set reads them; a run without the cache computes its own."""
+    monkeypatch.chdir(tmp_path)
+    more = [a for a in TINY if not a.startswith("trainer.eval_sequences=")] + \
+        ["trainer.eval_sequences=32"]
+    suite = tmp_path / "tiny.yaml"
+    suite.write_text(yaml.safe_dump({"runs": [
+        ["seed=0", *TINY], ["seed=1", *TINY], ["seed=0", *more], ["seed=1", *more],
+        ["seed=2", *TINY, "trainer.reference_cache=false"]]}))
+    assert main(["suite", f"name={suite}", "entries=1"]) == 0
+    capsys.readouterr()
+    [made] = (tmp_path / "runs").glob("*.json")
+    spent = json.loads(made.read_text())["eval"]["time_s"]["references"]
+    assert main(["suite", f"name={suite}", "entries=2-5", "plan=true"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = [i for i, line in enumerate(lines) if "its held-out set's references" in line]
+    assert [lines[i - 1].split("]")[0].strip() for i in said] == ["[3/5", "[5/5"]
+    assert lines[said[0]].endswith("(1 record that computed them, scaled to 32 sequences)")
+    assert f"not cached in runs: {spent * 2:.0f} s of it" in lines[said[0]]
+    assert "references, trainer.reference_cache=false: " in lines[said[1]]
+
+
 def test_plan_measures_the_step_here_once_a_setup_when_asked(tmp_path, monkeypatch, capsys):
     """measure=true: each run's steps times the bare step measured now (one measurement for two
     seeds of one setup, another for another width), beside the records' prices; measure=true
@@ -159,8 +214,8 @@ def test_prices_read_only_the_runs_of_their_task_and_model(tmp_path):
                compose(["task=lgssm", "model=transformer", "trainer.max_steps=100"])]
     every = [r for r in read_records(published)[0] if r.get("status") == "ok"]
     assert len(every) == 16
-    assert entry_prices(configs, 1, [str(published)]) == [price(c, every, "cpu", 1)
-                                                           for c in configs]
+    assert entry_prices(configs, 1, [str(published)])[0] == [price(c, every, "cpu", 1)
+                                                              for c in configs]
     (tmp_path / "markov--mamba--s0--20261129-120000-abcdef.json").write_text("{")
     (tmp_path / "linreg--gd_ssm--s0--20261129-120000-abcdef.json").write_text("{")
     (tmp_path / "renamed--by-hand.json").write_text("{")  # not named as a run: whose, it says

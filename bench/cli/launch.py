@@ -250,7 +250,7 @@ def launch_local(plan: Plan, workers: int, out_dirs: list[str]) -> int:
     configs = plan.configs()  # priced before any worker starts: a failure leaves no orphan
     share = int(environments[0].get("OMP_NUM_THREADS", 0)) or None
     prices = [found.seconds for found in
-              entry_prices(configs, share, pricing_folders(configs))]
+              entry_prices(configs, share, pricing_folders(configs))[0]]
     families = [config.task_name for config in configs]
     folder = launch_dir(plan, out_dirs[0])
     pinned = ("GPU " + ", ".join(e["CUDA_VISIBLE_DEVICES"] for e in environments)

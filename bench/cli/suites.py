@@ -170,7 +170,7 @@ def run_entries(what: str, entries: list[list[str]], argv: list[str], shard: tup
         config.origin = origin
     if plan is not None:
         print_plan(what, size, numbers, [entries[n - 1] for n in numbers], configs, rerun,
-                   *plan)
+                   *plan, tasks=tasks)
         return 0
     if dispatch is not None:
         return dispatch(what, size, numbers, [[*unless_given(e), *e] for e in runs], origin,
@@ -188,21 +188,46 @@ def pricing_folders(configs: list) -> list[str]:
                                *(["results"] if os.path.isdir("results") else [])]))
 
 
-def entry_prices(configs: list, share: int | None, folders: list[str]) -> list:
+def entry_prices(configs: list, share: int | None, folders: list[str],
+                 computing: list[bool] | None = None) -> tuple[list, list]:
     """Each config's Price (bench/reports/costs.py) from the records in `folders`, on its planned
     device; a CPU run at its trainer.threads, else at `share` threads (a launcher worker's share
-    of the cores). A price reads only runs of its own task and model, so only theirs are read."""
-    from bench.reports.costs import price
+    of the cores); and, where `computing` says the run computes its held-out set's references,
+    their Price (references_price), else None. A price reads only runs of its own task and
+    model, so only theirs are read."""
+    from bench.reports.costs import price, references_price
     from bench.training.checks import planned_environment
     runs_of = {(config.task_name, config.model_name) for config in configs}
     records = [r for folder in folders if os.path.isdir(folder)
                for r in read_records(folder, runs_of)[0] if r.get("status") == "ok"]
-    prices = []
-    for config in configs:
+    prices, references = [], []
+    for config, computes in zip(configs, computing or [False] * len(configs)):
         device = planned_environment(config).device
         wanted = (config.trainer.threads or share) if device == "cpu" else None
         prices.append(price(config, records, device, wanted))
-    return prices
+        references.append(references_price(config, records, device) if computes else None)
+    return prices, references
+
+
+def computes_references(configs: list, tasks: list) -> list[bool | None]:
+    """Whether each run, in this order, would compute its held-out set's references: every run
+    with trainer.reference_cache=false; else the first of those sharing a held-out set that
+    out_dir's cache lacks (a file of its key: bench/training/reference_cache.py), the others
+    reading what it cached. None where the cache key cannot be formed (the task's data)."""
+    from bench.training import reference_cache
+    seen, computes = set(), []
+    for config, task in zip(configs, tasks):
+        if not config.trainer.reference_cache:
+            computes.append(True)
+            continue
+        try:
+            path = reference_cache.cache_path(config.out_dir, task, config.trainer.eval_sequences)
+        except (ConfigError, OSError):
+            computes.append(None)
+            continue
+        computes.append(path not in seen and not path.is_file())
+        seen.add(path)
+    return computes
 
 
 def measured_prices(configs: list, share: int | None) -> tuple[list[float | None], int]:
@@ -237,14 +262,16 @@ def measured_prices(configs: list, share: int | None) -> tuple[list[float | None
 
 def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]],
                configs: list, rerun: bool, workers: int, share: int | None,
-               measure: bool = False) -> None:
+               measure: bool = False, tasks: list | None = None) -> None:
     """What `suite ... plan=true` prints: the entries finished already (finished_runs) with the
     run time their records took, and each entry still to run priced from the records in its
     out_dir and in results/ (bench/reports/costs.py: its own record of other code, its config's
     other seeds, its task and model's time a step), with the wall time that `workers` local
     workers would take for them, each with `share` CPU threads (the launcher's share of the
     cores); `measure`: also the training time at the step measured here now (measured_prices),
-    beside them. Trains nothing, writes nothing."""
+    beside them; a run that would compute its held-out set's references (computes_references:
+    `tasks` are the configs' built tasks) has their price added, from the records that computed
+    them. Trains nothing, writes nothing."""
     from bench.reports.costs import duration, launcher_wall, made_on, wall_time
     here = store.provenance()
     done = {} if rerun else finished_runs(configs)
@@ -271,23 +298,37 @@ def print_plan(what: str, size: int, numbers: list[int], entries: list[list[str]
     pending = [i for i in range(len(configs)) if i not in done]
     print(f"  to run: {len(pending)}")
     seconds, unknown, thread_counts = [0.0] * len(configs), 0, set()
-    prices = entry_prices([configs[i] for i in pending], share, folders)
+    computing = computes_references([configs[i] for i in pending], [tasks[i] for i in pending]) \
+        if tasks is not None else [False] * len(pending)
+    prices, references = entry_prices([configs[i] for i in pending], share, folders, computing)
     now, setups = (measured_prices([configs[i] for i in pending], share) if measure
                    else ([None] * len(pending), 0))
-    for i, found, measured in zip(pending, prices, now):
-        seconds[i] = found.seconds or 0.0
+    unpriced_references = 0
+    for i, found, refs, computes, measured in zip(pending, prices, references, computing, now):
+        seconds[i] = (found.seconds or 0.0) + (refs.seconds or 0.0 if refs else 0.0)
         unknown += found.seconds is None
         thread_counts |= found.threads
-        cost = short(found.seconds) if found.seconds is not None else "?"
+        cost = short(seconds[i]) if found.seconds is not None else "?"
         here_now = f"  now {short(measured):>7}" if measured is not None else ""
         print(f"    [{numbers[i]}/{size}] {cost:>7}{here_now}  "
               f"{' '.join(entries[i]) or '(defaults)'}  ({found.source})")
+        if refs is not None:
+            unpriced_references += refs.seconds is None
+            said = f"{short(refs.seconds)} of it" if refs.seconds is not None else "not priced"
+            where = f"not cached in {configs[i].out_dir}" if configs[i].trainer.reference_cache \
+                else "trainer.reference_cache=false"
+            print(f"            its held-out set's references, {where}: {said} ({refs.source})")
+        elif computes is None:
+            print(f"            whether its held-out set's references are cached in "
+                  f"{configs[i].out_dir} is not known (not priced)")
     if not pending:
         return
     counts = " or ".join(map(str, sorted(thread_counts)))
     print(f"  priced at {duration(sum(seconds))} of run time"
           + (f" (records of {counts} thread(s) a run)" if counts else "")
-          + (f"; {unknown} not priced: no record of their task and model" if unknown else ""))
+          + (f"; {unknown} not priced: no record of their task and model" if unknown else "")
+          + (f"; the references of {unpriced_references} held-out set(s) not priced"
+             if unpriced_references else ""))
     print(f"  at workers={workers}: about {duration(launcher_wall(seconds, workers))} of wall "
           "time, the runs dealt as the launcher deals them (the records' machine and load, not "
           "a measurement here)")

@@ -1,8 +1,9 @@
 """What runs cost here, read off the records of runs already made: the price of a suite's entries
 before they run (`python -m bench suite name=... plan=true`) and of the runs an open claim needs
 (`python -m bench claims plan`). A price is a record's `wall_time_s`, the whole run as it ran
-(its threads, its machine's load): an estimate, said as one, never a measurement of the run to
-come."""
+(its threads, its machine's load), less the references it computed (a held-out set's first run
+computes them for the others: `references_price` prices them apart): an estimate, said as one,
+never a measurement of the run to come."""
 from __future__ import annotations
 
 import heapq
@@ -21,6 +22,31 @@ def wall_time(record: dict) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def references_seconds(record: dict) -> float | None:
+    """The seconds a record's run spent computing its held-out set's references: 0 where it read
+    them from the reference cache, None where the record does not say (older records)."""
+    evaluation = record.get("eval") if isinstance(record.get("eval"), dict) else {}
+    spent = (evaluation.get("time_s") or {}).get("references") \
+        if isinstance(evaluation.get("time_s"), dict) else None
+    if evaluation.get("references_cached") is True:
+        return 0.0
+    if evaluation.get("references_cached") is False and isinstance(spent, (int, float)) \
+            and not isinstance(spent, bool) and math.isfinite(spent) and spent >= 0:
+        return float(spent)
+    return None
+
+
+def run_time(record: dict) -> float | None:
+    """What the record's run costs with its references read from the cache: its wall time less
+    the references it computed (a suite's first run of a held-out set computes them once for
+    the others; references_price prices them apart)."""
+    wall = wall_time(record)
+    if wall is None:
+        return None
+    spent = references_seconds(record) or 0.0
+    return wall - spent if wall - spent > 0 else wall
 
 
 def threads(record: dict) -> int | None:
@@ -43,7 +69,7 @@ def seconds_per_step(task_name: str, model_name: str, records: list[dict],
         if record["task"]["name"] != task_name or record["model"]["name"] != model_name \
                 or environment(record).device != device:
             continue
-        wall, steps = wall_time(record), record["trainer"]["config"].get("max_steps")
+        wall, steps = run_time(record), record["trainer"]["config"].get("max_steps")
         if wall is not None and isinstance(steps, int) and not isinstance(steps, bool) \
                 and steps > 0:
             rates.append(wall / steps)
@@ -72,7 +98,7 @@ def price(config, records: list[dict], device: str, threads_wanted: int | None =
     median time a step of runs with its task and model config (other steps, lr, ...), then of
     any run of its task and model, times its steps. Where records of `threads_wanted` threads
     exist at a level, only they count there."""
-    mine = [r for r in records if environment(r).device == device and wall_time(r) is not None]
+    mine = [r for r in records if environment(r).device == device and run_time(r) is not None]
 
     def at_threads(found: list[dict]) -> list[dict]:
         same = [r for r in found if threads(r) == threads_wanted]
@@ -85,10 +111,10 @@ def price(config, records: list[dict], device: str, threads_wanted: int | None =
     own = at_threads([r for r in matching if r.get("seed") == config.seed])
     if own:
         newest = max(own, key=age)
-        return Price(wall_time(newest), f"its own record of {made_on(newest)}", of([newest]))
+        return Price(run_time(newest), f"its own record of {made_on(newest)}", of([newest]))
     others = at_threads(matching)
     if others:
-        return Price(statistics.median(wall_time(r) for r in others),
+        return Price(statistics.median(run_time(r) for r in others),
                      f"its config's other seeds ({len(others)})", of(others))
     same_model = [r for r in mine if r["task"]["name"] == config.task_name
                   and r["model"]["name"] == config.model_name]
@@ -102,6 +128,26 @@ def price(config, records: list[dict], device: str, threads_wanted: int | None =
             return Price(rate * config.trainer.max_steps, f"{what} time a step "
                          f"({plural(len(found), 'record')})", of(found))
     return Price(None, f"no record of {config.task_name} {config.model_name} on {device}")
+
+
+def references_price(config, records: list[dict], device: str) -> Price:
+    """The references of the held-out set of `config` (its task config, trainer.eval_sequences
+    sequences), for a run that computes them: the records of its task config on `device` that
+    computed theirs, their median seconds a held-out sequence, times its sequences."""
+    rates = []
+    for record in records:
+        spent = references_seconds(record)
+        sequences = (record.get("metrics") or {}).get("sequences")
+        if spent and isinstance(sequences, int) and not isinstance(sequences, bool) \
+                and sequences > 0 and environment(record).device == device \
+                and record["task"]["name"] == config.task_name \
+                and config_matches(record["task"]["config"], config.task):
+            rates.append(spent / sequences)
+    if not rates:
+        return Price(None, f"no record of {config.task_name} that computed its references")
+    return Price(statistics.median(rates) * config.trainer.eval_sequences,
+                 f"{plural(len(rates), 'record')} that computed them, scaled to "
+                 f"{config.trainer.eval_sequences} sequences")
 
 
 def launcher_wall(seconds: list[float], workers: int) -> float:

@@ -31,7 +31,7 @@ from operator import itemgetter
 import torch
 
 from bench.records.store import Environment, environment, record_matches
-from bench.reports.costs import seconds_per_step
+from bench.reports.costs import run_time, seconds_per_step
 from bench.reports.claims.rules import (NO_INTERVAL, Interval, PerSequence, Sample,
                                         SequenceStatistic, Test, same_on_every_seed)
 from bench.reports.claims.spec import Claim, Quantity, is_reference
@@ -306,8 +306,9 @@ def plain_numbers(values: list) -> bool:
 
 
 def wall_time(row: list[dict]) -> float | None:
-    times = [number(r.get("wall_time_s")) for r in row]
-    times = [t for t in times if t is not None and math.isfinite(t) and t >= 0]
+    """The mean run time of row's records with their references read from the cache (costs.
+    run_time): what one more seed of its config costs."""
+    times = [t for t in map(run_time, row) if t is not None]
     return sum(times) / len(times) if times else None
 
 
