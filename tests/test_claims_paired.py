@@ -444,29 +444,30 @@ def test_the_spreads_of_two_models_compare_paired_by_sequence(tmp_path):
                           "interval of a difference holds 0 (`noconv_std >= 1.01 * mamba_std`)")
 
 
-def test_a_pooled_std_read_per_sequence_is_the_records_std():
+def test_a_pooled_std_read_per_sequence_is_the_records_std(tmp_path):
     """read_sequences of metrics.task.error_distribution.{std,mean}.model: the statistic of the
     per-sequence moments' means is the record's std and mean (to the records' 7 digits), and on
     each bootstrap resample it is the std of the resampled sequences' pooled errors."""
     from bench.reports.claims import rules
-    from bench.reports.claims.spec import load_claims
     errors = torch.randn(300, 3, generator=torch.Generator().manual_seed(5),
                          dtype=torch.float64) + 0.2
     rec = with_errors(MAMBA, errors)
     ed = rec["metrics"]["task"]["error_distribution"]
-    claims = load_claims(None)
-    [quantities] = [c.quantities for c in claims if c.id == "004-fig2-error-histogram"]
-    digest, std = read_sequences(rec, quantities["ssm_std"])
+    spec = tmp_path / "spread.yaml"
+    spec.write_text(SPREAD.replace("error_distribution.std.model}\n      mamba:",
+                                   "error_distribution.mean.model}\n      mamba:"))
+    [claim] = load_claims(spec)
+    digest, std = read_sequences(rec, claim.quantities["mamba_std"])
     assert digest == "e" * 64 and len(std) == 300
     assert std.value() == pytest.approx(ed["std"]["model"], rel=1e-12)
-    _, mean = read_sequences(rec, quantities["ssm_mean"])
+    _, mean = read_sequences(rec, claim.quantities["noconv_std"])  # here the mean's metric
     assert float(mean.mean()) == pytest.approx(ed["mean"]["model"], rel=1e-12, abs=1e-15)
     index = torch.randint(300, (rules.BOOTSTRAP_RESAMPLES, 300),
                           generator=torch.Generator().manual_seed(0))
     assert torch.allclose(std.resampled(), errors[index].flatten(1).std(1), rtol=1e-12)
     # a record whose moments are not one number per sequence keeps no per-sequence std
     rec["per_sequence"]["task"]["error_distribution"]["square"]["model"].pop()
-    assert read_sequences(rec, quantities["ssm_std"]) is None
+    assert read_sequences(rec, claim.quantities["mamba_std"]) is None
 
 
 def test_a_statistic_averaged_over_seeds_is_its_seeds_mean_on_every_resample():
