@@ -126,6 +126,7 @@ def _or(values) -> bool | None:
         return True
     return False if all(v is False for v in values) else None
 
+
 @dataclass(frozen=True, eq=False)
 class SequenceStatistic:
     """A quantity that is a function of means over the held-out sequences rather than one such
