@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.config.formats import plural
 from bench.reports.claims.rules import Interval, Rule, Sample, Test
 from bench.reports.claims.spec import DEFAULT_METRIC, composed, is_reference, run_key
-from bench.reports.claims.verdicts import Decision, judge_seeds
+from bench.reports.claims.verdicts import Decision, judge, judge_seeds
 from bench.reports.costs import duration
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
@@ -173,8 +173,30 @@ def each_seed_open(decision: Decision) -> str:
         one = len(open_) == 1
         return (f"{_seeds(open_)} {'is' if one else 'are'} open on {'its' if one else 'their'} "
                 f"own held-out interval{'' if one else 's'}: more held-out sequences "
-                "(trainer.eval_sequences) would decide them; more seeds would not")
+                f"(trainer.eval_sequences){sequences_to_decide(decision, open_)} would decide "
+                "them; more seeds would not")
     return "a claim about each run, judged on each seed's own record"
+
+
+def sequences_to_decide(decision: Decision, seeds: list[int]) -> str:
+    """How many held-out sequences would close the open comparisons of these seeds, were their
+    differences what they are now: an interval's half-width shrinks as 1/√n, so n grows by
+    (half-width / |difference|)² for the widest of them (the estimate of an even chance; '' where
+    a difference is 0 or the quantities' held-out sizes differ)."""
+    sizes = {m.config.trainer.eval_sequences for m in decision.claim.quantities.values()}
+    factor = 0.0
+    for seed in seeds:
+        samples = {name: m.seed_sample(seed) for name, m in decision.values.items()}
+        for test in judge(decision.claim, decision.scale == "cpu", samples)[3]:
+            if test.outcome is None:
+                half = (test.interval[1] - test.interval[0]) / 2
+                if not test.difference or not math.isfinite(half / test.difference):
+                    return ""
+                factor = max(factor, (half / test.difference) ** 2)
+    if len(sizes) != 1 or factor <= 1:
+        return ""
+    n = sizes.pop()
+    return f", about {factor:.0f}× the {n} ({math.ceil(factor * n):,} sequences) at these differences,"
 
 
 def _seeds(seeds: list[int]) -> str:
