@@ -28,8 +28,8 @@ def references_seconds(record: dict) -> float | None:
     """The seconds a record's run spent computing its held-out set's references: 0 where it read
     them from the reference cache, None where the record does not say (older records)."""
     evaluation = record.get("eval") if isinstance(record.get("eval"), dict) else {}
-    spent = (evaluation.get("time_s") or {}).get("references") \
-        if isinstance(evaluation.get("time_s"), dict) else None
+    times = evaluation.get("time_s") if isinstance(evaluation.get("time_s"), dict) else {}
+    spent = times.get("references")
     if evaluation.get("references_cached") is True:
         return 0.0
     if evaluation.get("references_cached") is False and isinstance(spent, (int, float)) \

@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.config.formats import plural
 from bench.reports.claims.rules import Interval, Rule, Sample, Test
 from bench.reports.claims.spec import DEFAULT_METRIC, composed, is_reference, run_key
-from bench.reports.claims.verdicts import Decision, judge, judge_seeds
+from bench.reports.claims.verdicts import Decision, judge_seeds
 from bench.reports.costs import duration
 from tasks.files import write_atomic
 from tasks.stats import t_quantile
@@ -158,7 +158,7 @@ def each_seed_open(decision: Decision) -> str:
     sequences, which narrow one seed's interval, where more seeds do not."""
     held, failed, open_ = [], [], []
     each = judge_seeds(decision.claim, decision.scale == "cpu", decision.values)
-    for seed, (verdict, control, _) in each.items():
+    for seed, (verdict, control, *_) in each.items():
         if control is None or verdict == "undecided":
             open_.append(seed)
         elif control and verdict.startswith("holds"):
@@ -171,23 +171,23 @@ def each_seed_open(decision: Decision) -> str:
                 "stays undecided whatever more seeds or held-out sequences show")
     if open_:
         one = len(open_) == 1
+        how_many = sequences_to_decide(decision, [each[seed][3] for seed in open_])
         return (f"{_seeds(open_)} {'is' if one else 'are'} open on {'its' if one else 'their'} "
                 f"own held-out interval{'' if one else 's'}: more held-out sequences "
-                f"(trainer.eval_sequences){sequences_to_decide(decision, open_)} would decide "
-                "them; more seeds would not")
+                f"(trainer.eval_sequences){how_many} would decide them; more seeds would not")
     return "a claim about each run, judged on each seed's own record"
 
 
-def sequences_to_decide(decision: Decision, seeds: list[int]) -> str:
-    """How many held-out sequences would close the open comparisons of these seeds, were their
-    differences what they are now: an interval's half-width shrinks as 1/√n, so n grows by
-    (half-width / |difference|)² for the widest of them (the estimate of an even chance; '' where
-    a difference is 0 or the quantities' held-out sizes differ)."""
+def sequences_to_decide(decision: Decision, seeds_tests: list[list[Test]]) -> str:
+    """How many held-out sequences would close the open comparisons of the open seeds (each
+    seed's tests, judge_seeds), were their differences what they are now: an interval's
+    half-width shrinks as 1/√n, so n grows by (half-width / |difference|)² for the widest of them
+    (the estimate of an even chance; '' where a difference is 0 or the quantities' held-out sizes
+    differ)."""
     sizes = {m.config.trainer.eval_sequences for m in decision.claim.quantities.values()}
     factor = 0.0
-    for seed in seeds:
-        samples = {name: m.seed_sample(seed) for name, m in decision.values.items()}
-        for test in judge(decision.claim, decision.scale == "cpu", samples)[3]:
+    for tests in seeds_tests:
+        for test in tests:
             if test.outcome is None:
                 half = (test.interval[1] - test.interval[0]) / 2
                 if not test.difference or not math.isfinite(half / test.difference):

@@ -463,14 +463,15 @@ def judge(claim: Claim, reduced: bool, samples: dict[str, Sample],
 
 
 def judge_seeds(claim: Claim, reduced: bool, values: dict[str, Measured]
-                ) -> dict[int, tuple[str, bool | None, str]]:
+                ) -> dict[int, tuple[str, bool | None, str, list[Test]]]:
     """Each seed the quantities share (in order): the claim's verdict on that seed's records
-    alone, whether its control held there (None: open), and why it is undecided where it is."""
+    alone, whether its control held there (None: open), why it is undecided where it is, and
+    the tests that decided it."""
     each = {}
     for seed in sorted(set.intersection(*(set(m.seeds) for m in values.values()))):
-        verdict, why, control, _ = judge(claim, reduced, {name: m.seed_sample(seed)
-                                                          for name, m in values.items()})
-        each[seed] = verdict, control, why
+        verdict, why, control, tests = judge(claim, reduced, {name: m.seed_sample(seed)
+                                                              for name, m in values.items()})
+        each[seed] = verdict, control, why, tests
     return each
 
 
@@ -488,8 +489,8 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     if not each:
         return "undecided", "per seed: the quantities share no seed", None, []
     seeds = list(each)
-    verdicts = {seed: verdict for seed, (verdict, _, _) in each.items()}
-    controls = {seed: control for seed, (_, control, _) in each.items()}
+    verdicts = {seed: verdict for seed, (verdict, *_) in each.items()}
+    controls = {seed: control for seed, (_, control, *_) in each.items()}
     open_control = {}
     for seed in seeds:
         if controls[seed] is None:  # what the rule says of it, were its model trained
@@ -499,12 +500,12 @@ def judge_each_seed(claim: Claim, reduced: bool, values: dict[str, Measured]
     control = held.pop() if len(held) == 1 else None  # the same on every seed, or open
     note = seeds_note(verdicts)
     # what keeps the open seeds open, where it is one thing on all of them
-    open_why = {why for verdict, _, why in each.values() if verdict == "undecided"}
+    open_why = {why for verdict, _, why, _ in each.values() if verdict == "undecided"}
     if len(open_why) == 1 and (why := open_why.pop()) and NO_INTERVAL not in why:
         note += f"; on {'each' if set(verdicts.values()) == {'undecided'} else 'each open one'}" \
                 f": {why}"
     # a number whose noise the records do not give decides no seed: say which
-    unmeasured = sorted({why for _, _, why in each.values() if NO_INTERVAL in why})
+    unmeasured = sorted({why for _, _, why, _ in each.values() if NO_INTERVAL in why})
     if unmeasured:
         note += "; " + "; ".join(unmeasured)
     trained = {verdicts[seed] for seed in seeds if controls[seed] is True}
