@@ -958,8 +958,9 @@ def test_a_reference_without_an_interval_adds_no_held_out_noise_and_the_row_says
         .replace("}}", "}"),
         "      unigram: {where: [model=mamba], metric: metrics.gap.unigram}\n"))
     [d] = decide(out, rules)
-    assert d.tests[-1].paired == ("3 seeds; the held-out noise of unigram not counted (its "
-                                  "records give it no interval)")
+    assert d.tests[-1].paired == ("3 seeds; the held-out noise of mamba from its own interval; "
+                                  "the held-out noise of unigram not counted (its records give "
+                                  "it no interval)")
 
 
 @pytest.mark.parametrize("kind, gaps, judged, flagged", [

@@ -36,24 +36,34 @@ def seeds(selector, gaps, **extra):
     return [record(selector, seed=s, gap=g, **extra) for s, g in enumerate(gaps)]
 
 
+def sharp(records, half=1e-6):
+    """records whose gap's own (held-out) interval is ±half: a held-out set that adds next to
+    nothing to a comparison paired across seeds."""
+    for rec in records:
+        gap = rec["metrics"]["bayes_gap"]
+        rec["metrics"]["bayes_gap_ci"] = [gap - half, gap + half]
+    return records
+
+
 def test_seeds_pair_where_the_intervals_of_the_means_overlap(tmp_path):
     """mamba varies 3x across seeds, and noconv with it: the two t-intervals overlap (unpaired:
     undecided), but the per-seed difference noconv - 5 mamba is +0.0005 on every seed."""
     mamba = [0.001, 0.002, 0.003, 0.0015, 0.0025]
     ahead = [5 * m + 0.0005 + 1e-5 * i for i, m in enumerate(mamba)]
-    put(tmp_path / "up", *seeds(MAMBA, mamba), *seeds(NOCONV, ahead))
+    put(tmp_path / "up", *sharp(seeds(MAMBA, mamba)), *sharp(seeds(NOCONV, ahead)))
     rules = rules_file(tmp_path, rule="noconv >= 5 * mamba", control="mamba <= 0.05")
     [d] = decide(tmp_path / "up", rules)
     assert d.verdict == "holds"
     [control, test] = d.tests
-    assert test.paired == "5 seeds" and test.outcome is True
+    assert test.paired == "5 seeds; the held-out noise of mamba, noconv from their own " \
+        "intervals, unpaired" and test.outcome is True
     assert test.difference == pytest.approx(0.0005 + 2e-5)
     # the worst-case interval arithmetic of the same means could not decide
     intervals = {n: Interval(*d.values[n].interval) for n in ("mamba", "noconv")}
     assert Rule("noconv >= 5 * mamba", intervals, "t").evaluate(intervals) is None
     # the other way: noconv 0.0005 below 5 x mamba on every seed
     behind = [5 * m - 0.0005 + 1e-5 * i for i, m in enumerate(mamba)]
-    put(tmp_path / "down", *seeds(MAMBA, mamba), *seeds(NOCONV, behind))
+    put(tmp_path / "down", *sharp(seeds(MAMBA, mamba)), *sharp(seeds(NOCONV, behind)))
     [d] = decide(tmp_path / "down", rules)
     assert d.verdict == "fails" and d.tests[-1].outcome is False
 
@@ -172,7 +182,9 @@ def test_a_ratio_is_paired_seed_by_seed_and_a_zero_divisor_is_undecided():
     samples = {"a": Sample({0: 2.2, 1: 4.4, 2: 6.6}, Interval(2.2, 6.6)),
                "b": Sample({0: 1.0, 1: 2.0, 2: 3.0}, Interval(1.0, 3.0))}
     outcome, [test] = rule.decide(samples)
-    assert outcome is True and test.difference == pytest.approx(0.2) and test.paired == "3 seeds"
+    assert outcome is True and test.difference == pytest.approx(0.2)
+    assert test.paired == "3 seeds; the held-out noise of a, b not counted (its records give it " \
+        "no interval)"
     samples["b"] = Sample({0: 1.0, 1: 0.0, 2: 3.0}, Interval(0.0, 3.0))
     outcome, [test] = rule.decide(samples)
     assert outcome is None and math.isnan(test.difference)
@@ -261,10 +273,40 @@ def test_the_held_out_noise_of_a_reference_widens_a_seed_paired_difference():
     noisy = Sample({s: 0.0774 for s in range(3)}, Interval(0.0574, 0.0974))
     outcome, [test] = rule.decide({"model": model, "reference": noisy})
     assert outcome is None
-    assert test.paired == "3 seeds; the held-out noise of reference from its own interval"
+    assert test.paired == "3 seeds; the held-out noise of reference from its own interval; the " \
+        "held-out noise of model not counted (its records give it no interval)"
     half = (test.interval[1] - test.interval[0]) / 2
     seeds_only = 4.303 * 0.001 / 3 ** 0.5
     assert half == pytest.approx(math.hypot(seeds_only, 0.01), rel=1e-3)
+
+
+def test_the_held_out_noise_of_models_widens_a_seed_paired_difference():
+    """Two models on three seeds, one held-out set, records without per-sequence values: the
+    seeds' t-interval says nothing about the held-out set they share, so each model's records'
+    own intervals (the mean of their half-widths) enter the difference, unpaired, and keep open
+    what the seeds alone would decide; with none, the test says their noise is not counted."""
+    rule = Rule("a >= 1.5 * b", ["a", "b"], "t")
+    a = {0: 0.060, 1: 0.061, 2: 0.062}
+    b = {0: 0.008, 1: 0.0081, 2: 0.0082}
+    bare = {"a": Sample(a, Interval(0.058, 0.064), {}, True),
+            "b": Sample(b, Interval(0.0078, 0.0084), {}, True)}
+    outcome, [test] = rule.decide(bare)
+    assert outcome is True and test.held_out_half == 0.0
+    assert test.paired == ("3 seeds; the held-out noise of a, b not counted (its records give "
+                           "it no interval)")
+    own = {"a": Sample(a, Interval(0.058, 0.064), {}, True, {0: 0.07, 1: 0.068, 2: 0.072}),
+           "b": Sample(b, Interval(0.0078, 0.0084), {}, True, {0: 0.006, 1: 0.006, 2: 0.006})}
+    outcome, [test] = rule.decide(own)
+    assert outcome is None
+    assert test.paired == "3 seeds; the held-out noise of a, b from their own intervals, unpaired"
+    assert test.held_out_half == pytest.approx(0.07 + 1.5 * 0.006, rel=1e-12)
+    narrow = {"a": Sample(a, Interval(0.058, 0.064), {}, True, {s: 0.01 for s in a}),
+              "b": Sample(b, Interval(0.0078, 0.0084), {}, True, {s: 0.001 for s in b})}
+    outcome, [test] = rule.decide(narrow)
+    assert outcome is True
+    seeds_only = 4.303 * torch.tensor([a[s] - 1.5 * b[s] for s in a]).std().item() / 3 ** 0.5
+    half = (test.interval[1] - test.interval[0]) / 2
+    assert half == pytest.approx(math.hypot(seeds_only, 0.01 + 1.5 * 0.001), rel=1e-3)
 
 
 def test_seeds_with_per_sequence_losses_pair_on_both(tmp_path):
@@ -310,7 +352,7 @@ def test_a_reference_the_same_on_every_seed_brings_its_records_interval(tmp_path
     to the rounding of two code versions: its spread across seeds is no interval. Its records'
     own (bootstrap) interval is its held-out noise: the quantity shows it, and a comparison
     paired across seeds, whose records keep no per-sequence losses, widens by it."""
-    records = seeds(MAMBA, [0.0062, 0.0070, 0.0066])
+    records = sharp(seeds(MAMBA, [0.0062, 0.0070, 0.0066]))
     for i, rec in enumerate(records):
         rec["metrics"]["gap"]["unigram"] = 0.08 - i * 1e-17
         rec["metrics"]["gap_ci"]["unigram"] = [0.07, 0.09]
@@ -320,11 +362,12 @@ def test_a_reference_the_same_on_every_seed_brings_its_records_interval(tmp_path
     [d] = decide(tmp_path / "r", rules)
     assert d.values["unigram"].interval == (0.07, 0.09)
     test = d.tests[-1]
-    assert test.paired == "3 seeds; the held-out noise of unigram from its own interval"
+    assert test.paired == "3 seeds; the held-out noise of mamba, unigram from their own " \
+        "intervals, unpaired"
     differences = [g - 0.008 for g in (0.0062, 0.0070, 0.0066)]
     seeds_half = 4.303 * torch.tensor(differences).std().item() / 3 ** 0.5
     half = (test.interval[1] - test.interval[0]) / 2
-    assert half == pytest.approx(math.hypot(seeds_half, 0.1 * 0.01), rel=1e-3)
+    assert half == pytest.approx(math.hypot(seeds_half, 1e-6 + 0.1 * 0.01), rel=1e-3)
 
 
 def reference_records(hard, model_scale, dropped=None):
@@ -487,3 +530,67 @@ def test_a_statistic_averaged_over_seeds_is_its_seeds_mean_on_every_resample():
     assert averaged.value() == pytest.approx(sum(p.value() for p in per_seed) / 2, rel=1e-14)
     vectors = [torch.arange(4.0, dtype=torch.float64), torch.ones(4, dtype=torch.float64)]
     assert torch.equal(rules._seed_average(vectors), torch.stack(vectors).mean(0))
+
+
+EXCESS = """\
+paper: "004"
+claims:
+  - id: t-excess
+    section: "§5.1"
+    claim: Without convolution the excess at k = 32 is higher.
+    paper_number: a higher plateau
+    where: [task=markov, trainer.max_steps=1000, trainer.lr=0.01]
+    measure:
+      noconv: {where: [model=mamba, model.conv=false], metric: "metrics.task.excess_over_bayes.model[2]"}
+      mamba: {where: [model=mamba], metric: "metrics.task.excess_over_bayes.model[2]"}
+    control: "mamba <= 1"
+    rule: "noconv >= 1.5 * mamba"
+    scale: cpu
+    command: python -m bench suite name=leaderboard
+"""
+
+
+def with_excess(selector, excess: torch.Tensor, seed: int, per_sequence: bool) -> dict:
+    """A record whose excess over bayes in bin 2 is the mean of `excess` (one value per held-out
+    sequence), with its standard error beside it as tasks/lgssm.py writes them, and
+    (per_sequence) the values themselves (binned_excess)."""
+    rec = record(selector, seed=seed)
+    n = len(excess)
+    se = float(excess.std() / n ** 0.5)
+    rec["metrics"]["task"] = {"excess_over_bayes": {"model": [0.0, 0.0, float(excess.mean())]},
+                              "excess_over_bayes_stderr": {"model": [0.0, 0.0, se]}}
+    rec["metrics"]["held_out_digest"] = "f" * 64
+    rec["metrics"]["sequences"] = n
+    rec["per_sequence"] = {"bands": [], "loss": {"model": [0.5] * n}}
+    if per_sequence:
+        rec["per_sequence"]["task"] = {"excess_over_bayes": {"model": {"2": excess.tolist()}}}
+    return rec
+
+
+def test_an_excess_in_a_bin_compares_paired_by_sequence(tmp_path):
+    """Two models' excess at k = 32 on one held-out set whose hard sequences (a heavy tail) are
+    hard for both: their own intervals are wide, so unpaired across the seeds the comparison
+    stays open; the per-sequence values (per_sequence.task.excess_over_bayes.<name>.<bin>)
+    bootstrap the difference on the shared sequences, and it holds. read_sequences finds
+    them only at the bin recorded."""
+    rules = tmp_path / "excess.yaml"
+    rules.write_text(EXCESS)
+    generator = torch.Generator().manual_seed(5)
+    hard = torch.distributions.Pareto(torch.tensor(1.0, dtype=torch.float64),
+                                      torch.tensor(2.2, dtype=torch.float64))
+    torch.manual_seed(5)
+    shared = hard.sample((512,)) * 0.01
+    own = [torch.rand(512, generator=generator, dtype=torch.float64) * 0.002 for _ in range(6)]
+    for paired, verdict, how in ((False, "undecided", "from their own intervals, unpaired"),
+                                 (True, "holds at reduced scale", "and 512 held-out sequences")):
+        out = tmp_path / ("paired" if paired else "unpaired")
+        put(out, *(with_excess(MAMBA, shared + own[s], s, paired) for s in range(3)),
+            *(with_excess(NOCONV, 2 * shared + own[3 + s], s, paired) for s in range(3)))
+        [d] = decide(out, rules)
+        assert d.verdict == verdict and how in d.tests[-1].paired
+    mamba = load_claims(rules)[0].quantities["mamba"]
+    rec = with_excess(MAMBA, shared, 0, True)
+    digest, values = read_sequences(rec, mamba)
+    assert digest == "f" * 64 and torch.allclose(values, shared)
+    rec["per_sequence"]["task"]["excess_over_bayes"]["model"] = {"1": shared.tolist()}
+    assert read_sequences(rec, mamba) is None

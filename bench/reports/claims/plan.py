@@ -133,7 +133,9 @@ def _undecided(decision: Decision, need: Need) -> Need:
                 need.why = f"`{test.text}`: " + (
                     f"the held-out set's noise alone (±{test.held_out_half:.3g}) reaches the "
                     f"difference {test.difference:.3g}: more held-out sequences "
-                    "(trainer.eval_sequences), not seeds"
+                    "(trainer.eval_sequences), not seeds" + (
+                        ", or records that keep the per-sequence values (today's code) to pair "
+                        "it" if "unpaired" in test.paired else "")
                     if test.held_out_half >= abs(test.difference)
                     else f"needs more than {MAX_SEEDS} seeds at this effect size")
                 return need

@@ -175,6 +175,9 @@ class Sample:
     # False where the interval is a point only because the records give the quantity none
     # (no bootstrap interval, standard error or spread across seeds): its noise is unknown
     measured_noise: bool = True
+    # seed -> the half-width of that seed's record's own (held-out) interval, where it has one:
+    # the held-out noise of a quantity whose records keep no per-sequence values
+    own_halves: dict[int, float] = field(default_factory=dict)
 
     @property
     def defined(self) -> bool:
@@ -469,13 +472,17 @@ def _sequences(names: list[str], samples: dict[str, Sample], seed: int,
 def _held_out_half(left, right, names, varying, samples, seeds) -> tuple[float, str]:
     """The half-width that the held-out set's sampling adds to a difference paired across
     seeds (the seeds' t-interval is conditional on the one held-out set every model is scored
-    on), and how it was found: a bootstrap over the sequences of the seed-averaged per-sequence
-    values, where the records carry them — of the seeds whose records do, where older records
-    of some seeds do not (an average over fewer seeds varies more from sequence to sequence:
-    the estimate errs wide); else the references' own intervals (the quantities that are the
-    same on every seed; paired with nothing, so wider than the difference's own noise; the
-    models' held-out noise, common to both sides of a model-to-model comparison, is then left
-    out); NaN where undefined."""
+    on: more seeds never narrow this part), and how it was found: a bootstrap over the
+    sequences of the seed-averaged per-sequence values, where the records carry them — of the
+    seeds whose records do, where older records of some seeds do not (an average over fewer
+    seeds varies more from sequence to sequence: the estimate errs wide); else the quantities'
+    own intervals, combined unpaired: a reference's (the same on every seed), and a model's the
+    mean of its seeds' half-widths around its seed mean (the held-out noise of a mean over seeds
+    scored on one set is at most the mean of theirs). Unpaired, the bound is wider than the
+    difference's own noise (what two models share on the held-out set cancels in a paired
+    difference), so it can keep open what per-sequence values would decide, never the reverse;
+    a quantity whose records give no interval adds nothing, and the test says so. NaN where
+    undefined."""
     constant = tuple(n for n in names if n not in varying)
     found = [on_seed for seed in seeds
              if (on_seed := _sequences(names, samples, seed, constant)) is not None]
@@ -484,20 +491,35 @@ def _held_out_half(left, right, names, varying, samples, seeds) -> tuple[float, 
         _, (lo, hi) = _bootstrap(left, right, averaged)
         some = f" of {len(found)} of the seeds" if len(found) < len(seeds) else ""
         return (hi - lo) / 2, f" and {len(averaged[names[0]])} held-out sequences{some}"
-    if not constant:
-        return 0.0, ""
-    means = {n: sum(samples[n].per_seed[s] for s in seeds) / len(seeds) for n in varying}
-    values = {n: samples[n].interval if n in constant else Interval.point(means[n])
-              for n in names}
+    values, counted, uncounted = {}, [], []
+    for n in names:
+        if n in constant:
+            values[n] = samples[n].interval
+            (counted if samples[n].interval.hi > samples[n].interval.lo else uncounted).append(n)
+            continue
+        mean = sum(samples[n].per_seed[s] for s in seeds) / len(seeds)
+        halves = [samples[n].own_halves.get(s) for s in seeds]
+        if all(h is not None and math.isfinite(h) for h in halves):
+            half = sum(halves) / len(halves)
+            values[n] = Interval(mean - half, mean + half)
+            if half > 0:  # an exact quantity (no sampling noise) has none to count
+                counted.append(n)
+        else:
+            values[n] = Interval.point(mean)
+            uncounted.append(n)
     try:
         d = _interval_value(left, values) - _interval_value(right, values)
     except RuleUndefined:
         return math.nan, ""
-    if d.hi == d.lo:  # records without an interval for it: nothing to add, and the row says so
-        return 0.0, "; the held-out noise of " + ", ".join(constant) + " not counted (its " \
+    how = ""
+    if counted:
+        how += "; the held-out noise of " + ", ".join(counted) + \
+            (" from its own interval" if len(counted) == 1 else
+             " from their own intervals, unpaired")
+    if uncounted:
+        how += "; the held-out noise of " + ", ".join(uncounted) + " not counted (its " \
             "records give it no interval)"
-    return (d.hi - d.lo) / 2, "; the held-out noise of " + ", ".join(constant) + \
-        " from its own interval"
+    return (d.hi - d.lo) / 2, how
 
 
 def _seed_average(per_seed: list[PerSequence]) -> PerSequence:

@@ -180,7 +180,10 @@ class Measured:
 
     def as_sample(self) -> Sample:
         return Sample(dict(zip(self.seeds, self.per_seed)), self.as_interval(), self.sequences,
-                      self.interval is not None or self.exact)
+                      self.interval is not None or self.exact,
+                      {seed: 0.0 if self.exact else (own[1] - own[0]) / 2 for seed, own
+                       in zip(self.seeds, self.seed_intervals)
+                       if own is not None or self.exact})
 
     def seed_sample(self, seed: int) -> Sample:
         """The quantity on one seed: its record's value and own interval."""
@@ -243,14 +246,16 @@ def read_sequences(record: dict, quantity: Quantity) -> tuple[str, PerSequence] 
     summarize_sequences keeps (task_sequences); None otherwise (an older record keeps only the
     model's losses)."""
     metrics, per_sequence = record.get("metrics"), record.get("per_sequence")
-    if quantity.index is not None or not isinstance(metrics, dict) \
-            or not isinstance(per_sequence, dict) or not isinstance(per_sequence.get("loss"), dict):
+    if not isinstance(metrics, dict) or not isinstance(per_sequence, dict) \
+            or not isinstance(per_sequence.get("loss"), dict):
         return None
     digest = metrics.get("held_out_digest")
     if quantity.path[:2] == ["metrics", "task"]:
-        found = task_sequences(per_sequence.get("task"), quantity.path[2:],
+        found = task_sequences(per_sequence.get("task"), quantity.path[2:], quantity.index,
                                metrics.get("sequences"))
         return (digest, found) if found is not None and isinstance(digest, str) else None
+    if quantity.index is not None:
+        return None
     path, losses = quantity.path, per_sequence["loss"]
     reference = metrics.get("gap_reference")
     if path == ["metrics", "bayes_gap"]:
@@ -271,13 +276,25 @@ def read_sequences(record: dict, quantity: Quantity) -> tuple[str, PerSequence] 
     return digest, values
 
 
-def task_sequences(table, path: list[str], n) -> PerSequence | None:
-    """The per-sequence values behind metrics.task.<path> in a record's per_sequence.task, for
-    the task metrics whose definition says how: error_distribution's `mean.<name>` (the mean of
-    the sequences' mean errors) and `std.<name>` (the pooled standard deviation, tasks.stats.
-    pooled_std of the mean errors' and mean squared errors' means; tasks/lgssm.py
-    error_moments); None for any other path or a table that does not hold them."""
-    if not isinstance(table, dict) or len(path) != 3 or path[0] != "error_distribution" \
+def task_sequences(table, path: list[str], index: str | None, n) -> PerSequence | None:
+    """The per-sequence values behind metrics.task.<path>[index] in a record's per_sequence.task,
+    for the task metrics whose definition says how: excess_over_bayes.<name>[i], a mean over the
+    sequences of their excess in context-length bin i (tasks/lgssm.py binned_excess);
+    error_distribution's `mean.<name>` (the mean of the sequences' mean errors) and
+    `std.<name>` (the pooled standard deviation, tasks.stats.pooled_std of the mean errors' and
+    mean squared errors' means; tasks/lgssm.py error_moments); None for any other path or a
+    table that does not hold them."""
+    if not isinstance(table, dict) or not isinstance(n, int) or n < 1:
+        return None
+    if len(path) == 2 and path[0] == "excess_over_bayes" and index is not None \
+            and index.isdigit():
+        by_bin = table.get("excess_over_bayes", {}).get(path[1]) \
+            if isinstance(table.get("excess_over_bayes"), dict) else None
+        values = by_bin.get(index) if isinstance(by_bin, dict) else None
+        if isinstance(values, list) and len(values) == n and plain_numbers(values):
+            return torch.tensor(values, dtype=torch.float64)
+        return None
+    if index is not None or len(path) != 3 or path[0] != "error_distribution" \
             or path[1] not in ("mean", "std"):
         return None
     moments = table.get("error_distribution")
