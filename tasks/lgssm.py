@@ -517,10 +517,20 @@ class LGSSMTask(LatentTask):
         return summary
 
     def summarize_sequences(self, batch: Batch, scores: dict[str, dict[str, Tensor]]) -> dict:
+        mask = batch.loss_mask.cpu()
+        out: dict = {}
+        losses = {name: s["loss"] for name, s in (scores or {}).items()
+                  if name not in REPLICATES and "loss" in s}
+        if "bayes" in losses:
+            excess = binned_excess(losses, "bayes", mask,
+                                   doubling_lengths(8, self.config.seq_len))
+            if excess:
+                out["excess_over_bayes"] = excess
         errors = self._signed_errors(scores)
-        moments = error_moments(errors, batch.loss_mask.cpu(), ERROR_CONTEXT - 1) \
-            if errors else None
-        return {"error_distribution": moments} if moments else {}
+        moments = error_moments(errors, mask, ERROR_CONTEXT - 1) if errors else None
+        if moments:
+            out["error_distribution"] = moments
+        return out
 
     def _signed_errors(self, scores: dict[str, dict[str, Tensor]] | None) -> dict[str, Tensor]:
         """Each predictor's signed errors (B, T, m) where scores have them and the sequences
@@ -529,6 +539,27 @@ class LGSSMTask(LatentTask):
             return {}
         return {name: s["error"] for name, s in scores.items()
                 if name not in REPLICATES and "error" in s}
+
+
+def binned_excess(losses: dict[str, Tensor], base: str, mask: Tensor, ks: list[int]) -> dict:
+    """The per-sequence values behind summarize's excess_over_<base>: for each predictor and
+    context-length bin i (keyed str(i), the index of metrics.task.excess_over_<base>.<name>),
+    each sequence's mean excess loss over `base` in the bin (their mean over sequences is the
+    metric), for comparisons paired by sequence (bench/reports/claims). A bin is kept only where
+    every sequence is scored in it: one value per held-out sequence, or none."""
+    bins = context_bins(ks, mask.shape[1])
+    counts = mask.double() @ bins.T  # (B, K) scored positions per sequence and bin
+    kept = [i for i in range(len(ks)) if bool((counts[:, i] > 0).all())]
+    if not kept:
+        return {}
+    out = {}
+    for name, loss in losses.items():
+        if name == base:
+            continue
+        rate = ((loss.double().cpu() - losses[base].double().cpu()) * mask) @ bins.T \
+            / counts.clamp_min(1)
+        out[name] = {str(i): rate[:, i] for i in kept}
+    return out
 
 
 def error_moments(errors: dict[str, Tensor], mask: Tensor, position: int) -> dict | None:

@@ -15,7 +15,7 @@ from bench.training.evaluate import score
 from tasks import task_families
 from tasks.base import Batch, make_generator
 from tasks.lgssm import (ERROR_BIN_EDGES, LGSSMConfig, LGSSMPrior, LGSSMTask, eigh_where,
-                         error_distribution, error_moments, kalman_filter, linear_recurrence, pooled_ridge_mean,
+                         binned_excess, error_distribution, error_moments, kalman_filter, linear_recurrence, pooled_ridge_mean,
                          random_orthogonal, simulate, simulate_sequential, stationary_covariance,
                          symmetric_from_upper, upper_of_symmetric)
 from tasks.smc import Particles, Streams, _independent_metropolis_move, kalman_start
@@ -466,6 +466,27 @@ def test_error_moments_give_the_distributions_mean_and_std():
     assert float(std) == pytest.approx(out["std"]["m"], rel=1e-12)
     mask[7, 31] = False
     assert error_moments({"m": errors}, mask, 31) is None
+
+
+def test_binned_excess_gives_the_excess_over_bayes_per_sequence():
+    """Each sequence's mean excess over bayes in each context-length bin: their mean over the
+    sequences is summarize's excess_over_bayes (binned_means, its definition) bin by bin, and a
+    bin where some sequence has no scored position is left out, not averaged over fewer."""
+    from tasks.base import doubling_lengths
+    from tasks.stats import binned_means
+    generator = torch.Generator().manual_seed(8)
+    losses = {n: torch.rand(40, 64, generator=generator, dtype=torch.float64) * (1 + i)
+              for i, n in enumerate(("bayes", "model", "erm"))}
+    mask = torch.ones(40, 64, dtype=torch.bool)
+    mask[3, 4:8] = False  # sequence 3 has no scored position in the bin 4 < t <= 8
+    ks = doubling_lengths(8, 64)
+    found = binned_excess(losses, "bayes", mask, ks)
+    assert set(found) == {"model", "erm"} and set(found["model"]) == {"1", "2", "3"}
+    for name in ("model", "erm"):
+        means, _ = binned_means(losses[name] - losses["bayes"], mask, ks)
+        for i, values in found[name].items():
+            assert values.shape == (40,)
+            assert float(values.mean()) == pytest.approx(means[int(i)], rel=1e-12)
 
 
 def test_the_evaluation_records_the_error_moments_per_sequence():
