@@ -594,3 +594,75 @@ def test_an_excess_in_a_bin_compares_paired_by_sequence(tmp_path):
     assert digest == "f" * 64 and torch.allclose(values, shared)
     rec["per_sequence"]["task"]["excess_over_bayes"]["model"] = {"1": shared.tolist()}
     assert read_sequences(rec, mamba) is None
+
+
+TEXT = """\
+paper: "000"
+claims:
+  - id: t-text
+    section: "§5.2"
+    claim: Without convolution the perplexity is higher.
+    paper_number: conv lowers perplexity
+    where: [task=markov, trainer.max_steps=1000, trainer.lr=0.01]
+    measure:
+      noconv: {where: [model=mamba, model.conv=false], metric: metrics.perplexity.model}
+      mamba: {where: [model=mamba], metric: metrics.perplexity.model}
+      bigram: {where: [model=mamba], metric: metrics.perplexity.bigram}
+    control: "mamba < bigram"
+    rule: "noconv > mamba"
+    scale: cpu
+    command: python -m bench suite name=leaderboard
+"""
+
+
+def with_windows(selector, sums: dict[str, torch.Tensor], tokens: torch.Tensor, seed: int,
+                 per_sequence: bool) -> dict:
+    """A text record (perplexity scoring) of windows with these loss sums and scored tokens:
+    per-token losses, perplexities and their own bootstrap intervals as evaluate.py's
+    score_perplexity writes them, and (per_sequence) the windows' values behind them."""
+    from tasks.stats import bootstrap_ci
+    rec = record(selector, seed=seed)
+    loss = {name: float(s.sum() / tokens.sum()) for name, s in sums.items()}
+    ci = {name: bootstrap_ci(s, 1000, weights=tokens) for name, s in sums.items()}
+    rec["metrics"] = {"scoring": "perplexity", "gap_reference": None, "roles": {},
+                      "loss": loss, "loss_ci": ci,
+                      "perplexity": {n: math.exp(v) for n, v in loss.items()},
+                      "perplexity_ci": {n: [math.exp(lo), math.exp(hi)]
+                                        for n, (lo, hi) in ci.items()},
+                      "bits_per_byte": {n: v / math.log(2) for n, v in loss.items()},
+                      "sequences": len(tokens), "held_out_digest": "a" * 64, "task": {}}
+    rec["per_position"] = {f"loss.{n}": [v] for n, v in loss.items()}
+    if per_sequence:
+        rec["per_sequence"] = {"tokens": tokens.int().tolist(),
+                               "loss_sum": {n: s.tolist() for n, s in sums.items()}}
+    return rec
+
+
+def test_perplexities_compare_paired_by_window(tmp_path):
+    """Two models' perplexities on one held-out text, whose hard windows are hard for both:
+    each perplexity's own interval (±3%) overlaps the other's, so across seeds the held-out
+    noise bounded unpaired keeps `noconv > mamba` open; the windows' loss sums and tokens
+    bootstrap the ratio of means on the shared windows, and it holds."""
+    rules = tmp_path / "text.yaml"
+    rules.write_text(TEXT)
+    generator = torch.Generator().manual_seed(6)
+    tokens = torch.randint(200, 256, (167,), generator=generator).double()
+    hard = torch.rand(167, generator=generator, dtype=torch.float64) * 2 + 2.5  # nats a token
+
+    def sums(scale: float, seed: int) -> torch.Tensor:
+        jitter = torch.rand(167, generator=generator, dtype=torch.float64) * 0.01
+        return (hard * scale + jitter + 0.001 * seed) * tokens
+
+    for paired, verdict, how in ((False, "undecided", "from their own intervals, unpaired"),
+                                 (True, "holds at reduced scale", "and 167 held-out sequences")):
+        out = tmp_path / ("paired" if paired else "unpaired")
+        put(out, *(with_windows(MAMBA, {"model": sums(1.0, s), "bigram": hard * 1.2 * tokens},
+                                tokens, s, paired) for s in range(3)),
+            *(with_windows(NOCONV, {"model": sums(1.01, s), "bigram": hard * 1.2 * tokens},
+                           tokens, s, paired) for s in range(3)))
+        [d] = decide(out, rules)
+        assert d.verdict == verdict and how in d.tests[-1].paired
+    found = read_sequences(with_windows(MAMBA, {"model": hard * tokens}, tokens, 0, True),
+                           load_claims(rules)[0].quantities["mamba"])
+    assert found is not None and found[1].value() == pytest.approx(math.exp(hard @ tokens
+                                                                            / tokens.sum()))

@@ -65,8 +65,9 @@ def test_perplexity_is_exp_of_the_mean_nll_per_token(corpus_dir):
     with torch.no_grad():
         loss, correct, _ = token_scores(model, held_out, task.output_dim)
         logits = model(held_out.inputs)
-    metrics = score_predictions(task, held_out, None, 200, None,
-                                {"loss": loss.double(), "correct": correct})["metrics"]
+    result = score_predictions(task, held_out, None, 200, None,
+                               {"loss": loss.double(), "correct": correct})
+    metrics, per_sequence = result["metrics"], result["per_sequence"]
     mask = held_out.loss_mask
     nll = torch.nn.functional.cross_entropy(logits[mask].double(), held_out.targets[mask],
                                             reduction="sum")
@@ -81,6 +82,13 @@ def test_perplexity_is_exp_of_the_mean_nll_per_token(corpus_dir):
     # the baselines: the bigram knows more of this text than the unigram
     assert metrics["loss"]["bigram"] < metrics["loss"]["unigram"]
     assert set(metrics["roles"].values()) == {"baseline"}
+    # the windows' loss sums and tokens, which claims pair: their ratio is the per-token loss
+    tokens = torch.tensor(per_sequence["tokens"], dtype=torch.float64)
+    assert per_sequence["tokens"] == mask.sum(1).tolist() and len(tokens) == metrics["sequences"]
+    for name in ("model", "bigram", "unigram"):
+        sums = torch.tensor(per_sequence["loss_sum"][name], dtype=torch.float64)
+        assert float(sums.sum() / tokens.sum()) == pytest.approx(metrics["loss"][name], rel=1e-6)
+    assert isinstance(metrics["held_out_digest"], str)
 
 
 def test_a_run_reports_perplexity_and_reuses_both_caches(corpus_dir, tmp_path, capsys):

@@ -196,13 +196,23 @@ def _per_position(record: dict) -> str | None:
 
 def _per_sequence(record: dict) -> str | None:
     """Per-sequence losses (what paired comparisons resample): one number per held-out
-    sequence for every predictor they list."""
+    sequence for every predictor they list; for text (perplexity scoring), each window's loss
+    sum and scored tokens."""
     table = record.get("per_sequence")
     if table is None:
         return None  # records before paired comparisons existed
     if not isinstance(table, dict) or not isinstance(table.get("loss", {}), dict):
         return "per_sequence is not a mapping of per-sequence losses"
     n = record["metrics"]["sequences"]
+    if not isinstance(table.get("loss_sum", {}), dict):
+        return "per_sequence.loss_sum is not a mapping"
+    tokens = table.get("tokens")
+    if tokens is not None and not (isinstance(tokens, list) and len(tokens) == n
+                                   and numbers_or_nulls(tokens)):
+        return f"per_sequence.tokens is not {n} numbers (metrics.sequences)"
+    for name, values in table.get("loss_sum", {}).items():
+        if not (isinstance(values, list) and len(values) == n and numbers_or_nulls(values)):
+            return f"per_sequence.loss_sum.{name} is not {n} numbers (metrics.sequences)"
     for name, values in table.get("loss", {}).items():
         if not (isinstance(values, list) and len(values) == n
                 and numbers_or_nulls(values)):

@@ -309,7 +309,13 @@ def score_perplexity(task: Task, batch: Batch, scores: dict[str, dict[str, Tenso
         if "correct" in s:
             metrics["accuracy"][name] = float((s["correct"].double() * mask).sum() / counts.sum())
     metrics["task"] = task.summarize(batch, {n: s["loss"] for n, s in scores.items()}, scores)
-    return {"metrics": metrics, "per_position": curves}
+    metrics["held_out_digest"] = held_out_digest(batch)
+    # what claims pair between records of one held-out set: a per-token mean is a ratio of two
+    # means over the windows, sum(loss_sum) / sum(tokens), resampled together
+    per_sequence = {"tokens": [int(c) for c in counts.tolist()],
+                    "loss_sum": {name: rounded(s["loss"].double().sum(1))
+                                 for name, s in scores.items()}}
+    return {"metrics": metrics, "per_position": curves, "per_sequence": per_sequence}
 
 
 def score_predictions(task: Task, batch: Batch, model: Tensor | None, resamples: int,

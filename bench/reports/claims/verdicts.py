@@ -246,10 +246,14 @@ def read_sequences(record: dict, quantity: Quantity) -> tuple[str, PerSequence] 
     summarize_sequences keeps (task_sequences); None otherwise (an older record keeps only the
     model's losses)."""
     metrics, per_sequence = record.get("metrics"), record.get("per_sequence")
-    if not isinstance(metrics, dict) or not isinstance(per_sequence, dict) \
-            or not isinstance(per_sequence.get("loss"), dict):
+    if not isinstance(metrics, dict) or not isinstance(per_sequence, dict):
         return None
     digest = metrics.get("held_out_digest")
+    if metrics.get("scoring") == "perplexity":
+        found = token_means(per_sequence, quantity)
+        return (digest, found) if found is not None and isinstance(digest, str) else None
+    if not isinstance(per_sequence.get("loss"), dict):
+        return None
     if quantity.path[:2] == ["metrics", "task"]:
         found = task_sequences(per_sequence.get("task"), quantity.path[2:], quantity.index,
                                metrics.get("sequences"))
@@ -274,6 +278,33 @@ def read_sequences(record: dict, quantity: Quantity) -> tuple[str, PerSequence] 
     if minus is not None:
         values = values - torch.tensor(vectors[1], dtype=torch.float64)
     return digest, values
+
+
+def token_means(per_sequence: dict, quantity: Quantity) -> SequenceStatistic | None:
+    """A text record's per-token loss (metrics.loss.<name>) or its perplexity (metrics.
+    perplexity.<name>, the loss's exp) from the windows' loss sums and scored tokens
+    (evaluate.py score_perplexity): the ratio of their means, resampled together; None for any
+    other metric or a record without them."""
+    path, tokens = quantity.path, per_sequence.get("tokens")
+    if quantity.index is not None or len(path) != 3 or path[0] != "metrics" \
+            or path[1] not in ("loss", "perplexity"):
+        return None
+    sums = per_sequence.get("loss_sum", {}).get(path[2]) \
+        if isinstance(per_sequence.get("loss_sum"), dict) else None
+    if not (isinstance(tokens, list) and tokens and isinstance(sums, list)
+            and len(sums) == len(tokens) and plain_numbers(sums) and plain_numbers(tokens)):
+        return None
+    columns = (torch.tensor(sums, dtype=torch.float64), torch.tensor(tokens, dtype=torch.float64))
+    return SequenceStatistic(columns, per_token_perplexity if path[1] == "perplexity"
+                             else per_token_loss)
+
+
+def per_token_loss(sums: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return sums / tokens
+
+
+def per_token_perplexity(sums: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return (sums / tokens).exp()
 
 
 def task_sequences(table, path: list[str], index: str | None, n) -> PerSequence | None:
