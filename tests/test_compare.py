@@ -191,8 +191,9 @@ def test_a_different_reference_on_the_same_sequences_is_said(runs, tmp_path, cap
 def test_several_models_over_shared_seeds_are_paired_by_seed_and_the_winner_named(tmp_path,
                                                                                  capsys):
     """Three models on seeds 0-2 (and a fourth seed of one of them, not shared): each mean gap
-    with its t-interval, each pair's mean per-seed difference with its t-interval, a named
-    verdict, and the best overall; the unshared seed is left out."""
+    with its t-interval, each pair's mean per-seed difference with its t-interval (widened by
+    the records' own held-out intervals), a named verdict, and the best overall; the unshared
+    seed is left out."""
     from test_claims import MAMBA, put, record
     base = [a for a in MAMBA if not a.startswith("model")]
     gaps = {"mamba": [0.010, 0.012, 0.011], "transformer": [0.030, 0.041, 0.035],
@@ -210,6 +211,8 @@ def test_several_models_over_shared_seeds_are_paired_by_seed_and_the_winner_name
         in printed
     differences = [b - a for a, b in zip(gaps["mamba"], gaps["transformer"])]
     mean, half = across_seeds(differences)
+    # records without per-sequence losses: the held-out noise from their own intervals (±20%)
+    half = math.hypot(half, 0.2 * (sum(gaps["mamba"]) + sum(gaps["transformer"])) / 3)
     assert rows["| B = transformer, A = mamba"].endswith(
         f"| {fmt_sig(mean)} | [{fmt_sig(mean - half)}, {fmt_sig(mean + half)}] | mamba better |")
     assert rows["| B = lstm, A = transformer"].endswith("| not distinguishable at 3 seeds |")
@@ -255,3 +258,35 @@ def test_seeds_that_agree_on_a_noisy_held_out_set_are_widened_by_its_noise(tmp_p
     assert half == pytest.approx((hi - lo) / 2, rel=0.02)  # the seeds add ~0 in quadrature
     steady, _ = verdict_of([h + 0.004 for h in hard])
     assert steady == "mamba better"
+
+
+def test_records_without_per_sequence_losses_widen_by_their_own_intervals(tmp_path, capsys):
+    """Gaps 0.004 apart on every seed, records without per-sequence losses whose own intervals
+    are ±0.002 and ±0.003: the seeds alone would say B is worse, but they share one held-out
+    set, whose noise the records' own intervals bound (unpaired: ±0.005 in quadrature with the
+    seeds'), and the verdict is "not distinguishable"; with intervals of ±1e-4 it stands."""
+    from test_claims import MAMBA, put, record
+    base = [a for a in MAMBA if not a.startswith("model")]
+
+    def run(model, seed, gap, half):
+        rec = record([*base, f"model={model}"], seed=seed, gap=gap)
+        rec["metrics"].update(sequences=64, held_out_digest="d" * 64,
+                              bayes_gap_ci=[gap - half, gap + half])
+        return rec
+
+    def compared(half_a, half_b) -> tuple[str, float, str]:
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        put(out, *(run("mamba", s, 0.01 + 0.0001 * s, half_a) for s in range(3)),
+            *(run("transformer", s, 0.014 + 0.0001 * s + 1e-5 * (s == 1), half_b)
+              for s in range(3)))
+        assert main(["compare", *base, "model=mamba,transformer", f"out_dir={out}"]) == 0
+        printed = capsys.readouterr().out
+        row = next(line for line in printed.splitlines() if line.startswith("| B = transformer"))
+        lo, hi = (float(x) for x in row.split(" | ")[2].strip("[]").split(", "))
+        return row.split(" | ")[3].rstrip(" |"), (hi - lo) / 2, printed
+
+    verdict, half, printed = compared(0.002, 0.003)
+    assert verdict == "not distinguishable at 3 seeds" and half == pytest.approx(0.005, rel=0.01)
+    assert "bounded unpaired by the records' own intervals" in printed
+    verdict, half, _ = compared(1e-4, 1e-4)
+    assert verdict == "mamba better" and half < 0.001

@@ -271,6 +271,19 @@ def held_out_half(side_a: list[dict], side_b: list[dict], resamples: int) -> flo
     return (hi - lo) / 2
 
 
+def own_half(side: list[dict]) -> float | None:
+    """The mean half-width of the records' own (held-out) intervals of their gap: at least the
+    held-out noise of their mean over seeds, all scored on one set; None where one lacks it."""
+    halves = []
+    for record in side:
+        interval = record["metrics"].get("bayes_gap_ci")
+        if not (isinstance(interval, list) and len(interval) == 2
+                and all(isinstance(x, (int, float)) and math.isfinite(x) for x in interval)):
+            return None
+        halves.append((interval[1] - interval[0]) / 2)
+    return sum(halves) / len(halves)
+
+
 def compare_across_seeds(selection: Selection) -> dict:
     """Every value's mean gap over the seeds all values share (newest record of each) with its
     95% t-interval, and every pair's seed-paired difference of gaps (the runs of one seed saw the
@@ -301,11 +314,15 @@ def compare_across_seeds(selection: Selection) -> dict:
     resamples = max(resamples_of(r) for side in runs for r in side)
     for i, j in itertools.combinations(range(len(runs)), 2):
         mean, half = across_seeds([b - a for a, b in zip(gaps[i], gaps[j])])
-        held_out = held_out_half(runs[i], runs[j], resamples)
+        held_out, unpaired = held_out_half(runs[i], runs[j], resamples), False
+        if held_out is None:  # no per-sequence losses: the records' own intervals, unpaired
+            halves = [own_half(runs[i]), own_half(runs[j])]
+            held_out = sum(halves) if None not in halves else None
+            unpaired = held_out is not None
         if held_out is not None:
             half = math.hypot(half, held_out)
         paired = {"difference": mean, "ci": (mean - half, mean + half), "seeds": len(common),
-                  "held_out": held_out}
+                  "held_out": held_out, "held_out_unpaired": unpaired}
         pairs.append({"a": selection.values[i], "b": selection.values[j], "paired": paired,
                       "verdict": verdict(paired, selection.values[i], selection.values[j])})
     better = {v: sum(p["verdict"] == f"{v} better" for p in pairs) for v in selection.values}
@@ -339,11 +356,16 @@ def print_across_seeds(result: dict) -> None:
     best = result["best"]
     print(f"best: {best} (better than every other, paired by seed)" if best else
           "best: none (no value is better than every other at these seeds)")
-    widened = all(pair["paired"]["held_out"] is not None for pair in result["pairs"])
+    pairs = [pair["paired"] for pair in result["pairs"]]
+    widened = all(p["held_out"] is not None and not p["held_out_unpaired"] for p in pairs)
+    bounded = all(p["held_out"] is not None for p in pairs)
     print("(B − A: the mean over seeds of the per-seed difference of gaps, with its 95% "
           "t-interval across seeds, " + (
               "widened by the held-out set's noise: a bootstrap over the sequences of the "
               "differences averaged over the seeds" if widened else
+              "widened by the held-out set's noise, bounded unpaired by the records' own "
+              "intervals where they keep no per-sequence losses (wider than paired: re-run "
+              "them, or re-score their weights with `bench eval`, to pair)" if bounded else
               "given the one held-out set every run is scored on (records without per-sequence "
-              "losses give no held-out noise to add)") +
+              "losses or intervals give no held-out noise to add)") +
           "; one seed's two runs compare by sequence with seed=N)")

@@ -13,10 +13,11 @@ never false.
 A comparison is decided on its *difference*: `left op right` on the interval of left − right
 against 0. Where the quantities it names were measured on the same seeds, the difference is
 taken seed by seed (the models of one seed saw the same training batches, and every model is
-scored on the same held-out sequences) and its 95% t-interval across those seeds decides: the
-paired comparison, with no worst-case interval arithmetic. On one common seed, the records'
-per-sequence values, where they carry them, give a paired bootstrap over the held-out
-sequences. Only where neither exists are the quantities' own intervals combined (unpaired), and
+scored on the same held-out sequences) and its 95% t-interval across those seeds, widened by
+the held-out set's noise that every seed shares (a paired bootstrap over the sequences where the
+records keep per-sequence values, else the quantities' own intervals, unpaired), decides: the
+paired comparison. On one common seed, the records' per-sequence values, where they carry them,
+give a paired bootstrap over the held-out sequences. Only where neither exists are the quantities' own intervals combined (unpaired), and
 the test says so. `abs(E) <= F` is an equivalence test (two one-sided tests, TOST): it holds
 when E - F and -E - F are both below 0, i.e. the interval of E lies within ±F."""
 from __future__ import annotations
