@@ -17,8 +17,9 @@ scored on the same held-out sequences) and its 95% t-interval across those seeds
 the held-out set's noise that every seed shares (a paired bootstrap over the sequences where the
 records keep per-sequence values, else the quantities' own intervals, unpaired), decides: the
 paired comparison. On one common seed, the records' per-sequence values, where they carry them,
-give a paired bootstrap over the held-out sequences. Only where neither exists are the quantities' own intervals combined (unpaired), and
-the test says so. `abs(E) <= F` is an equivalence test (two one-sided tests, TOST): it holds
+give a paired bootstrap over the held-out sequences. Only where neither exists are the
+quantities' own intervals combined (unpaired), and the test says so. `abs(E) <= F` is an
+equivalence test (two one-sided tests, TOST): it holds
 when E - F and -E - F are both below 0, i.e. the interval of E lies within ±F."""
 from __future__ import annotations
 
